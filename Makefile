@@ -1,0 +1,48 @@
+# headlab developer tasks. From a clean clone: `make test` or `make report`.
+# pip + venv only. torch is installed first and pinned to the exact request this
+# machine's offline CPU wheel answers; any other torch request pulls GBs of CUDA.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.headlab-installed
+TORCH  := torch==2.13.0
+
+.DEFAULT_GOAL := help
+.PHONY: help install report test test-all bench clean distclean
+
+help:
+	@echo "make report    build the HTML report into report/index.html"
+	@echo "make test      run the test suite (without tests marked slow)"
+	@echo "make test-all  run every test, slow ones included"
+	@echo "make bench     run the layer benchmarks"
+	@echo "make clean     remove build, test and report outputs (keeps .venv)"
+	@echo "make distclean clean, and remove .venv"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH)
+	$(BIN)/pip install -e ".[all]"
+	touch $@
+
+install: $(STAMP)
+
+report: $(STAMP)
+	$(BIN)/headlab report
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -m ""
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_layer.py
+
+clean:
+	rm -rf report/ test-artifacts/ build/ dist/ .pytest_cache/ .hypothesis/
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print \
+		| xargs rm -rf
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,52 @@
+"""The ``headlab`` command line: one module per command, each a thin call into the library.
+
+Heavy imports (torch, the report builder) happen inside command bodies so that
+``headlab --help`` and ``headlab --version`` return at once.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Annotated
+
+import typer
+
+from headlab.cli import report as _report
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="headlab",
+    help="Multi-head attention, head by head.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        try:
+            version = metadata.version("headlab")
+        except metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        typer.echo(f"headlab {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Multi-head attention, head by head."""
+
+
+app.command("report")(_report.report)
+
+
+def main() -> None:
+    """Entry point of the ``headlab`` script."""
+    app()

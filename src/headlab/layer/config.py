@@ -1,0 +1,109 @@
+"""The attention layer's configuration.
+
+Notation for sizes used throughout ``headlab.layer``:
+    d_model     width of the query input and of the output
+    n_heads     number of query heads
+    n_kv_heads  number of key/value heads (n_heads: standard; 1: multi-query; else grouped-query)
+    d_head      query/key size of one head
+    d_head_v    value size of one head
+    kdim, vdim  widths of the key and value inputs (cross-attention; default d_model)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from headlab.layer.projections import PROJECTIONS
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+    """Everything that fixes the shape and behaviour of a ``MultiHeadAttention`` layer.
+
+    Optional sizes left as ``None`` are resolved in ``__post_init__`` (``d_head`` to
+    ``d_model // n_heads``, ``n_kv_heads`` to ``n_heads``, ...), so a built config always
+    holds concrete numbers. Invalid values raise ``ValueError`` naming the field and value.
+    """
+
+    d_model: int
+    n_heads: int
+    d_head: int | None = None  # default d_model // n_heads; may be set independently
+    n_kv_heads: int | None = None  # default n_heads; must divide n_heads
+    d_head_v: int | None = None  # default d_head
+    kdim: int | None = None  # key input width, default d_model (as in nn.MultiheadAttention)
+    vdim: int | None = None  # value input width, default d_model
+    projection: str = "wide"  # a name in headlab.layer.projections.PROJECTIONS
+    bias: bool = True  # biases on the query/key/value and output projections
+    dropout: float = 0.0  # dropout on attention weights, in training mode only
+    causal: bool = False  # default for forward(is_causal=None)
+    rotary: bool = False  # rotary position embedding on queries and keys (Su et al. 2021)
+    rotary_dim: int | None = None  # leading dims of each head that rotate; default d_head
+    rotary_base: float = 10000.0  # rotary frequency base (theta)
+    scale: float | None = None  # score scale; default 1 / sqrt(d_head)
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads"):
+            _check_positive_int(name, getattr(self, name))
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"n_heads={self.n_heads} does not divide d_model={self.d_model}; "
+                    "set d_head explicitly or choose n_heads dividing d_model"
+                )
+            self._set("d_head", self.d_model // self.n_heads)
+        self._set("n_kv_heads", self.n_heads if self.n_kv_heads is None else self.n_kv_heads)
+        self._set("d_head_v", self.d_head if self.d_head_v is None else self.d_head_v)
+        self._set("kdim", self.d_model if self.kdim is None else self.kdim)
+        self._set("vdim", self.d_model if self.vdim is None else self.vdim)
+        self._set("rotary_dim", self.d_head if self.rotary_dim is None else self.rotary_dim)
+        for name in ("d_head", "n_kv_heads", "d_head_v", "kdim", "vdim", "rotary_dim"):
+            _check_positive_int(name, getattr(self, name))
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}"
+            )
+        if self.projection not in PROJECTIONS:
+            raise ValueError(
+                f"projection={self.projection!r} is not one of {sorted(PROJECTIONS)}"
+            )
+        for name in ("bias", "causal", "rotary"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout={self.dropout!r} must be a number in [0, 1)")
+        if self.rotary:
+            if self.rotary_dim > self.d_head or self.rotary_dim % 2:
+                raise ValueError(
+                    f"rotary_dim={self.rotary_dim} must be even and at most d_head={self.d_head}"
+                )
+            if not (isinstance(self.rotary_base, (int, float)) and self.rotary_base > 1.0):
+                raise ValueError(f"rotary_base={self.rotary_base!r} must be a number > 1")
+        if self.scale is not None and not (
+            isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0
+        ):
+            raise ValueError(f"scale={self.scale!r} must be a finite number > 0 or None")
+        PROJECTIONS[self.projection].validate(self)
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # frozen: resolve defaults once, here
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (1 for standard attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        """The factor multiplying q·k: ``scale`` if set, else 1 / sqrt(d_head)."""
+        return self.scale if self.scale is not None else self.d_head**-0.5
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved fields as a JSON-ready dict."""
+        return asdict(self)
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive int")

@@ -1,0 +1,117 @@
+"""The attention math, as pure functions (no parameters, no state).
+
+Axis legend:
+    q        (batch, n_heads, query_pos, d_head)
+    k        (batch, n_kv_heads, key_pos, d_head)
+    v        (batch, n_kv_heads, key_pos, d_head_v)
+    pattern  (batch, head, query_pos, key_pos)   softmax over key_pos
+    z        (batch, n_heads, query_pos, d_head_v)   each head's weighted sum of values
+
+Two paths compute z. The fast path is ``torch.nn.functional.scaled_dot_product_attention``
+and never forms a pattern. The explicit path forms the pattern (softmax(q kᵀ · scale + bias))
+and multiplies it with v; it is used when every head's pattern is wanted anyway, since the
+softmax is then paid for regardless. Patterns of a few heads are computed beside the fast
+path, for those heads only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headlab.layer.masks import AttentionMask
+
+
+def repeat_kv(x: Tensor, group_size: int) -> Tensor:
+    """Repeat each key/value head for the ``group_size`` query heads that share it.
+
+    ``(batch, n_kv_heads, key_pos, d) -> (batch, n_kv_heads * group_size, key_pos, d)``.
+    """
+    if group_size == 1:
+        return x
+    batch, n_kv_heads, k_len, d = x.shape
+    return x[:, :, None].expand(batch, n_kv_heads, group_size, k_len, d).reshape(
+        batch, n_kv_heads * group_size, k_len, d
+    )
+
+
+def attention_pattern(q: Tensor, k: Tensor, bias: Tensor | None, dead: Tensor | None, *, scale: float) -> Tensor:
+    """softmax(q kᵀ · scale + bias) over key_pos, with rows that see no key set to zero.
+
+    Args:
+        q: ``(batch, head, query_pos, d_head)``.
+        k: ``(batch, head, key_pos, d_head)``, already aligned head for head with q.
+        bias: additive, broadcastable to ``(batch, head, query_pos, key_pos)``, or None.
+        dead: bool, broadcastable to ``(batch, head, query_pos)``: rows to zero, or None.
+        scale: factor on q·k.
+
+    Returns:
+        pattern ``(batch, head, query_pos, key_pos)`` in q's dtype.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (batch, head, query_pos, key_pos)
+    if bias is not None:
+        scores = scores + bias
+    # Half-precision softmax loses mass on long rows: normalise in float32.
+    low_precision = q.dtype in (torch.float16, torch.bfloat16)
+    pattern = scores.softmax(dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
+    if dead is not None:
+        pattern = pattern.masked_fill(dead[..., None], 0.0)
+    return pattern
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    pattern_heads: list[int] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention of every head, plus the patterns of the heads asked for.
+
+    Args:
+        q, k, v: see the module legend; n_kv_heads must divide n_heads.
+        mask: merged masks (``headlab.layer.masks.build_mask``).
+        scale: factor on q·k.
+        dropout_p: dropout on the attention weights (0 outside training).
+        pattern_heads: query-head indices whose patterns to return, or None for none.
+
+    Returns:
+        ``(z, patterns)``: z ``(batch, n_heads, query_pos, d_head_v)``; patterns
+        ``(batch, len(pattern_heads), query_pos, key_pos)`` (before dropout) or None.
+    """
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    group_size = n_heads // n_kv_heads
+    if pattern_heads == list(range(n_heads)):
+        bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
+        patterns = attention_pattern(q, repeat_kv(k, group_size), bias, mask.dead, scale=scale)
+        weights = F.dropout(patterns, dropout_p) if dropout_p > 0.0 else patterns
+        z = torch.matmul(weights, repeat_kv(v, group_size))
+    else:
+        z = F.scaled_dot_product_attention(
+            q, repeat_kv(k, group_size), repeat_kv(v, group_size),
+            attn_mask=mask.bias, dropout_p=dropout_p, is_causal=mask.is_causal, scale=scale,
+        )
+        patterns = None
+        if pattern_heads is not None:
+            patterns = head_patterns(q, k, mask, pattern_heads, scale=scale)
+    if mask.dead is not None:
+        z = z.masked_fill(mask.dead[..., None], 0.0)
+    return z, patterns
+
+
+def head_patterns(q: Tensor, k: Tensor, mask: AttentionMask, heads: list[int], *, scale: float) -> Tensor:
+    """The patterns of the given query heads only: ``(batch, len(heads), query_pos, key_pos)``."""
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    index = torch.tensor(heads, device=q.device)
+    kv_index = index // (n_heads // n_kv_heads)
+    bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
+    if bias is not None and bias.shape[1] == n_heads:
+        bias = bias.index_select(1, index)
+    dead = mask.dead
+    if dead is not None and dead.shape[1] == n_heads:
+        dead = dead.index_select(1, index)
+    return attention_pattern(q.index_select(1, index), k.index_select(1, kv_index), bias, dead, scale=scale)

@@ -1,0 +1,271 @@
+"""``MultiHeadAttention``: the layer, with heads as first-class objects.
+
+Axis legend (TransformerLens names):
+    activations   (batch, pos, d_model)
+    pattern       (batch, head, query_pos, key_pos)
+    z             (batch, head, query_pos, d_head_v)   a head's weighted sum of values
+    head_outputs  (batch, head, query_pos, d_model)    a head's contribution to the output ("result")
+    W_Q (n_heads, d_model, d_head)   W_K (n_kv_heads, kdim, d_head)
+    W_V (n_kv_heads, vdim, d_head_v) W_O (n_heads, d_head_v, d_model)
+
+The module only projects, positions, caches and merges; the math lives in
+``headlab.layer.functional`` and the weights' layout in the projection variant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from headlab.layer.cache import KVCache
+from headlab.layer.config import AttentionConfig
+from headlab.layer.factored import FactoredMatrix
+from headlab.layer.functional import attend
+from headlab.layer.masks import build_mask
+from headlab.layer.projections import PROJECTIONS
+from headlab.layer.rotary import RotaryEmbedding
+
+
+@dataclass
+class AttentionOutput:
+    """What ``MultiHeadAttention.forward`` returns when patterns or head outputs are asked for.
+
+    Attributes:
+        output: ``(batch, query_pos, d_model)``.
+        patterns: ``(batch, len(heads), query_pos, key_pos)`` for the heads asked for, in the
+            order asked (before dropout), or None.
+        head_outputs: ``(batch, len(heads), query_pos, d_model)``: each asked head's
+            contribution to the output; over all heads they sum, with ``b_O``, to ``output``.
+    """
+
+    output: Tensor
+    patterns: Tensor | None = None
+    head_outputs: Tensor | None = None
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention whose heads can be read, gated and inspected one by one.
+
+    Args:
+        config: the layer's sizes and options.
+    """
+
+    def __init__(self, config: AttentionConfig) -> None:
+        super().__init__()
+        if not isinstance(config, AttentionConfig):
+            raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+        self.config = config
+        self.projection = PROJECTIONS[config.projection](config)
+        self.rotary = RotaryEmbedding(config.rotary_dim, base=config.rotary_base) if config.rotary else None
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool | None = None,
+        head_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        return_patterns: bool | Sequence[int] = False,
+        return_head_outputs: bool | Sequence[int] = False,
+    ) -> Tensor | AttentionOutput:
+        """Attend from ``query`` to ``key``/``value`` (both default to ``query``).
+
+        Args:
+            query: ``(batch, query_pos, d_model)``.
+            key: ``(batch, key_pos, kdim)``; default ``query``.
+            value: ``(batch, key_pos, vdim)``; default ``key``.
+            key_padding_mask: ``(batch, key_pos)``, bool True = padding, or float additive.
+                With a kv_cache, key_pos counts the cached positions too.
+            attn_mask: ``(query_pos, key_pos)``, ``(batch·n_heads, query_pos, key_pos)`` or
+                ``(batch | 1, n_heads | 1, query_pos, key_pos)``; bool True = not allowed, or
+                float additive.
+            is_causal: causal masking for this call; None uses ``config.causal``.
+            head_mask: ``(n_heads,)`` or ``(batch, n_heads)`` gate multiplying each head's z
+                before the output projection (0 removes a head; differentiable).
+            kv_cache: cache for incremental self-attention decoding; updated in place.
+            return_patterns: True for every head's pattern, or query-head indices.
+            return_head_outputs: True for every head's contribution, or query-head indices.
+
+        Returns:
+            The output ``(batch, query_pos, d_model)``, or an ``AttentionOutput`` when patterns
+            or head outputs are asked for.
+
+        Raises:
+            ValueError: an input, mask, head index or gate has the wrong shape or value.
+            TypeError: an input or mask has the wrong type or dtype.
+        """
+        c = self.config
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value, kv_cache)
+        pattern_heads = _heads_arg("return_patterns", return_patterns, c.n_heads)
+        result_heads = _heads_arg("return_head_outputs", return_head_outputs, c.n_heads)
+
+        q, k, v = self.projection(query, key, value)
+        offset = 0 if kv_cache is None else kv_cache.length
+        if self.rotary is not None:
+            q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)
+
+        batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[2]
+        mask = build_mask(
+            key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            causal=c.causal if is_causal is None else _check_bool("is_causal", is_causal),
+            batch=batch, n_heads=c.n_heads, q_len=q_len, k_len=k_len, dtype=q.dtype, device=q.device,
+        )
+        z, patterns = attend(
+            q, k, v, mask, scale=c.softmax_scale, dropout_p=c.dropout if self.training else 0.0,
+            pattern_heads=pattern_heads,
+        )  # z: (batch, n_heads, query_pos, d_head_v)
+        if head_mask is not None:
+            z = z * _gate(head_mask, batch, c.n_heads, z.dtype)
+        output = self.projection.merge(z)
+        if pattern_heads is None and result_heads is None:
+            return output
+        head_outputs = None
+        if result_heads is not None:
+            all_heads = result_heads == list(range(c.n_heads))
+            head_outputs = self.projection.head_results(z, None if all_heads else result_heads)
+        return AttentionOutput(output=output, patterns=patterns, head_outputs=head_outputs)
+
+    def new_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache for decoding up to ``max_len`` positions, on the layer's device and dtype."""
+        c, weight = self.config, self.projection.W_Q
+        return KVCache(
+            batch_size=batch_size, max_len=max_len, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
+            d_head_v=c.d_head_v, dtype=weight.dtype, device=weight.device,
+        )
+
+    # --- per-head views (zero-copy over the projection's parameters) ---
+    @property
+    def W_Q(self) -> Tensor:  # noqa: N802
+        """``(n_heads, d_model, d_head)``."""
+        return self.projection.W_Q
+
+    @property
+    def W_K(self) -> Tensor:  # noqa: N802
+        """``(n_kv_heads, kdim, d_head)``; query head h uses key head h // group_size."""
+        return self.projection.W_K
+
+    @property
+    def W_V(self) -> Tensor:  # noqa: N802
+        """``(n_kv_heads, vdim, d_head_v)``; query head h uses value head h // group_size."""
+        return self.projection.W_V
+
+    @property
+    def W_O(self) -> Tensor:  # noqa: N802
+        """``(n_heads, d_head_v, d_model)``."""
+        return self.projection.W_O
+
+    @property
+    def b_Q(self) -> Tensor | None:  # noqa: N802
+        """``(n_heads, d_head)`` or None."""
+        return self.projection.b_Q
+
+    @property
+    def b_K(self) -> Tensor | None:  # noqa: N802
+        """``(n_kv_heads, d_head)`` or None."""
+        return self.projection.b_K
+
+    @property
+    def b_V(self) -> Tensor | None:  # noqa: N802
+        """``(n_kv_heads, d_head_v)`` or None."""
+        return self.projection.b_V
+
+    @property
+    def b_O(self) -> Tensor | None:  # noqa: N802
+        """``(d_model,)`` or None."""
+        return self.projection.b_O
+
+    @property
+    def QK(self) -> FactoredMatrix:  # noqa: N802
+        """Each query head's bilinear form W_Q W_Kᵀ, factored: ``(n_heads, d_model, kdim)``, rank ≤ d_head.
+
+        Scores are ``x_q W_QK x_kᵀ`` (times the scale), before biases and rotary positions.
+        """
+        W_K = self.W_K.repeat_interleave(self.config.group_size, dim=0)  # (n_heads, kdim, d_head)
+        return FactoredMatrix(self.W_Q, W_K.transpose(1, 2))
+
+    @property
+    def OV(self) -> FactoredMatrix:  # noqa: N802
+        """Each query head's value-output circuit W_V W_O, factored: ``(n_heads, vdim, d_model)``, rank ≤ d_head_v."""
+        W_V = self.W_V.repeat_interleave(self.config.group_size, dim=0)  # (n_heads, vdim, d_head_v)
+        return FactoredMatrix(W_V, self.W_O)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        parts = [f"d_model={c.d_model}", f"n_heads={c.n_heads}", f"d_head={c.d_head}"]
+        if c.n_kv_heads != c.n_heads:
+            parts.append(f"n_kv_heads={c.n_kv_heads}")
+        parts += [f"projection={c.projection!r}", f"causal={c.causal}"]
+        return ", ".join(parts)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, kv_cache: KVCache | None) -> None:
+        c = self.config
+        weight = self.projection.W_Q
+        for name, x, width in (("query", query, c.d_model), ("key", key, c.kdim), ("value", value, c.vdim)):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dim() != 3 or x.shape[-1] != width:
+                raise ValueError(f"{name} has shape {tuple(x.shape)}; expected (batch, pos, {width})")
+            if x.dtype != weight.dtype:
+                raise TypeError(f"{name} has dtype {x.dtype}; the layer's weights are {weight.dtype}")
+        if key.shape[0] != query.shape[0] or value.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"batch sizes differ: query {query.shape[0]}, key {key.shape[0]}, value {value.shape[0]}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key has {key.shape[1]} positions but value has {value.shape[1]}")
+        if kv_cache is not None and not (key is query and value is query):
+            raise ValueError("kv_cache is for self-attention decoding: pass key=None and value=None")
+
+
+def _heads_arg(name: str, arg: bool | Sequence[int], n_heads: int) -> list[int] | None:
+    """Normalise a return_patterns / return_head_outputs argument to head indices or None."""
+    if arg is True:
+        return list(range(n_heads))
+    if arg is False or arg is None:
+        return None
+    if isinstance(arg, Tensor):
+        arg = arg.tolist()
+    if isinstance(arg, (str, bytes)) or not isinstance(arg, Sequence):
+        raise TypeError(f"{name} must be a bool or a sequence of head indices, got {arg!r}")
+    heads = list(arg)
+    if not heads:
+        raise ValueError(f"{name}=[] asks for no head; pass False instead")
+    for h in heads:
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n_heads:
+            raise ValueError(f"{name} has head index {h!r}; expected ints in [0, {n_heads})")
+    return heads
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be a bool or None")
+    return value
+
+
+def _gate(head_mask: Tensor, batch: int, n_heads: int, dtype: torch.dtype) -> Tensor:
+    """head_mask ``(n_heads,)`` or ``(batch, n_heads)`` → a gate broadcastable over z."""
+    if not isinstance(head_mask, Tensor):
+        raise TypeError(f"head_mask must be a torch.Tensor, got {type(head_mask).__name__}")
+    if not head_mask.is_floating_point():
+        raise TypeError(
+            f"head_mask has dtype {head_mask.dtype}; expected a floating gate (1 keeps a head, 0 removes it)"
+        )
+    if tuple(head_mask.shape) == (n_heads,):
+        return head_mask.to(dtype)[None, :, None, None]
+    if tuple(head_mask.shape) == (batch, n_heads):
+        return head_mask.to(dtype)[:, :, None, None]
+    raise ValueError(
+        f"head_mask has shape {tuple(head_mask.shape)}; expected (n_heads,) = ({n_heads},) "
+        f"or (batch, n_heads) = ({batch}, {n_heads})"
+    )

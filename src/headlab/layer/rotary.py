@@ -1,0 +1,44 @@
+"""Rotary position embedding (Su et al. 2021, "RoFormer"), in the half-split layout.
+
+Axis legend: x is ``(batch, head, pos, d_head)``. The first ``rotary_dim`` features of each
+head are split into two halves (x1, x2) that rotate together:
+``x1' = x1 cos θ - x2 sin θ``, ``x2' = x2 cos θ + x1 sin θ``, with θ = pos · base^(-2i/rotary_dim).
+This is the layout of GPT-NeoX and of Hugging Face's LLaMA-family models.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates queries and keys by their absolute position.
+
+    Args:
+        rotary_dim: leading features of each head that rotate (even); the rest pass through.
+        base: frequency base θ.
+    """
+
+    def __init__(self, rotary_dim: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(f"rotary_dim={rotary_dim} must be an even int >= 2")
+        self.rotary_dim = rotary_dim
+        self.base = base
+        inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        """Rotate ``x`` ``(batch, head, pos, d_head)`` whose first position is ``offset``."""
+        pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=torch.float32)
+        angles = torch.outer(pos, self.inv_freq.to(x.device))  # (pos, rotary_dim / 2)
+        cos = angles.cos().to(x.dtype).repeat(1, 2)  # (pos, rotary_dim)
+        sin = angles.sin().to(x.dtype).repeat(1, 2)
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = rot * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return torch.cat((rotated, rest), dim=-1) if rest.shape[-1] else rotated
+
+    def extra_repr(self) -> str:
+        return f"rotary_dim={self.rotary_dim}, base={self.base}"

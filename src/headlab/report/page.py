@@ -1,0 +1,131 @@
+"""Assemble the single self-contained ``index.html``: style, contents, sections, footer.
+
+The page needs no network and no JavaScript: the stylesheet is inline and every link
+is relative, so the folder can be opened from ``file://`` or zipped and mailed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from headlab.report.html import Html, badge, escape, table
+from headlab.report.provenance import Provenance
+
+__all__ = ["RenderedSection", "PROVENANCE_ID", "render_page"]
+
+PROVENANCE_ID = "provenance"
+
+_CSS = """
+:root { --fg:#1f2328; --muted:#59636e; --bg:#ffffff; --panel:#f6f8fa; --border:#d1d9e0;
+  --accent:#0969da; --pass:#1a7f37; --pass-bg:#dafbe1; --fail:#cf222e; --fail-bg:#ffebe9;
+  --mono: ui-monospace, SFMono-Regular, "SF Mono", Menlo, Consolas, "Liberation Mono", monospace; }
+@media (prefers-color-scheme: dark) {
+  :root { --fg:#e6edf3; --muted:#9198a1; --bg:#0d1117; --panel:#151b23; --border:#3d444d;
+    --accent:#4493f8; --pass:#3fb950; --pass-bg:#12261e; --fail:#f85149; --fail-bg:#2d1214; } }
+* { box-sizing: border-box; }
+body { margin:0; background:var(--bg); color:var(--fg);
+  font: 15px/1.55 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+main { max-width: 74rem; margin: 0 auto; padding: 2rem 1.5rem 4rem; }
+header h1 { font-size: 1.7rem; margin: 0 0 .25rem; letter-spacing: -.01em; }
+header p { margin: 0; color: var(--muted); }
+h2 { font-size: 1.3rem; margin: 0 0 .75rem; display:flex; align-items:center; gap:.6rem; }
+a { color: var(--accent); text-decoration: none; } a:hover { text-decoration: underline; }
+nav.toc { background: var(--panel); border: 1px solid var(--border); border-radius: 8px;
+  padding: .75rem 1.25rem; margin: 1.5rem 0 2rem; }
+nav.toc h2 { font-size: 1rem; margin: 0 0 .4rem; }
+nav.toc ol { margin: 0; padding-left: 1.4rem; } nav.toc li { margin: .15rem 0; }
+section.report-section { border-top: 1px solid var(--border); padding: 1.5rem 0 .5rem; }
+section.report-section > p:first-of-type { margin-top: 0; }
+.badge { display:inline-block; font: 600 .72rem/1.5 var(--mono); text-transform: uppercase;
+  letter-spacing: .04em; padding: 0 .5rem; border-radius: 999px; vertical-align: middle; }
+.badge.pass { color: var(--pass); background: var(--pass-bg); border: 1px solid var(--pass); }
+.badge.fail { color: var(--fail); background: var(--fail-bg); border: 1px solid var(--fail); }
+.table-wrap { overflow-x: auto; margin: .75rem 0 1rem; }
+table { border-collapse: collapse; font-size: .88rem; min-width: 50%; }
+caption { text-align: left; color: var(--muted); padding-bottom: .3rem; }
+th, td { border-bottom: 1px solid var(--border); padding: .35rem .7rem; text-align: left;
+  vertical-align: top; }
+th { background: var(--panel); font-weight: 600; white-space: nowrap; }
+tbody tr:hover { background: var(--panel); }
+td.num, th.num { text-align: right; font-family: var(--mono); font-variant-numeric: tabular-nums;
+  white-space: nowrap; }
+code, pre, .mono { font-family: var(--mono); font-size: .85em; }
+pre { background: var(--panel); border: 1px solid var(--border); border-radius: 6px;
+  padding: .75rem 1rem; overflow-x: auto; white-space: pre; }
+details summary { cursor: pointer; color: var(--muted); }
+.section-error { border: 1px solid var(--fail); background: var(--fail-bg); border-radius: 8px;
+  padding: .75rem 1rem; }
+.section-error p { margin: 0 0 .5rem; }
+.muted, .note { color: var(--muted); font-size: .9rem; }
+.settings { font-family: var(--mono); font-size: .78rem; color: var(--muted); }
+"""
+
+
+@dataclass(frozen=True)
+class RenderedSection:
+    """A section after it ran: its fragment (or error fragment) and whether it succeeded."""
+
+    id: str
+    title: str
+    ok: bool
+    body: str
+
+
+def _toc(sections: Sequence[RenderedSection]) -> Html:
+    items = [
+        f'<li><a href="#{escape(s.id)}">{escape(s.title)}</a> {badge(s.ok, text="ok" if s.ok else "failed")}</li>'
+        for s in sections
+    ]
+    items.append(f'<li><a href="#{PROVENANCE_ID}">How this report was produced</a></li>')
+    return Html(f'<nav class="toc"><h2>Contents</h2><ol>{"".join(items)}</ol></nav>')
+
+
+def _provenance(prov: Provenance, seconds: float) -> Html:
+    rows: list[tuple[str, str]] = [*prov.rows(), ("build time", f"{seconds:.1f} s")]
+    return Html(
+        f'<section class="report-section" id="{PROVENANCE_ID}"><h2>How this report was produced</h2>'
+        "<p>Every number above was computed by the run described here; "
+        "rerunning the command with the same seed on the same software reproduces it.</p>"
+        f"{table(['', 'value'], rows)}</section>"
+    )
+
+
+def render_page(
+    sections: Sequence[RenderedSection],
+    *,
+    provenance: Provenance,
+    seconds: float,
+    title: str = "headlab report",
+) -> str:
+    """Build the complete HTML document.
+
+    Args:
+        sections: rendered sections in page order; ``body`` must already be safe HTML.
+        provenance: facts for the closing "How this report was produced" section.
+        seconds: total build time, shown in the footer.
+        title: page title and main heading.
+
+    Returns:
+        The full document as a string.
+    """
+    n_failed = sum(not s.ok for s in sections)
+    status = (
+        f"{len(sections)} sections, all rendered"
+        if n_failed == 0
+        else f"{len(sections)} sections, {n_failed} failed to render"
+    )
+    body = "".join(
+        f'<section class="report-section" id="{escape(s.id)}">'
+        f"<h2>{escape(s.title)}{'' if s.ok else ' ' + badge(False, text='failed')}</h2>{s.body}</section>"
+        for s in sections
+    )
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>"
+        f"<header><h1>{escape(title)}</h1><p>{escape(status)} · generated {escape(provenance.utc_time)}"
+        f" · seed {escape(provenance.seed)}{' · quick mode' if provenance.quick else ''}</p></header>"
+        f"{_toc(sections)}{body}{_provenance(provenance, seconds)}</main></body></html>\n"
+    )

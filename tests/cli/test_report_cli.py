@@ -1,0 +1,77 @@
+"""`headlab report` and the app around it, through typer's CliRunner."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import headlab.report.sections as registry
+from headlab.cli import app
+from headlab.report import ReportContext, Section
+
+runner = CliRunner()
+
+_HAS_INTEROP = importlib.util.find_spec("headlab.interop") is not None and (
+    importlib.util.find_spec("headlab.interop.torch_mha") is not None
+)
+
+
+def _fail(ctx: ReportContext) -> str:
+    raise RuntimeError("section exploded")
+
+
+@pytest.mark.skipif(not _HAS_INTEROP, reason="headlab.interop.torch_mha is not importable yet (parity_suite missing)")
+def test_report_quick_with_default_sections_exits_0_and_writes_index(tmp_path: Path) -> None:
+    out = tmp_path / "rep"
+    result = runner.invoke(app, ["report", "--out", str(out), "--quick"])
+    assert result.exit_code == 0, result.output
+    assert (out / "index.html").is_file()
+    assert "index.html" in result.output and "ok" in result.output
+
+
+def test_report_summarises_sections_and_exits_0_when_all_render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, bool]] = []
+
+    def render(ctx: ReportContext) -> str:
+        seen.append((ctx.seed, ctx.quick))
+        return "<p>fine</p>"
+
+    monkeypatch.setattr(registry, "DEFAULT_SECTIONS", [Section("fine", "Fine section", render)])
+    result = runner.invoke(app, ["report", "--out", str(tmp_path), "--seed", "3", "--quick"])
+    assert result.exit_code == 0, result.output
+    assert seen == [(3, True)]
+    assert "Fine section" in result.output and "ok" in result.output
+    assert "headlab report --out" in (tmp_path / "index.html").read_text()
+
+
+def test_report_exits_1_and_names_the_failure_when_a_section_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "DEFAULT_SECTIONS", [Section("bad", "Bad section", _fail)])
+    result = runner.invoke(app, ["report", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "failed" in result.output and "section exploded" in result.output
+    assert (tmp_path / "index.html").is_file()  # the page is still written, showing the error
+
+
+def test_help_lists_the_report_command() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "report" in result.output
+    sub = runner.invoke(app, ["report", "--help"])
+    assert sub.exit_code == 0 and "--out" in sub.output and "--quick" in sub.output
+
+
+def test_version_prints_the_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.startswith("headlab ")
+
+
+@pytest.mark.parametrize("args", [["report", "--bogus"], ["report", "--seed", "notanint"], ["nosuchcommand"]])
+def test_bad_arguments_are_usage_errors(args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2

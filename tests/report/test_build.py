@@ -1,0 +1,133 @@
+"""build_report: sections render in order, failures are contained and shown, output is self-contained."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import headlab.report.sections as registry
+from headlab.report import ReportContext, Section, build_report
+
+
+def _ok(section_id: str, marker: str) -> Section:
+    return Section(id=section_id, title=f"Title {section_id}", render=lambda ctx: f"<p>{marker}</p>")
+
+
+def _boom(ctx: ReportContext) -> str:
+    raise RuntimeError("kaboom in section")
+
+
+def test_failing_section_shows_its_error_and_the_others_still_render(tmp_path: Path) -> None:
+    sections = [_ok("first", "MARK-ONE"), Section("broken", "Broken", _boom), _ok("third", "MARK-THREE")]
+    result = build_report(tmp_path, sections=sections, progress=False)
+    html = result.index.read_text()
+
+    assert [s.ok for s in result.sections] == [True, False, True]
+    assert not result.ok
+    assert result.sections[1].error == "RuntimeError: kaboom in section"
+    assert "MARK-ONE" in html and "MARK-THREE" in html
+    broken = html[html.index('id="broken"') : html.index('id="third"')]
+    assert "RuntimeError: kaboom in section" in broken
+    assert "<details><summary>Traceback</summary>" in broken
+    assert "_boom" in broken  # the traceback names the failing function
+
+
+def test_text_in_titles_and_errors_is_escaped(tmp_path: Path) -> None:
+    def evil(ctx: ReportContext) -> str:
+        raise ValueError("<script>alert('err')</script>")
+
+    sections = [Section("evil", "<script>alert('title')</script>", evil)]
+    html = build_report(tmp_path, sections=sections, progress=False).index.read_text()
+
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(&#x27;title&#x27;)&lt;/script&gt;" in html
+    assert "&lt;script&gt;alert(&#x27;err&#x27;)&lt;/script&gt;" in html
+
+
+def test_table_of_contents_lists_every_section_and_the_footer(tmp_path: Path) -> None:
+    sections = [_ok("alpha", "a"), _ok("beta", "b"), Section("gamma", "Title gamma", _boom)]
+    html = build_report(tmp_path, sections=sections, progress=False).index.read_text()
+    toc = re.search(r'<nav class="toc">(.*?)</nav>', html, re.DOTALL)
+    assert toc is not None
+
+    targets = re.findall(r'href="#([^"]+)"', toc.group(1))
+    assert targets == ["alpha", "beta", "gamma", "provenance"]
+    for s in sections:
+        assert s.title in toc.group(1)
+        assert f'id="{s.id}"' in html
+
+
+def test_files_are_written_and_report_json_matches_the_result(tmp_path: Path) -> None:
+    def with_asset(ctx: ReportContext) -> str:
+        href = ctx.write_file("assets/data.json", '{"x": 1}')
+        return f'<a href="{href}">data</a>'
+
+    out = tmp_path / "nested" / "out"
+    result = build_report(out, sections=[Section("asset", "Asset", with_asset)], seed=7, progress=False)
+
+    assert result.index == out / "index.html" and result.index.is_file()
+    assert json.loads((out / "assets" / "data.json").read_text()) == {"x": 1}
+    assert 'href="assets/data.json"' in result.index.read_text()
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk == json.loads(json.dumps(result.to_dict()))
+    assert on_disk["sections"][0]["id"] == "asset" and on_disk["provenance"]["seed"] == 7
+    assert not list(out.glob("*.tmp"))
+
+
+def test_provenance_footer_names_versions_seed_and_command(tmp_path: Path) -> None:
+    result = build_report(tmp_path, sections=[_ok("one", "x")], seed=1234, quick=True, progress=False,
+                          command="headlab report --seed 1234 --quick")
+    html = result.index.read_text()
+    footer = html[html.index('id="provenance"') :]
+
+    assert "How this report was produced" in footer
+    assert torch.__version__ in footer
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" in footer
+    assert "<td>1234</td>" in footer
+    assert "headlab report --seed 1234 --quick" in footer
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", footer)
+
+
+def test_page_is_self_contained(tmp_path: Path) -> None:
+    html = build_report(tmp_path, sections=[_ok("one", "x")], progress=False).index.read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "<style>" in html
+    assert not re.search(r'(src|href)="(https?:)?//', html), "page must not load anything from the network"
+    assert "<script" not in html and "<link" not in html
+
+
+def test_default_sections_come_from_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "DEFAULT_SECTIONS", [_ok("registered", "FROM-REGISTRY")])
+    result = build_report(tmp_path, progress=False)
+    assert [s.id for s in result.sections] == ["registered"]
+    assert "FROM-REGISTRY" in result.index.read_text()
+
+
+def test_progress_bar_does_not_disturb_the_result(tmp_path: Path) -> None:
+    result = build_report(tmp_path, sections=[_ok("one", "x"), _ok("two", "y")], progress=True)
+    assert [s.ok for s in result.sections] == [True, True]
+    assert all(s.seconds >= 0 for s in result.sections)
+
+
+@pytest.mark.parametrize("ids", [["a", "a"], ["provenance"]])
+def test_duplicate_or_reserved_ids_are_rejected(tmp_path: Path, ids: list[str]) -> None:
+    with pytest.raises(ValueError, match=repr(ids[-1])):
+        build_report(tmp_path, sections=[_ok(i, i) for i in ids], progress=False)
+
+
+@pytest.mark.parametrize("bad", ["Has Space", "", "-lead", "UPPER", 'x"y'])
+def test_section_ids_must_be_anchor_safe(bad: str) -> None:
+    with pytest.raises(ValueError, match="section id"):
+        Section(id=bad, title="t", render=lambda ctx: "")
+
+
+@pytest.mark.parametrize("relpath", ["../escape.json", "/abs.json", "a/../../b"])
+def test_assets_cannot_leave_the_report_folder(tmp_path: Path, relpath: str) -> None:
+    ctx = ReportContext(out_dir=tmp_path / "r", assets_dir=tmp_path / "r" / "assets", seed=0, quick=False)
+    with pytest.raises(ValueError, match="inside the report folder"):
+        ctx.write_file(relpath, "x")
