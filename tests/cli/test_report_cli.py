@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,10 @@ def test_version_prints_the_version() -> None:
 def test_bad_arguments_are_usage_errors(args: list[str]) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2
+
+
+def test_importing_the_cli_does_not_import_torch() -> None:
+    # `headlab --help` must be instant: torch (~1 s to import) loads only inside command bodies.
+    code = "import sys; import headlab.cli; print(sorted(m for m in ('torch', 'headlab.report') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"importing headlab.cli loaded {out.strip()}"

@@ -27,12 +27,14 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim
         self.base = base
         inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """Rotate ``x`` ``(batch, head, pos, d_head)`` whose first position is ``offset``."""
-        pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=torch.float32)
-        angles = torch.outer(pos, self.inv_freq.to(x.device))  # (pos, rotary_dim / 2)
+        # Angles in float32 (float64 for float64 inputs), then cast: what HF's LLaMA does.
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=dtype)
+        angles = torch.outer(pos, self.inv_freq.to(device=x.device, dtype=dtype))  # (pos, rotary_dim / 2)
         cos = angles.cos().to(x.dtype).repeat(1, 2)  # (pos, rotary_dim)
         sin = angles.sin().to(x.dtype).repeat(1, 2)
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]

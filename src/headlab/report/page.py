@@ -110,10 +110,11 @@ def render_page(
         The full document as a string.
     """
     n_failed = sum(not s.ok for s in sections)
+    noun = "section" if len(sections) == 1 else "sections"
     status = (
-        f"{len(sections)} sections, all rendered"
+        f"{len(sections)} {noun}, all rendered"
         if n_failed == 0
-        else f"{len(sections)} sections, {n_failed} failed to render"
+        else f"{len(sections)} {noun}, {n_failed} failed to render"
     )
     body = "".join(
         f'<section class="report-section" id="{escape(s.id)}">'

@@ -1,0 +1,98 @@
+"""An independent float64 reference for MultiHeadAttention, written head by head.
+
+It reads only the layer's per-head weight views and config, and re-derives the mask
+semantics (nn.MultiheadAttention's) and rotary (as complex rotation) without headlab code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def rotate(x: Tensor, positions: Tensor, rotary_dim: int, base: float) -> Tensor:
+    """Rotate pairs (i, i + rotary_dim/2) of x (pos, d) by angle pos · base^(-2i/rotary_dim)."""
+    half = rotary_dim // 2
+    freq = base ** (-torch.arange(half, dtype=torch.float64) * 2 / rotary_dim)
+    angle = positions.double()[:, None] * freq[None, :]
+    pairs = torch.complex(x[:, :half], x[:, half:rotary_dim]) * torch.polar(torch.ones_like(angle), angle)
+    return torch.cat((pairs.real, pairs.imag, x[:, rotary_dim:]), dim=1)
+
+
+def reference(
+    layer,
+    query: Tensor,
+    key: Tensor | None = None,
+    value: Tensor | None = None,
+    *,
+    key_padding_mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    causal: bool | None = None,
+    head_mask: Tensor | None = None,
+    query_start: int = 0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns (output (B, L, d_model), patterns (B, H, L, S), head_outputs (B, H, L, d_model)) in float64.
+
+    ``query_start``: rotary position of the first query (keys start at 0); when decoding
+    with a cache, pass all keys so far and query_start = number of cached positions.
+    """
+    c = layer.config
+    key = query if key is None else key
+    value = key if value is None else value
+    causal = c.causal if causal is None else causal
+    query, key, value = query.double(), key.double(), value.double()
+    B, L, _ = query.shape
+    S = key.shape[1]
+    H, g = c.n_heads, c.n_heads // c.n_kv_heads
+    scale = c.scale if c.scale is not None else 1 / math.sqrt(c.d_head)
+    W_Q, W_K, W_V, W_O = (w.detach().double() for w in (layer.W_Q, layer.W_K, layer.W_V, layer.W_O))
+    bias = lambda b: None if b is None else b.detach().double()  # noqa: E731
+    b_Q, b_K, b_V, b_O = bias(layer.b_Q), bias(layer.b_K), bias(layer.b_V), bias(layer.b_O)
+
+    patterns: list[list[Tensor]] = [[None] * H for _ in range(B)]
+    head_outputs: list[list[Tensor]] = [[None] * H for _ in range(B)]
+    for b in range(B):
+        for h in range(H):
+            kv = h // g
+            q = query[b] @ W_Q[h] + (0 if b_Q is None else b_Q[h])
+            k = key[b] @ W_K[kv] + (0 if b_K is None else b_K[kv])
+            v = value[b] @ W_V[kv] + (0 if b_V is None else b_V[kv])
+            if c.rotary:
+                q_pos = torch.arange(L) + query_start
+                q = rotate(q, q_pos, c.rotary_dim, c.rotary_base)
+                k = rotate(k, torch.arange(S), c.rotary_dim, c.rotary_base)
+            add = torch.zeros(L, S, dtype=torch.float64)  # what the masks add to the scores
+            for i in range(L):
+                for j in range(S):
+                    for m in _mask_entries(key_padding_mask, attn_mask, b, h, i, j, H):
+                        add[i, j] = -math.inf if m.dtype == torch.bool and m else add[i, j] + (
+                            0.0 if m.dtype == torch.bool else float(m))
+                    if causal and j > i + (S - L):
+                        add[i, j] = -math.inf
+            scores = (q @ k.T) * scale + add
+            zero = torch.zeros(S, dtype=torch.float64)  # a row that sees no key: zero pattern, zero z
+            pattern = torch.stack([zero if torch.isneginf(row).all() else torch.softmax(row, dim=0) for row in scores])
+            z = pattern @ v  # (L, d_head_v)
+            if head_mask is not None:
+                z = z * (head_mask[h] if head_mask.dim() == 1 else head_mask[b, h])
+            patterns[b][h] = pattern
+            head_outputs[b][h] = z @ W_O[h]
+    patterns = torch.stack([torch.stack(p) for p in patterns])
+    head_outputs = torch.stack([torch.stack(r) for r in head_outputs])
+    output = head_outputs.sum(dim=1) + (0 if b_O is None else b_O)
+    return output, patterns, head_outputs
+
+
+def _mask_entries(key_padding_mask, attn_mask, b, h, i, j, H):
+    """The mask values that apply to score (b, h, i, j)."""
+    if key_padding_mask is not None:
+        yield key_padding_mask[b, j]
+    if attn_mask is not None:
+        if attn_mask.dim() == 2:
+            yield attn_mask[i, j]
+        elif attn_mask.dim() == 3:
+            yield attn_mask[b * H + h, i, j]
+        else:
+            yield attn_mask[b if attn_mask.shape[0] > 1 else 0, h if attn_mask.shape[1] > 1 else 0, i, j]

@@ -1,0 +1,256 @@
+"""MultiHeadAttention against the float64 per-head reference, in every option."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlab import AttentionConfig, AttentionOutput, MultiHeadAttention
+from tests.conftest import DEVICES
+from tests.layer.reference import reference
+
+CONFIGS = {
+    "standard": dict(d_model=32, n_heads=4),
+    "no-bias": dict(d_model=24, n_heads=3, bias=False),
+    "grouped-query": dict(d_model=32, n_heads=8, n_kv_heads=2),
+    "multi-query": dict(d_model=32, n_heads=4, n_kv_heads=1),
+    "d_head independent": dict(d_model=20, n_heads=3, d_head=7, d_head_v=5),
+    "cross-attention": dict(d_model=16, n_heads=2, kdim=12, vdim=9),
+    "rotary": dict(d_model=32, n_heads=4, rotary=True),
+    "partial rotary, GQA": dict(d_model=48, n_heads=6, n_kv_heads=3, rotary=True, rotary_dim=4, rotary_base=500.0),
+    "causal, custom scale": dict(d_model=16, n_heads=4, causal=True, scale=0.7),
+}
+
+
+def _layer(opts: dict, dtype=torch.float64) -> MultiHeadAttention:
+    layer = MultiHeadAttention(AttentionConfig(**opts)).to(dtype)
+    with torch.no_grad():  # non-zero biases so that they are tested
+        for name, p in layer.named_parameters():
+            if "bias" in name:
+                p.normal_(0, 0.5)
+    return layer
+
+
+def _inputs(layer: MultiHeadAttention, batch=2, q_len=5, k_len=None, dtype=torch.float64):
+    c = layer.config
+    cross = c.kdim != c.d_model or c.vdim != c.d_model
+    query = torch.randn(batch, q_len, c.d_model, dtype=dtype)
+    if not cross:
+        return query, None, None
+    k_len = k_len or q_len + 2
+    return query, torch.randn(batch, k_len, c.kdim, dtype=dtype), torch.randn(batch, k_len, c.vdim, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_fast_path_matches_float64_reference(name):
+    layer = _layer(CONFIGS[name])
+    query, key, value = _inputs(layer)
+    expected, _, _ = reference(layer, query, key, value)
+    torch.testing.assert_close(layer(query, key, value), expected, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_patterns_and_head_outputs_match_reference(name):
+    layer = _layer(CONFIGS[name])
+    query, key, value = _inputs(layer)
+    out = layer(query, key, value, return_patterns=True, return_head_outputs=True)
+    expected, patterns, head_outputs = reference(layer, query, key, value)
+    assert isinstance(out, AttentionOutput)
+    torch.testing.assert_close(out.output, expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.patterns, patterns, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.head_outputs, head_outputs, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["standard", "grouped-query", "causal, custom scale"])
+def test_masks_match_reference(name):
+    layer = _layer(CONFIGS[name])
+    c = layer.config
+    batch, L = 3, 6
+    query = torch.randn(batch, L, c.d_model, dtype=torch.float64)
+    kpm = torch.zeros(batch, L, dtype=torch.bool)
+    kpm[0, 4:] = True
+    kpm[2, :] = True  # a sequence of padding only: every row sees no key
+    attn_mask = torch.randn(batch * c.n_heads, L, L, dtype=torch.float64)
+    attn_mask[1, 2, :] = float("-inf")  # one row of one head sees no key
+    out = layer(query, key_padding_mask=kpm, attn_mask=attn_mask, return_patterns=True, return_head_outputs=True)
+    expected, patterns, head_outputs = reference(layer, query, key_padding_mask=kpm, attn_mask=attn_mask)
+    torch.testing.assert_close(out.output, expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.patterns, patterns, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.head_outputs, head_outputs, atol=1e-10, rtol=1e-10)
+    assert (out.patterns[2] == 0).all() and (out.head_outputs[2] == 0).all()
+    fast = layer(query, key_padding_mask=kpm, attn_mask=attn_mask)
+    torch.testing.assert_close(fast, expected, atol=1e-10, rtol=1e-10)
+
+
+def test_is_causal_overrides_config():
+    layer = _layer(dict(d_model=16, n_heads=2))
+    query, _, _ = _inputs(layer, q_len=6)
+    causal = layer(query, is_causal=True)
+    torch.testing.assert_close(causal, reference(layer, query, causal=True)[0], atol=1e-10, rtol=1e-10)
+    assert not torch.allclose(causal, layer(query))
+    causal_layer = _layer(dict(d_model=16, n_heads=2, causal=True))
+    causal_layer.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(causal_layer(query), causal)
+    torch.testing.assert_close(causal_layer(query, is_causal=False), layer(query))
+
+
+def test_causal_cross_attention_aligns_queries_to_the_end_of_the_keys():
+    layer = _layer(dict(d_model=16, n_heads=2, kdim=16, vdim=16, causal=True))
+    query = torch.randn(2, 3, 16, dtype=torch.float64)
+    memory = torch.randn(2, 7, 16, dtype=torch.float64)
+    out = layer(query, memory, memory, return_patterns=True)
+    # query i sits at key position 7 - 3 + i: it sees keys 0 .. 4 + i
+    assert (out.patterns[..., 0, 5:] == 0).all() and (out.patterns[..., 0, :5] > 0).all()
+    torch.testing.assert_close(out.output, reference(layer, query, memory, memory)[0], atol=1e-10, rtol=1e-10)
+
+
+def test_more_queries_than_keys_causal_rows_without_keys_are_zero():
+    layer = _layer(dict(d_model=8, n_heads=2, causal=True))
+    query = torch.randn(1, 5, 8, dtype=torch.float64)
+    memory = torch.randn(1, 3, 8, dtype=torch.float64)
+    out = layer(query, memory, memory, return_patterns=True, return_head_outputs=True)
+    assert (out.patterns[:, :, :2] == 0).all() and (out.head_outputs[:, :, :2] == 0).all()
+    torch.testing.assert_close(out.output, reference(layer, query, memory, memory)[0], atol=1e-10, rtol=1e-10)
+    assert torch.isfinite(layer(query, memory, memory)).all()
+
+
+@pytest.mark.parametrize("heads", [[2], [3, 0], [1, 1, 5], [7, 6, 5, 4, 3, 2, 1, 0]])
+def test_pattern_subset_equals_slice_of_all_patterns(heads):
+    layer = _layer(CONFIGS["grouped-query"])
+    query, _, _ = _inputs(layer, q_len=7)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 5:] = True
+    everything = layer(query, key_padding_mask=kpm, is_causal=True, return_patterns=True, return_head_outputs=True)
+    subset = layer(query, key_padding_mask=kpm, is_causal=True, return_patterns=heads, return_head_outputs=heads)
+    torch.testing.assert_close(subset.patterns, everything.patterns[:, heads], atol=1e-12, rtol=0)
+    torch.testing.assert_close(subset.head_outputs, everything.head_outputs[:, heads], atol=1e-12, rtol=0)
+    torch.testing.assert_close(subset.output, everything.output, atol=1e-12, rtol=0)
+
+
+def test_plain_call_returns_tensor_and_only_asked_parts_are_filled():
+    layer = _layer(CONFIGS["standard"])
+    query, _, _ = _inputs(layer)
+    assert isinstance(layer(query), torch.Tensor)
+    only_patterns = layer(query, return_patterns=[1])
+    assert only_patterns.head_outputs is None and only_patterns.patterns.shape == (2, 1, 5, 5)
+    only_outputs = layer(query, return_head_outputs=True)
+    assert only_outputs.patterns is None and only_outputs.head_outputs.shape == (2, 4, 5, 32)
+
+
+def test_head_outputs_sum_to_output():
+    layer = _layer(CONFIGS["d_head independent"], dtype=torch.float32)
+    query, _, _ = _inputs(layer, dtype=torch.float32)
+    out = layer(query, return_head_outputs=True)
+    torch.testing.assert_close(out.head_outputs.sum(dim=1) + layer.b_O, out.output, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["per-head", "per-example"])
+def test_head_mask_matches_reference_and_removes_heads(shape):
+    layer = _layer(CONFIGS["grouped-query"])
+    query, _, _ = _inputs(layer)
+    gate = torch.tensor([1.0, 0.0, 0.5, 1.0, 2.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    if shape == "per-example":
+        gate = torch.stack([gate, gate.flip(0)])
+    out = layer(query, head_mask=gate, return_head_outputs=True)
+    expected, _, head_outputs = reference(layer, query, head_mask=gate)
+    torch.testing.assert_close(out.output, expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.head_outputs, head_outputs, atol=1e-10, rtol=1e-10)
+    ungated = layer(query, return_head_outputs=True).head_outputs
+    removed = (gate == 0).expand(2, -1) if gate.dim() == 1 else gate == 0
+    assert (out.head_outputs[removed] == 0).all() and ungated[removed].abs().sum() > 0
+
+
+def test_head_mask_gradient_is_each_heads_contribution():
+    """d(sum of output)/d(gate_h) at gate = 1 is the sum of head h's contribution (Michel et al. 2019)."""
+    layer = _layer(CONFIGS["standard"])
+    query, _, _ = _inputs(layer)
+    gate = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    layer(query, head_mask=gate).sum().backward()
+    head_outputs = layer(query, return_head_outputs=True).head_outputs
+    torch.testing.assert_close(gate.grad, head_outputs.sum(dim=(0, 2, 3)), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["standard", "grouped-query", "rotary", "cross-attention"])
+@pytest.mark.parametrize("explicit", [False, True], ids=["fast", "explicit"])
+def test_input_gradients_match_reference(name, explicit):
+    layer = _layer(CONFIGS[name])
+    query, key, value = _inputs(layer)
+    kpm = torch.zeros(2, query.shape[1] if key is None else key.shape[1], dtype=torch.bool)
+    kpm[0, -1] = True
+    inputs = [x.requires_grad_(True) for x in (query, key, value) if x is not None]
+    weight = torch.randn(2, query.shape[1], layer.config.d_model, dtype=torch.float64)
+
+    out = layer(query, key, value, key_padding_mask=kpm, return_patterns=explicit)
+    out = out.output if explicit else out
+    grads = torch.autograd.grad((out * weight).sum(), inputs)
+    expected = reference(layer, query, key, value, key_padding_mask=kpm)[0]  # weights detached inside
+    ref_grads = torch.autograd.grad((expected * weight).sum(), inputs)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
+def test_parameter_gradients_pass_gradcheck():
+    layer = _layer(dict(d_model=8, n_heads=2, n_kv_heads=1, rotary=True, causal=True))
+    query = torch.randn(2, 4, 8, dtype=torch.float64)
+    kpm = torch.tensor([[False, False, True, False], [True, True, True, True]])
+    params = dict(layer.named_parameters())
+
+    def fn(*flat):
+        out = torch.func.functional_call(layer, dict(zip(params, flat)), (query,), {"key_padding_mask": kpm})
+        return out
+
+    assert torch.autograd.gradcheck(fn, tuple(p.detach().clone().requires_grad_() for p in params.values()))
+
+
+def test_no_nan_gradient_through_rows_without_keys():
+    layer = _layer(CONFIGS["standard"])
+    query = torch.randn(2, 5, 32, dtype=torch.float64, requires_grad=True)
+    kpm = torch.zeros(2, 5, dtype=torch.bool)
+    kpm[1] = True
+    for explicit in (False, True):
+        out = layer(query, key_padding_mask=kpm, return_patterns=explicit)
+        out = out.output if explicit else out
+        grads = torch.autograd.grad(out.sum(), [query, *layer.parameters()])
+        assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_low_precision_dtypes_track_float64(device, dtype):
+    layer64 = _layer(CONFIGS["grouped-query"])
+    layer = _layer(CONFIGS["grouped-query"]).to(device=device, dtype=dtype)
+    layer.load_state_dict(layer64.state_dict())
+    query = torch.randn(2, 9, 32, dtype=torch.float64)
+    kpm = torch.zeros(2, 9, dtype=torch.bool, device=device)
+    kpm[0, 7:] = True
+    want = layer64(query, key_padding_mask=kpm.cpu(), return_patterns=[0, 5])
+    got = layer(query.to(device, dtype), key_padding_mask=kpm, return_patterns=[0, 5])
+    tol = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 5e-3}[dtype]
+    assert got.output.dtype == dtype and got.patterns.dtype == dtype
+    torch.testing.assert_close(got.output.double().cpu(), want.output, atol=tol * 4, rtol=tol)
+    torch.testing.assert_close(got.patterns.double().cpu(), want.patterns, atol=tol, rtol=tol)
+
+
+def test_dropout_only_in_training_and_patterns_are_pre_dropout():
+    layer = _layer(dict(d_model=16, n_heads=2, dropout=0.5))
+    query, _, _ = _inputs(layer, q_len=8)
+    layer.eval()
+    torch.testing.assert_close(layer(query), layer(query))
+    torch.testing.assert_close(layer(query), reference(layer, query)[0], atol=1e-10, rtol=1e-10)
+    layer.train()
+    assert not torch.allclose(layer(query), layer(query))
+    out = layer(query, return_patterns=True)
+    torch.testing.assert_close(out.patterns.sum(-1), torch.ones(2, 2, 8, dtype=torch.float64))
+    torch.testing.assert_close(out.patterns, reference(layer, query)[1], atol=1e-10, rtol=1e-10)
+
+
+def test_parameter_count_independent_of_heads_for_wide():
+    """Thread 001: the wide layer's parameters do not depend on the number of heads."""
+    counts = {h: sum(p.numel() for p in MultiHeadAttention(AttentionConfig(d_model=64, n_heads=h)).parameters())
+              for h in (1, 2, 4, 8, 16)}
+    assert len(set(counts.values())) == 1 and counts[1] == 4 * 64 * 64 + 4 * 64
+
+
+def test_repr_names_the_config():
+    text = repr(MultiHeadAttention(AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2)))
+    assert "n_heads=4" in text and "n_kv_heads=2" in text and "wide" in text
