@@ -32,7 +32,8 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+        sizes = dict(batch_size=batch_size, max_len=max_len, n_kv_heads=n_kv_heads, d_head=d_head, d_head_v=d_head_v)
+        for name, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")
         self.max_len = max_len

@@ -64,24 +64,28 @@ class AttentionConfig:
             raise ValueError(
                 f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}"
             )
-        if self.projection not in PROJECTIONS:
+        if not isinstance(self.projection, str) or self.projection not in PROJECTIONS:
             raise ValueError(
                 f"projection={self.projection!r} is not one of {sorted(PROJECTIONS)}"
             )
         for name in ("bias", "causal", "rotary"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+        if isinstance(self.dropout, bool) or not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout={self.dropout!r} must be a number in [0, 1)")
         if self.rotary:
             if self.rotary_dim > self.d_head or self.rotary_dim % 2:
                 raise ValueError(
                     f"rotary_dim={self.rotary_dim} must be even and at most d_head={self.d_head}"
                 )
-            if not (isinstance(self.rotary_base, (int, float)) and self.rotary_base > 1.0):
-                raise ValueError(f"rotary_base={self.rotary_base!r} must be a number > 1")
-        if self.scale is not None and not (
-            isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0
+            if isinstance(self.rotary_base, bool) or not (
+                isinstance(self.rotary_base, (int, float)) and 1.0 < self.rotary_base < math.inf
+            ):
+                raise ValueError(f"rotary_base={self.rotary_base!r} must be a finite number > 1")
+        if self.scale is not None and (
+            isinstance(self.scale, bool)
+            or not isinstance(self.scale, (int, float))
+            or not (math.isfinite(self.scale) and self.scale > 0)
         ):
             raise ValueError(f"scale={self.scale!r} must be a finite number > 0 or None")
         PROJECTIONS[self.projection].validate(self)

@@ -36,6 +36,12 @@ class FactoredMatrix:
                 f"factors do not chain: A has shape {tuple(self.A.shape)}, B has shape {tuple(self.B.shape)}; "
                 "expected (..., m, r) and (..., r, n)"
             )
+        try:
+            torch.broadcast_shapes(self.A.shape[:-2], self.B.shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"batch axes do not broadcast: A has shape {tuple(self.A.shape)}, B has shape {tuple(self.B.shape)}"
+            ) from None
 
     @property
     def shape(self) -> torch.Size:
@@ -70,15 +76,18 @@ class FactoredMatrix:
         return self.A @ self.B
 
     def svd(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Thin SVD of the product from the factors: ``U (..., m, r)``, ``S (..., r)``, ``Vh (..., r, n)``."""
+        """Thin SVD of the product from the factors: ``U (..., m, k)``, ``S (..., k)``, ``Vh (..., k, n)``.
+
+        k = min(m, n, r); ``U @ diag(S) @ Vh`` is the product.
+        """
         q_a, r_a = torch.linalg.qr(self.A)  # (..., m, r), (..., r, r)
         q_b, r_b = torch.linalg.qr(self.B.transpose(-1, -2))  # (..., n, r), (..., r, r)
-        u, s, vh = torch.linalg.svd(r_a @ r_b.transpose(-1, -2))
+        u, s, vh = torch.linalg.svd(r_a @ r_b.transpose(-1, -2), full_matrices=False)
         return q_a @ u, s, vh @ q_b.transpose(-1, -2)
 
     @property
     def S(self) -> Tensor:  # noqa: N802 — the math name
-        """Singular values, descending: ``(..., r)``."""
+        """Singular values, descending: ``(..., min(m, n, r))``."""
         return self.svd()[1]
 
     @property

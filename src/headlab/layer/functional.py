@@ -49,12 +49,19 @@ def attention_pattern(q: Tensor, k: Tensor, bias: Tensor | None, dead: Tensor | 
     Returns:
         pattern ``(batch, head, query_pos, key_pos)`` in q's dtype.
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (batch, head, query_pos, key_pos)
+    # Scale q, not the scores: (query_pos × d_head) multiplies instead of (query_pos × key_pos).
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))  # (batch, head, query_pos, key_pos)
     if bias is not None:
-        scores = scores + bias
-    # Half-precision softmax loses mass on long rows: normalise in float32.
-    low_precision = q.dtype in (torch.float16, torch.bfloat16)
-    pattern = scores.softmax(dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
+        scores += bias  # in place: matmul keeps its inputs, not its output, for backward
+    if q.dtype in (torch.float16, torch.bfloat16):
+        # Half-precision softmax loses mass on long rows: normalise in float32.
+        pattern = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    elif scores.requires_grad:
+        pattern = scores.softmax(dim=-1)
+    else:
+        # Inference: softmax in place. A fresh (query_pos × key_pos) buffer per head costs
+        # more in first-touch page faults than the softmax itself on large inputs.
+        pattern = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
     if dead is not None:
         pattern = pattern.masked_fill(dead[..., None], 0.0)
     return pattern

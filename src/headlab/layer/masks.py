@@ -49,12 +49,12 @@ class AttentionMask:
 
 
 def causal_bias(q_len: int, k_len: int, *, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Additive causal bias ``(query_pos, key_pos)``, aligned to the end of the keys.
+    """Additive causal bias ``(1, 1, query_pos, key_pos)``, aligned to the end of the keys.
 
     Query i may see key j when ``j <= k_len - q_len + i``; everything else is ``-inf``.
     """
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
-    return _bool_to_bias(~allowed, dtype)
+    return _bool_to_bias(~allowed, dtype)[None, None]
 
 
 def build_mask(

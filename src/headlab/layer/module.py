@@ -108,25 +108,27 @@ class MultiHeadAttention(nn.Module):
         pattern_heads = _heads_arg("return_patterns", return_patterns, c.n_heads)
         result_heads = _heads_arg("return_head_outputs", return_head_outputs, c.n_heads)
 
-        q, k, v = self.projection(query, key, value)
+        # Validate every argument before the cache is touched: a refused call changes nothing.
         offset = 0 if kv_cache is None else kv_cache.length
+        batch, q_len, k_len = query.shape[0], query.shape[1], offset + key.shape[1]
+        mask = build_mask(
+            key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            causal=c.causal if is_causal is None else _check_bool("is_causal", is_causal),
+            batch=batch, n_heads=c.n_heads, q_len=q_len, k_len=k_len, dtype=query.dtype, device=query.device,
+        )
+        gate = None if head_mask is None else _gate(head_mask, batch, c.n_heads, query.dtype)
+
+        q, k, v = self.projection(query, key, value)
         if self.rotary is not None:
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
-
-        batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[2]
-        mask = build_mask(
-            key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-            causal=c.causal if is_causal is None else _check_bool("is_causal", is_causal),
-            batch=batch, n_heads=c.n_heads, q_len=q_len, k_len=k_len, dtype=q.dtype, device=q.device,
-        )
         z, patterns = attend(
             q, k, v, mask, scale=c.softmax_scale, dropout_p=c.dropout if self.training else 0.0,
             pattern_heads=pattern_heads,
         )  # z: (batch, n_heads, query_pos, d_head_v)
-        if head_mask is not None:
-            z = z * _gate(head_mask, batch, c.n_heads, z.dtype)
+        if gate is not None:
+            z = z * gate
         output = self.projection.merge(z)
         if pattern_heads is None and result_heads is None:
             return output

@@ -8,6 +8,8 @@ This is the layout of GPT-NeoX and of Hugging Face's LLaMA-family models.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -24,17 +26,19 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if rotary_dim < 2 or rotary_dim % 2:
             raise ValueError(f"rotary_dim={rotary_dim} must be an even int >= 2")
+        if not (isinstance(base, (int, float)) and not isinstance(base, bool) and 1.0 < base < math.inf):
+            raise ValueError(f"base={base!r} must be a finite number > 1")
         self.rotary_dim = rotary_dim
-        self.base = base
-        inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.base = float(base)
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """Rotate ``x`` ``(batch, head, pos, d_head)`` whose first position is ``offset``."""
-        # Angles in float32 (float64 for float64 inputs), then cast: what HF's LLaMA does.
+        # Angles in float32 (float64 for float64 inputs), then cast, as HF's LLaMA does. The
+        # frequencies are not a buffer: layer.half() would round them and skew long positions.
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        exponent = torch.arange(0, self.rotary_dim, 2, device=x.device, dtype=dtype) / self.rotary_dim
         pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=dtype)
-        angles = torch.outer(pos, self.inv_freq.to(device=x.device, dtype=dtype))  # (pos, rotary_dim / 2)
+        angles = torch.outer(pos, self.base**-exponent)  # (pos, rotary_dim / 2)
         cos = angles.cos().to(x.dtype).repeat(1, 2)  # (pos, rotary_dim)
         sin = angles.sin().to(x.dtype).repeat(1, 2)
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
