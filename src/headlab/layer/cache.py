@@ -54,11 +54,13 @@ class KVCache:
         Raises:
             ValueError: the shapes do not match the cache, or it would overflow.
         """
-        expected_k = (self.keys.shape[0], self.keys.shape[1], k.shape[2], self.keys.shape[3])
-        expected_v = (self.values.shape[0], self.values.shape[1], v.shape[2], self.values.shape[3])
-        if tuple(k.shape) != expected_k or tuple(v.shape) != expected_v or k.shape[2] != v.shape[2]:
+        keys, values = self.keys, self.values
+        if (
+            k.shape[:2] != keys.shape[:2] or k.shape[3:] != keys.shape[3:]
+            or v.shape[:2] != values.shape[:2] or v.shape[3:] != values.shape[3:] or v.shape[2] != k.shape[2]
+        ):
             raise ValueError(
-                f"kv_cache holds keys {tuple(self.keys.shape)} and values {tuple(self.values.shape)} "
+                f"kv_cache holds keys {tuple(keys.shape)} and values {tuple(values.shape)} "
                 f"(batch, n_kv_heads, max_len, d); got new keys {tuple(k.shape)} and values {tuple(v.shape)}"
             )
         end = self.length + k.shape[2]
@@ -66,10 +68,10 @@ class KVCache:
             raise ValueError(
                 f"kv_cache overflow: {self.length} cached + {k.shape[2]} new positions > max_len={self.max_len}"
             )
-        self.keys[:, :, self.length : end] = k
-        self.values[:, :, self.length : end] = v
+        keys[:, :, self.length : end] = k
+        values[:, :, self.length : end] = v
         self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        return keys[:, :, :end], values[:, :, :end]
 
     def reset(self) -> None:
         """Forget every position (the buffers are kept)."""

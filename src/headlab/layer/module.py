@@ -140,10 +140,10 @@ class MultiHeadAttention(nn.Module):
 
     def new_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for decoding up to ``max_len`` positions, on the layer's device and dtype."""
-        c, weight = self.config, self.projection.W_Q
+        c = self.config
         return KVCache(
             batch_size=batch_size, max_len=max_len, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
-            d_head_v=c.d_head_v, dtype=weight.dtype, device=weight.device,
+            d_head_v=c.d_head_v, dtype=self.projection.dtype, device=self.projection.W_O.device,
         )
 
     # --- per-head views (zero-copy over the projection's parameters) ---
@@ -212,14 +212,14 @@ class MultiHeadAttention(nn.Module):
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, kv_cache: KVCache | None) -> None:
         c = self.config
-        weight = self.projection.W_Q
+        dtype = self.projection.dtype
         for name, x, width in (("query", query, c.d_model), ("key", key, c.kdim), ("value", value, c.vdim)):
             if not isinstance(x, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
             if x.dim() != 3 or x.shape[-1] != width:
                 raise ValueError(f"{name} has shape {tuple(x.shape)}; expected (batch, pos, {width})")
-            if x.dtype != weight.dtype:
-                raise TypeError(f"{name} has dtype {x.dtype}; the layer's weights are {weight.dtype}")
+            if x.dtype != dtype:
+                raise TypeError(f"{name} has dtype {x.dtype}; the layer's weights are {dtype}")
         if key.shape[0] != query.shape[0] or value.shape[0] != query.shape[0]:
             raise ValueError(
                 f"batch sizes differ: query {query.shape[0]}, key {key.shape[0]}, value {value.shape[0]}"

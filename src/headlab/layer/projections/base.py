@@ -60,6 +60,11 @@ class Projection(nn.Module):
             z, W_O = z.index_select(1, index), W_O.index_select(0, index)
         return torch.einsum("bhqd,hdm->bhqm", z, W_O)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights (inputs must match it)."""
+        raise NotImplementedError
+
     # Per-head views; subclasses override with zero-copy views over their parameters.
     @property
     def W_Q(self) -> Tensor:  # noqa: N802

@@ -83,7 +83,9 @@ class WideProjection(Projection):
         batch, q_len, k_len = query.shape[0], query.shape[1], key.shape[1]
         if self.in_proj_weight is not None and query is key and key is value:
             # Self-attention: one multiply for q, k and v.
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split(self.sizes, dim=-1)
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            q_end, k_end = self.sizes[0], self.sizes[0] + self.sizes[1]
+            q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
         else:
             q = F.linear(query, self.q_weight, self._bias(0))
             k = F.linear(key, self.k_weight, self._bias(1))
@@ -97,6 +99,10 @@ class WideProjection(Projection):
         batch, n_heads, q_len, d_head_v = z.shape
         z = z.transpose(1, 2).reshape(batch, q_len, n_heads * d_head_v)  # (batch, query_pos, n_heads·d_head_v)
         return self.out_proj(z)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.out_proj.weight.dtype
 
     @property
     def W_Q(self) -> Tensor:  # noqa: N802
