@@ -254,3 +254,14 @@ def test_parameter_count_independent_of_heads_for_wide():
 def test_repr_names_the_config():
     text = repr(MultiHeadAttention(AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2)))
     assert "n_heads=4" in text and "n_kv_heads=2" in text and "wide" in text
+
+
+def test_head_indices_may_be_numpy_or_tensor_ints():
+    import numpy as np
+
+    layer = _layer(CONFIGS["standard"])
+    query, _, _ = _inputs(layer)
+    want = layer(query, return_patterns=[1, 3]).patterns
+    torch.testing.assert_close(layer(query, return_patterns=np.array([1, 3])).patterns, want)
+    torch.testing.assert_close(layer(query, return_patterns=torch.tensor([1, 3])).patterns, want)
+    torch.testing.assert_close(layer(query, return_patterns=(np.int64(1), 3)).patterns, want)

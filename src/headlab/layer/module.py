@@ -14,6 +14,7 @@ The module only projects, positions, caches and merges; the math lives in
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -236,16 +237,21 @@ def _heads_arg(name: str, arg: bool | Sequence[int], n_heads: int) -> list[int] 
         return list(range(n_heads))
     if arg is False or arg is None:
         return None
-    if isinstance(arg, Tensor):
+    if isinstance(arg, Tensor) or type(arg).__module__ == "numpy":
         arg = arg.tolist()
     if isinstance(arg, (str, bytes)) or not isinstance(arg, Sequence):
         raise TypeError(f"{name} must be a bool or a sequence of head indices, got {arg!r}")
-    heads = list(arg)
-    if not heads:
+    if not arg:
         raise ValueError(f"{name}=[] asks for no head; pass False instead")
-    for h in heads:
-        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n_heads:
+    heads = []
+    for h in arg:
+        try:
+            index = operator.index(h)  # ints, numpy ints, 0-d integer tensors
+        except TypeError:
+            index = None
+        if isinstance(h, bool) or index is None or not 0 <= index < n_heads:
             raise ValueError(f"{name} has head index {h!r}; expected ints in [0, {n_heads})")
+        heads.append(index)
     return heads
 
 
