@@ -49,7 +49,7 @@ BAD_CONFIGS = [
     pytest.param({"n_kv_heads": False}, ValueError, ["n_kv_heads=False"], id="n_kv_heads-bool"),
     pytest.param({"n_heads": 4, "n_kv_heads": 3}, ValueError, ["n_kv_heads=3", "n_heads=4"], id="n_kv-not-dividing"),
     pytest.param({"n_heads": 2, "n_kv_heads": 4}, ValueError, ["n_kv_heads=4", "n_heads=2"], id="n_kv-above-n_heads"),
-    pytest.param({"projection": "narrow"}, ValueError, ["projection='narrow'", "wide"], id="projection-unknown"),
+    pytest.param({"projection": "narrowest"}, ValueError, ["projection='narrowest'", "wide", "bilinear"], id="projection-unknown"),
     pytest.param({"projection": None}, ValueError, ["projection=None"], id="projection-none"),
     pytest.param({"dropout": -0.1}, ValueError, ["dropout=-0.1"], id="dropout-negative"),
     pytest.param({"dropout": 1.0}, ValueError, ["dropout=1.0"], id="dropout-one"),

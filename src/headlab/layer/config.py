@@ -38,6 +38,7 @@ class AttentionConfig:
     bias: bool = True  # biases on the query/key/value and output projections
     dropout: float = 0.0  # dropout on attention weights, in training mode only
     causal: bool = False  # default for forward(is_causal=None)
+    talking_heads: bool = False  # learned mixing across heads around the softmax (Shazeer et al. 2020)
     rotary: bool = False  # rotary position embedding on queries and keys (Su et al. 2021)
     rotary_dim: int | None = None  # leading dims of each head that rotate; default d_head
     rotary_base: float = 10000.0  # rotary frequency base (theta)
@@ -68,7 +69,7 @@ class AttentionConfig:
             raise ValueError(
                 f"projection={self.projection!r} is not one of {sorted(PROJECTIONS)}"
             )
-        for name in ("bias", "causal", "rotary"):
+        for name in ("bias", "causal", "talking_heads", "rotary"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if isinstance(self.dropout, bool) or not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):

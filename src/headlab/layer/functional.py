@@ -51,11 +51,22 @@ def attention_pattern(q: Tensor, k: Tensor, bias: Tensor | None, dead: Tensor | 
     """
     # Scale q, not the scores: (query_pos × d_head) multiplies instead of (query_pos × key_pos).
     scores = torch.matmul(q * scale, k.transpose(-1, -2))  # (batch, head, query_pos, key_pos)
+    return masked_softmax(scores, bias, dead)
+
+
+def masked_softmax(scores: Tensor, bias: Tensor | None, dead: Tensor | None) -> Tensor:
+    """softmax(scores + bias) over key_pos, rows in ``dead`` set to zero. May reuse ``scores``' memory.
+
+    Args:
+        scores: ``(batch, head, query_pos, key_pos)``, a fresh tensor the caller gives up.
+        bias: additive, broadcastable to scores, or None.
+        dead: bool, broadcastable to ``(batch, head, query_pos)``, or None.
+    """
     if bias is not None:
-        scores += bias  # in place: matmul keeps its inputs, not its output, for backward
-    if q.dtype in (torch.float16, torch.bfloat16):
+        scores += bias  # in place: the matmul that made scores keeps its inputs, not its output
+    if scores.dtype in (torch.float16, torch.bfloat16):
         # Half-precision softmax loses mass on long rows: normalise in float32.
-        pattern = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+        pattern = scores.softmax(dim=-1, dtype=torch.float32).to(scores.dtype)
     elif scores.requires_grad:
         pattern = scores.softmax(dim=-1)
     else:

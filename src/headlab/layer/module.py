@@ -28,6 +28,7 @@ from headlab.layer.functional import attend
 from headlab.layer.masks import build_mask
 from headlab.layer.projections import PROJECTIONS
 from headlab.layer.rotary import RotaryEmbedding
+from headlab.layer.talking_heads import TalkingHeads
 
 
 @dataclass
@@ -61,6 +62,8 @@ class MultiHeadAttention(nn.Module):
         self.config = config
         self.projection = PROJECTIONS[config.projection](config)
         self.rotary = RotaryEmbedding(config.rotary_dim, base=config.rotary_base) if config.rotary else None
+        # The attention core: plain (fused kernel) attention, or heads that talk to each other.
+        self.core = TalkingHeads(config) if config.talking_heads else attend
 
     def forward(
         self,
@@ -124,7 +127,7 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
-        z, patterns = attend(
+        z, patterns = self.core(
             q, k, v, mask, scale=c.softmax_scale, dropout_p=c.dropout if self.training else 0.0,
             pattern_heads=pattern_heads,
         )  # z: (batch, n_heads, query_pos, d_head_v)
@@ -141,10 +144,11 @@ class MultiHeadAttention(nn.Module):
 
     def new_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for decoding up to ``max_len`` positions, on the layer's device and dtype."""
-        c = self.config
+        c, projection = self.config, type(self.projection)
         return KVCache(
-            batch_size=batch_size, max_len=max_len, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
-            d_head_v=c.d_head_v, dtype=self.projection.dtype, device=self.projection.W_O.device,
+            batch_size=batch_size, max_len=max_len, n_kv_heads=projection.kv_heads(c),
+            d_head=projection.qk_dim(c), d_head_v=c.d_head_v, dtype=self.projection.dtype,
+            device=self.projection.W_O.device,
         )
 
     # --- per-head views (zero-copy over the projection's parameters) ---

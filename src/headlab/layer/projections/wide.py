@@ -9,7 +9,6 @@ Self-attention then costs one matrix multiply for q, k and v together.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,18 +39,36 @@ class WideProjection(Projection):
             self.k_proj_weight = nn.Parameter(torch.empty(self.sizes[1], c.kdim))
             self.v_proj_weight = nn.Parameter(torch.empty(self.sizes[2], c.vdim))
         self.in_proj_bias = nn.Parameter(torch.empty(sum(self.sizes))) if c.bias else None
-        self.out_proj = nn.Linear(c.n_heads * c.d_head_v, c.d_model, bias=c.bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """nn.MultiheadAttention's initialisation: Xavier-uniform inputs, Linear-default output, zero biases."""
+        super().reset_parameters()
         for weight in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
             if weight is not None:
                 nn.init.xavier_uniform_(weight)
-        nn.init.kaiming_uniform_(self.out_proj.weight, a=math.sqrt(5))
-        for bias in (self.in_proj_bias, self.out_proj.bias):
-            if bias is not None:
-                nn.init.zeros_(bias)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+
+    @classmethod
+    def parameter_shapes(cls, config: AttentionConfig) -> dict[str, tuple[int, ...]]:
+        c = config
+        sizes = (c.n_heads * c.d_head, c.n_kv_heads * c.d_head, c.n_kv_heads * c.d_head_v)
+        if c.kdim == c.d_model and c.vdim == c.d_model:
+            shapes = {"in_proj_weight": (sum(sizes), c.d_model)}
+        else:
+            shapes = {"q_proj_weight": (sizes[0], c.d_model), "k_proj_weight": (sizes[1], c.kdim),
+                      "v_proj_weight": (sizes[2], c.vdim)}
+        if c.bias:
+            shapes["in_proj_bias"] = (sum(sizes),)
+        return shapes | super().parameter_shapes(config)
+
+    @classmethod
+    def projection_flops(cls, config: AttentionConfig, q_len: int, k_len: int) -> dict[str, int]:
+        c = config
+        qkv = 2 * (q_len * c.d_model * c.n_heads * c.d_head + k_len * c.kdim * c.n_kv_heads * c.d_head
+                   + k_len * c.vdim * c.n_kv_heads * c.d_head_v)
+        return {"q, k, v projections": qkv} | super().projection_flops(config, q_len, k_len)
 
     @property
     def q_weight(self) -> Tensor:
@@ -95,15 +112,6 @@ class WideProjection(Projection):
         v = v.view(batch, k_len, c.n_kv_heads, c.d_head_v).transpose(1, 2)  # (batch, n_kv_heads, key_pos, d_head_v)
         return q, k, v
 
-    def merge(self, z: Tensor) -> Tensor:
-        batch, n_heads, q_len, d_head_v = z.shape
-        z = z.transpose(1, 2).reshape(batch, q_len, n_heads * d_head_v)  # (batch, query_pos, n_heads·d_head_v)
-        return self.out_proj(z)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.out_proj.weight.dtype
-
     @property
     def W_Q(self) -> Tensor:  # noqa: N802
         c = self.config
@@ -120,11 +128,6 @@ class WideProjection(Projection):
         return self.v_weight.view(c.n_kv_heads, c.d_head_v, c.vdim).transpose(1, 2)
 
     @property
-    def W_O(self) -> Tensor:  # noqa: N802
-        c = self.config
-        return self.out_proj.weight.view(c.d_model, c.n_heads, c.d_head_v).permute(1, 2, 0)
-
-    @property
     def b_Q(self) -> Tensor | None:  # noqa: N802
         bias = self._bias(0)
         return None if bias is None else bias.view(self.config.n_heads, self.config.d_head)
@@ -138,7 +141,3 @@ class WideProjection(Projection):
     def b_V(self) -> Tensor | None:  # noqa: N802
         bias = self._bias(2)
         return None if bias is None else bias.view(self.config.n_kv_heads, self.config.d_head_v)
-
-    @property
-    def b_O(self) -> Tensor | None:  # noqa: N802
-        return self.out_proj.bias

@@ -1,0 +1,118 @@
+"""The "bilinear" projection: one full W_QK per head instead of the factored W_Q W_Kᵀ.
+
+../seeds thread 002 asks why attention keeps W_Q and W_K apart. Here each head scores with a
+full (d_model × kdim) matrix, score = x_q W_QK[h] x_kᵀ: rank up to min(d_model, kdim) instead of
+d_head, at d_model·kdim parameters per head instead of (d_model + kdim)·d_head. Values and the
+output projection are the standard ones.
+
+Computed as q = x_q W_QK[h] + b_Q[h] against keys that are the raw key inputs, so W_K is the
+identity and ``QK`` is W_QK itself. The query bias is exactly the one bias term of a factored
+layer that the softmax does not cancel, b_Q·W_Kᵀ x_k: with it, ``convert.to_bilinear`` is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headlab.layer.projections.base import Projection, check_one_kv_head_per_head
+
+if TYPE_CHECKING:
+    from headlab.layer.config import AttentionConfig
+
+
+class BilinearProjection(Projection):
+    """A full query-key bilinear form per head: ``qk_weight (n_heads, d_model, kdim)``."""
+
+    def __init__(self, config: AttentionConfig) -> None:
+        super().__init__(config)
+        shapes = self.parameter_shapes(config)
+        for part in ("qk_weight", "q_bias", "v_weight", "v_bias"):
+            self.register_parameter(part, nn.Parameter(torch.empty(shapes[part])) if part in shapes else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W_QK with the entry scale of a product of two Xavier-initialised factors; Xavier values; zero biases."""
+        super().reset_parameters()
+        c = self.config
+        factor_std = math.sqrt(2.0 / (c.d_model + c.n_heads * c.d_head))
+        nn.init.normal_(self.qk_weight, std=math.sqrt(c.d_head) * factor_std**2)
+        nn.init.xavier_uniform_(self.v_weight)
+        for bias in (self.q_bias, self.v_bias):
+            if bias is not None:
+                nn.init.zeros_(bias)
+
+    @classmethod
+    def validate(cls, config: AttentionConfig) -> None:
+        check_one_kv_head_per_head(config, "bilinear")
+        if config.rotary:
+            raise ValueError("rotary=True: projection='bilinear' has no key projection for rotary positions to rotate")
+
+    @classmethod
+    def qk_dim(cls, config: AttentionConfig) -> int:
+        return config.kdim
+
+    @classmethod
+    def kv_heads(cls, config: AttentionConfig) -> int:
+        return config.n_heads
+
+    @classmethod
+    def qk_rank_bound(cls, config: AttentionConfig) -> int:
+        return min(config.d_model, config.kdim)
+
+    @classmethod
+    def parameter_shapes(cls, config: AttentionConfig) -> dict[str, tuple[int, ...]]:
+        c = config
+        shapes = {"qk_weight": (c.n_heads, c.d_model, c.kdim), "v_weight": (c.n_heads * c.d_head_v, c.vdim)}
+        if c.bias:
+            shapes |= {"q_bias": (c.n_heads, c.kdim), "v_bias": (c.n_heads * c.d_head_v,)}
+        return shapes | super().parameter_shapes(config)
+
+    @classmethod
+    def projection_flops(cls, config: AttentionConfig, q_len: int, k_len: int) -> dict[str, int]:
+        c = config
+        flops = 2 * (q_len * c.d_model * c.n_heads * c.kdim + k_len * c.vdim * c.n_heads * c.d_head_v)
+        return {"q, k, v projections": flops} | super().projection_flops(config, q_len, k_len)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.config
+        batch, k_len = key.shape[0], key.shape[1]
+        q = torch.matmul(query[:, None], self.qk_weight)  # (batch, n_heads, query_pos, kdim)
+        if self.q_bias is not None:
+            q = q + self.q_bias[None, :, None, :]
+        k = key[:, None].expand(batch, c.n_heads, k_len, c.kdim)  # every head scores the raw keys
+        v = F.linear(value, self.v_weight, self.v_bias)
+        v = v.view(batch, k_len, c.n_heads, c.d_head_v).transpose(1, 2)  # (batch, n_heads, key_pos, d_head_v)
+        return q, k, v
+
+    @property
+    def W_Q(self) -> Tensor:  # noqa: N802
+        """``(n_heads, d_model, kdim)``: W_QK itself."""
+        return self.qk_weight
+
+    @property
+    def W_K(self) -> Tensor:  # noqa: N802
+        """``(n_heads, kdim, kdim)``: the identity (keys are the raw inputs)."""
+        eye = torch.eye(self.config.kdim, dtype=self.qk_weight.dtype, device=self.qk_weight.device)
+        return eye.expand(self.config.n_heads, -1, -1)
+
+    @property
+    def W_V(self) -> Tensor:  # noqa: N802
+        c = self.config
+        return self.v_weight.view(c.n_heads, c.d_head_v, c.vdim).transpose(1, 2)
+
+    @property
+    def b_Q(self) -> Tensor | None:  # noqa: N802
+        return self.q_bias
+
+    @property
+    def b_K(self) -> Tensor | None:  # noqa: N802
+        return None
+
+    @property
+    def b_V(self) -> Tensor | None:  # noqa: N802
+        return None if self.v_bias is None else self.v_bias.view(self.config.n_heads, self.config.d_head_v)

@@ -1,0 +1,119 @@
+"""The "collaborative" projection (Cordonnier, Loukas & Jaggi 2020, "Multi-Head Attention:
+Collaborate Instead of Concatenate").
+
+All heads share one query projection and one key projection of width D = d_head; head h
+re-weights the shared query dimensions with its own mixing vector m_h:
+score_h = (x_q W̃_Q + b̃_Q) diag(m_h) (x_k W̃_K + b̃_K)ᵀ. The query/key cost is 2·d_model·D + n_heads·D
+parameters instead of 2·d_model·n_heads·d_head, and heads can reuse the dimensions they share.
+Values and the output projection are the standard ones.
+
+The mixing starts as a partition of the D dimensions into n_heads contiguous blocks of ones (when
+D ≥ n_heads), which is exactly standard multi-head attention with d_head = D / n_heads: training
+starts from the concatenated layout and may learn to share.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headlab.layer.projections.base import Projection, check_one_kv_head_per_head
+
+if TYPE_CHECKING:
+    from headlab.layer.config import AttentionConfig
+
+
+class CollaborativeProjection(Projection):
+    """Shared ``q_weight (d_head, d_model)``, ``k_weight (d_head, kdim)`` and per-head ``mixing (n_heads, d_head)``."""
+
+    def __init__(self, config: AttentionConfig) -> None:
+        super().__init__(config)
+        shapes = self.parameter_shapes(config)
+        for part in ("q_weight", "k_weight", "mixing", "v_weight", "q_bias", "k_bias", "v_bias"):
+            self.register_parameter(part, nn.Parameter(torch.empty(shapes[part])) if part in shapes else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections, block-partition mixing (see module docstring), zero biases."""
+        super().reset_parameters()
+        for weight in (self.q_weight, self.k_weight, self.v_weight):
+            nn.init.xavier_uniform_(weight)
+        n_heads, d_shared = self.mixing.shape
+        with torch.no_grad():
+            if d_shared >= n_heads:
+                owner = torch.arange(d_shared) * n_heads // d_shared  # head that owns each shared dimension
+                self.mixing.copy_((owner[None, :] == torch.arange(n_heads)[:, None]).to(self.mixing.dtype))
+            else:
+                nn.init.normal_(self.mixing, mean=1.0, std=0.5)
+        for bias in (self.q_bias, self.k_bias, self.v_bias):
+            if bias is not None:
+                nn.init.zeros_(bias)
+
+    @classmethod
+    def validate(cls, config: AttentionConfig) -> None:
+        check_one_kv_head_per_head(config, "collaborative")
+
+    @classmethod
+    def kv_heads(cls, config: AttentionConfig) -> int:
+        return config.n_heads
+
+    @classmethod
+    def parameter_shapes(cls, config: AttentionConfig) -> dict[str, tuple[int, ...]]:
+        c = config
+        shapes = {
+            "q_weight": (c.d_head, c.d_model),
+            "k_weight": (c.d_head, c.kdim),
+            "mixing": (c.n_heads, c.d_head),
+            "v_weight": (c.n_heads * c.d_head_v, c.vdim),
+        }
+        if c.bias:
+            shapes |= {"q_bias": (c.d_head,), "k_bias": (c.d_head,), "v_bias": (c.n_heads * c.d_head_v,)}
+        return shapes | super().parameter_shapes(config)
+
+    @classmethod
+    def projection_flops(cls, config: AttentionConfig, q_len: int, k_len: int) -> dict[str, int]:
+        c = config
+        flops = 2 * (q_len * c.d_model * c.d_head + k_len * c.kdim * c.d_head + k_len * c.vdim * c.n_heads * c.d_head_v)
+        mixing = q_len * c.n_heads * c.d_head  # one multiply per head and shared dimension
+        return {"q, k, v projections": flops + mixing} | super().projection_flops(config, q_len, k_len)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.config
+        batch, k_len = key.shape[0], key.shape[1]
+        shared_q = F.linear(query, self.q_weight, self.q_bias)  # (batch, query_pos, d_head)
+        q = shared_q[:, None] * self.mixing[None, :, None, :]  # (batch, n_heads, query_pos, d_head)
+        k = F.linear(key, self.k_weight, self.k_bias)[:, None].expand(batch, c.n_heads, k_len, c.d_head)
+        v = F.linear(value, self.v_weight, self.v_bias)
+        v = v.view(batch, k_len, c.n_heads, c.d_head_v).transpose(1, 2)  # (batch, n_heads, key_pos, d_head_v)
+        return q, k, v
+
+    @property
+    def W_Q(self) -> Tensor:  # noqa: N802
+        """``(n_heads, d_model, d_head)``: W̃_Q diag(m_h), a copy."""
+        return self.q_weight.T[None] * self.mixing[:, None, :]
+
+    @property
+    def W_K(self) -> Tensor:  # noqa: N802
+        """``(n_heads, kdim, d_head)``: the shared W̃_K for every head (a broadcast view)."""
+        return self.k_weight.T.expand(self.config.n_heads, -1, -1)
+
+    @property
+    def W_V(self) -> Tensor:  # noqa: N802
+        c = self.config
+        return self.v_weight.view(c.n_heads, c.d_head_v, c.vdim).transpose(1, 2)
+
+    @property
+    def b_Q(self) -> Tensor | None:  # noqa: N802
+        """``(n_heads, d_head)``: b̃_Q ⊙ m_h, a copy."""
+        return None if self.q_bias is None else self.q_bias[None] * self.mixing
+
+    @property
+    def b_K(self) -> Tensor | None:  # noqa: N802
+        return None if self.k_bias is None else self.k_bias.expand(self.config.n_heads, -1)
+
+    @property
+    def b_V(self) -> Tensor | None:  # noqa: N802
+        return None if self.v_bias is None else self.v_bias.view(self.config.n_heads, self.config.d_head_v)

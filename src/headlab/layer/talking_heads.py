@@ -1,0 +1,74 @@
+"""Talking-heads attention (Shazeer, Lan, Cheng, Ding & Hou 2020): heads exchange information
+through learned (n_heads × n_heads) mixings of their logits before the softmax and of their
+weights after it.
+
+Axis legend: logits and patterns ``(batch, head, query_pos, key_pos)``.
+
+The layer's attention core, used in place of ``functional.attend`` when
+``config.talking_heads`` is set. Both mixings start as the identity, where the layer is exactly
+standard attention. Since a head's pattern depends on every head's logits, there is no fused
+kernel: the pattern of every head is formed, and patterns asked for are slices of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headlab.layer.functional import masked_softmax, repeat_kv
+from headlab.layer.masks import AttentionMask
+
+if TYPE_CHECKING:
+    from headlab.layer.config import AttentionConfig
+
+
+class TalkingHeads(nn.Module):
+    """Attention with logit and weight mixing across heads.
+
+    Parameters: ``logit_mixing`` and ``weight_mixing``, each ``(n_heads, n_heads)``; entry
+    [h, g] is how much head h's logits (weights) feed head g.
+    """
+
+    def __init__(self, config: AttentionConfig) -> None:
+        super().__init__()
+        self.logit_mixing = nn.Parameter(torch.eye(config.n_heads))
+        self.weight_mixing = nn.Parameter(torch.eye(config.n_heads))
+
+    @classmethod
+    def parameter_shapes(cls, config: AttentionConfig) -> dict[str, tuple[int, ...]]:
+        """The mixings' shapes, by name under the layer's ``core``."""
+        return {"logit_mixing": (config.n_heads, config.n_heads), "weight_mixing": (config.n_heads, config.n_heads)}
+
+    @classmethod
+    def flops(cls, config: AttentionConfig, q_len: int, k_len: int) -> dict[str, int]:
+        """FLOPs of the two mixings for one sequence."""
+        return {"talking-heads mixing": 2 * 2 * q_len * k_len * config.n_heads**2}
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        *,
+        scale: float,
+        dropout_p: float = 0.0,
+        pattern_heads: list[int] | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Same contract as ``headlab.layer.functional.attend``; patterns are the mixed weights."""
+        group_size = q.shape[1] // k.shape[1]
+        logits = torch.matmul(q * scale, repeat_kv(k, group_size).transpose(-1, -2))  # (batch, head, q, k)
+        logits = torch.einsum("bhqk,hg->bgqk", logits, self.logit_mixing)
+        bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
+        weights = masked_softmax(logits, bias, mask.dead)
+        # Mixing keeps a row that sees no key at zero: it only combines zero rows.
+        weights = torch.einsum("bhqk,hg->bgqk", weights, self.weight_mixing)
+        patterns = None
+        if pattern_heads is not None:
+            patterns = weights[:, pattern_heads]
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, dropout_p)
+        return torch.matmul(weights, repeat_kv(v, group_size)), patterns  # z: (batch, head, q, d_head_v)
