@@ -51,14 +51,20 @@ def reference(
     bias = lambda b: None if b is None else b.detach().double()  # noqa: E731
     b_Q, b_K, b_V, b_O = bias(layer.b_Q), bias(layer.b_K), bias(layer.b_V), bias(layer.b_O)
 
+    # Talking heads (Shazeer et al. 2020): logits and weights mixed across heads; identity otherwise.
+    core = getattr(layer, "core", None)
+    P_logit = core.logit_mixing.detach().double() if hasattr(core, "logit_mixing") else torch.eye(H, dtype=torch.float64)
+    P_weight = core.weight_mixing.detach().double() if hasattr(core, "weight_mixing") else torch.eye(H, dtype=torch.float64)
+
     patterns: list[list[Tensor]] = [[None] * H for _ in range(B)]
     head_outputs: list[list[Tensor]] = [[None] * H for _ in range(B)]
     for b in range(B):
+        logits, adds, values = [], [], []
         for h in range(H):
             kv = h // g
             q = query[b] @ W_Q[h] + (0 if b_Q is None else b_Q[h])
             k = key[b] @ W_K[kv] + (0 if b_K is None else b_K[kv])
-            v = value[b] @ W_V[kv] + (0 if b_V is None else b_V[kv])
+            values.append(value[b] @ W_V[kv] + (0 if b_V is None else b_V[kv]))
             if c.rotary:
                 q_pos = torch.arange(L) + query_start
                 q = rotate(q, q_pos, c.rotary_dim, c.rotary_base)
@@ -71,10 +77,17 @@ def reference(
                             0.0 if m.dtype == torch.bool else float(m))
                     if causal and j > i + (S - L):
                         add[i, j] = -math.inf
-            scores = (q @ k.T) * scale + add
+            logits.append((q @ k.T) * scale)
+            adds.append(add)
+        weights = []
+        for h in range(H):
+            scores = sum(P_logit[f, h] * logits[f] for f in range(H)) + adds[h]
             zero = torch.zeros(S, dtype=torch.float64)  # a row that sees no key: zero pattern, zero z
-            pattern = torch.stack([zero if torch.isneginf(row).all() else torch.softmax(row, dim=0) for row in scores])
-            z = pattern @ v  # (L, d_head_v)
+            weights.append(torch.stack([zero if torch.isneginf(row).all() else torch.softmax(row, dim=0)
+                                        for row in scores]))
+        for h in range(H):
+            pattern = sum(P_weight[f, h] * weights[f] for f in range(H))
+            z = pattern @ values[h]  # (L, d_head_v)
             if head_mask is not None:
                 z = z * (head_mask[h] if head_mask.dim() == 1 else head_mask[b, h])
             patterns[b][h] = pattern
