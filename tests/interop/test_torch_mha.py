@@ -120,6 +120,8 @@ def test_from_torch_rejects_what_headlab_lacks():
     (dict(d_head=5), "d_head=5"),
     (dict(d_head_v=2), "d_head_v=2"),
     (dict(rotary=True), "rotary=True"),
+    (dict(talking_heads=True), "talking_heads=True"),
+    (dict(projection="shared"), "projection='shared'"),
     (dict(causal=True), "causal=True"),
     (dict(scale=0.1), "scale=0.1"),
 ])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import Tensor
 
@@ -69,17 +69,27 @@ def calls(draw, *, force_dead_row: bool = False) -> Call:
     # (n_heads, n_kv_heads): standard, multi-query and grouped-query, grouped weighted up.
     pairs = [(1, 1), (2, 2), (3, 3), (4, 4), (2, 1), (3, 1), (4, 1), (4, 2), (4, 2)]
     n_heads, n_kv_heads = draw(st.sampled_from(pairs))
+    projection = draw(st.sampled_from(["wide", "wide", "narrow", "shared", "bilinear", "collaborative"]))
+    if projection != "wide":  # only the standard layer groups key/value heads
+        n_kv_heads = n_heads
+    sliced = projection in ("narrow", "shared")  # n_heads must divide every input width
+
+    def width(low: int, high: int) -> int:
+        return n_heads * draw(st.integers(1, 3)) if sliced else draw(st.integers(low, high))
+
     d_head = draw(st.integers(1, 8))
     mode = draw(st.sampled_from(["self", "self-explicit", "cross", "cross-dims"]))
-    rotary = d_head >= 2 and draw(st.booleans())
+    rotary = d_head >= 2 and projection != "bilinear" and draw(st.booleans())
     config = AttentionConfig(
-        d_model=draw(st.integers(1, 12)),
+        d_model=width(1, 12),
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         d_head=d_head,
         d_head_v=draw(st.none() | st.integers(1, 8)),
-        kdim=draw(st.integers(1, 9)) if mode == "cross-dims" else None,
-        vdim=draw(st.integers(1, 9)) if mode == "cross-dims" else None,
+        kdim=width(1, 9) if mode == "cross-dims" else None,
+        vdim=width(1, 9) if mode == "cross-dims" else None,
+        projection=projection,
+        talking_heads=draw(st.booleans()),
         bias=draw(st.booleans()),
         causal=draw(st.booleans()),
         rotary=rotary,
@@ -201,6 +211,8 @@ def test_head_outputs_sum_to_output(call):
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no-grad"])
 @given(call=calls(force_dead_row=True))
 def test_pattern_rows_sum_to_one_or_zero(call, grad):
+    # Talking heads return weights mixed across heads after the softmax: no longer a distribution.
+    assume(not call.layer.config.talking_heads)
     with torch.set_grad_enabled(grad):
         patterns = call(return_patterns=True).patterns
     _, ref_patterns, _ = call.reference()

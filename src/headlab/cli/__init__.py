@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from headlab.cli import params as _params
 from headlab.cli import report as _report
 
 __all__ = ["app", "main"]
@@ -45,6 +46,7 @@ def _root(
 
 
 app.command("report")(_report.report)
+app.command("params")(_params.params)
 
 
 def main() -> None:

@@ -67,6 +67,7 @@ def to_torch(layer: MultiHeadAttention, *, batch_first: bool = True) -> nn.Multi
         "d_head": (c.d_head, c.d_model // c.n_heads),
         "d_head_v": (c.d_head_v, c.d_head),
         "rotary": (c.rotary, False),
+        "talking_heads": (c.talking_heads, False),
         "causal": (c.causal, False),
     }
     for name, (value, needed) in unsupported.items():

@@ -67,11 +67,12 @@ def masked_softmax(scores: Tensor, bias: Tensor | None, dead: Tensor | None) -> 
     if scores.dtype in (torch.float16, torch.bfloat16):
         # Half-precision softmax loses mass on long rows: normalise in float32.
         pattern = scores.softmax(dim=-1, dtype=torch.float32).to(scores.dtype)
-    elif scores.requires_grad:
+    elif scores.requires_grad or not scores.is_contiguous():
         pattern = scores.softmax(dim=-1)
     else:
         # Inference: softmax in place. A fresh (query_pos × key_pos) buffer per head costs
-        # more in first-touch page faults than the softmax itself on large inputs.
+        # more in first-touch page faults than the softmax itself on large inputs. (Only on
+        # contiguous scores: out= aliasing a strided input gives wrong rows.)
         pattern = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
     if dead is not None:
         pattern = pattern.masked_fill(dead[..., None], 0.0)

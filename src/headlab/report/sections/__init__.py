@@ -7,10 +7,11 @@ To add a section: write ``sections/<name>.py`` exposing ``SECTION`` (a
 from __future__ import annotations
 
 from headlab.report.section import Section
-from headlab.report.sections import parity
+from headlab.report.sections import params, parity
 
 __all__ = ["DEFAULT_SECTIONS"]
 
 DEFAULT_SECTIONS: list[Section] = [
     parity.SECTION,
+    params.SECTION,
 ]
