@@ -1,190 +1,127 @@
-"""Every projection variant keeps the layer's forward contract, trains, and converts exactly."""
+"""Named variant presets, sweeps over numbers of heads, and the sentences that explain them."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
-from headlab import AttentionConfig, MultiHeadAttention
-from headlab.layer.convert import output_change, to_bilinear, to_grouped, to_wide
-from tests.layer.reference import reference
-
-VARIANTS = {
-    "wide": dict(d_model=16, n_heads=4),
-    "grouped-query": dict(d_model=16, n_heads=4, n_kv_heads=2),
-    "multi-query": dict(d_model=16, n_heads=4, n_kv_heads=1),
-    "single head": dict(d_model=16, n_heads=1),
-    "narrow": dict(d_model=16, n_heads=4, projection="narrow"),
-    "shared": dict(d_model=16, n_heads=4, projection="shared"),
-    "bilinear": dict(d_model=16, n_heads=4, projection="bilinear"),
-    "collaborative": dict(d_model=16, n_heads=4, projection="collaborative", d_head=12),
-    "talking-heads": dict(d_model=16, n_heads=4, talking_heads=True),
-    "narrow, rotary, cross-attention": dict(d_model=16, n_heads=4, projection="narrow", kdim=8, vdim=12, rotary=True),
-    "shared, no bias, d_head independent": dict(d_model=12, n_heads=3, projection="shared", bias=False, d_head=6),
-    "bilinear, cross-attention": dict(d_model=16, n_heads=2, projection="bilinear", kdim=6, vdim=10),
-    "collaborative, rotary": dict(d_model=16, n_heads=4, projection="collaborative", rotary=True, d_head=8),
-    "talking-heads, grouped-query, narrow values": dict(d_model=16, n_heads=4, n_kv_heads=2, talking_heads=True,
-                                                        d_head_v=3),
-}
+from headlab.layer import MultiHeadAttention
+from headlab.layer.accounting import Accounting, account
+from headlab.layer.variants import GQA_GROUP_SIZE, VARIANTS, explain, sweep, variant_config
 
 
-def _layer(opts, dtype=torch.float64, seed=0) -> MultiHeadAttention:
-    torch.manual_seed(seed)
-    layer = MultiHeadAttention(AttentionConfig(**opts)).to(dtype)
-    with torch.no_grad():  # move every parameter off its special starting value (zero biases, identity mixings)
-        for p in layer.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return layer
+def test_presets_use_the_documented_sizes() -> None:
+    for h in (1, 2, 4, 8, 16, 32):
+        assert variant_config("grouped-query", d_model=64, n_heads=h).n_kv_heads == max(1, h // GQA_GROUP_SIZE)
+        assert variant_config("multi-query", d_model=64, n_heads=h).n_kv_heads == 1
+    collab = variant_config("collaborative", d_model=64, n_heads=8)
+    assert (collab.d_head, collab.d_head_v, collab.softmax_scale) == (64, 8, 8**-0.5)
+    assert variant_config("talking-heads", d_model=64, n_heads=8).talking_heads
+    assert variant_config("shared", d_model=64, n_heads=8).projection == "shared"
 
 
-def _inputs(layer, batch=2, q_len=5, k_len=7):
-    c = layer.config
-    query = torch.randn(batch, q_len, c.d_model, dtype=torch.float64)
-    if (c.kdim, c.vdim) == (c.d_model, c.d_model):
-        return query, None, None
-    return query, torch.randn(batch, k_len, c.kdim, dtype=torch.float64), torch.randn(batch, k_len, c.vdim,
-                                                                                       dtype=torch.float64)
+def test_collaborative_preset_starts_as_the_standard_layer() -> None:
+    # The block-partition mixing gives head h the shared dimensions [h·d/h, (h+1)·d/h): copying
+    # those rows into a wide layer's W_Q, W_K must give the same outputs (scale 1/sqrt(d/h)).
+    d, h = 24, 4
+    collab = MultiHeadAttention(variant_config("collaborative", d_model=d, n_heads=h)).double()
+    wide = MultiHeadAttention(variant_config("wide", d_model=d, n_heads=h)).double()
+    p, w = collab.projection, wide.projection
+    with torch.no_grad():
+        for bias in (p.q_bias, p.k_bias, p.v_bias):
+            bias.normal_()
+        w.in_proj_weight.copy_(torch.cat([p.q_weight, p.k_weight, p.v_weight]))
+        w.in_proj_bias.copy_(torch.cat([p.q_bias, p.k_bias, p.v_bias]))
+        w.out_proj.load_state_dict(p.out_proj.state_dict())
+    x = torch.randn(2, 5, d, dtype=torch.float64)
+    torch.testing.assert_close(collab(x), wide(x), atol=1e-12, rtol=1e-12)
 
 
-def _close(a, b, tol=1e-10):
-    torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+def _rows(name: str, heads=(1, 2, 4, 8, 16), d_model: int = 512) -> list[Accounting]:
+    return [account(variant_config(name, d_model=d_model, n_heads=h)) for h in heads]
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_forward_contract_matches_reference(name):
-    layer = _layer(VARIANTS[name])
-    query, key, value = _inputs(layer)
-    k_len = query.shape[1] if key is None else key.shape[1]
-    kpm = torch.zeros(2, k_len, dtype=torch.bool)
-    kpm[1] = True  # every row of sequence 1 sees no key
-    kpm[0, -2:] = True
-    attn_mask = torch.randn(query.shape[1], k_len, dtype=torch.float64)
-    gate = torch.tensor([1.0, 0.0, 0.5, 2.0][: layer.config.n_heads], dtype=torch.float64)
-    kwargs = dict(key_padding_mask=kpm, attn_mask=attn_mask, head_mask=gate, is_causal=True)
-    expected, patterns, head_outputs = reference(layer, query, key, value, causal=True, key_padding_mask=kpm,
-                                                 attn_mask=attn_mask, head_mask=gate)
-    _close(layer(query, key, value, **kwargs), expected)
-    every = layer(query, key, value, **kwargs, return_patterns=True, return_head_outputs=True)
-    _close(every.output, expected)
-    _close(every.patterns, patterns)
-    _close(every.head_outputs, head_outputs)
-    heads = [layer.config.n_heads - 1, 0]
-    some = layer(query, key, value, **kwargs, return_patterns=heads, return_head_outputs=heads)
-    _close(some.patterns, patterns[:, heads])
-    _close(some.head_outputs, head_outputs[:, heads])
-    b_O = 0 if layer.b_O is None else layer.b_O
-    _close(every.head_outputs.sum(dim=1) + b_O, every.output)
-    assert (every.patterns[1] == 0).all() and torch.isfinite(every.output).all()
+def test_explain_wide_states_the_constant_total_and_the_budget() -> None:
+    rows = _rows("wide")
+    sentence = explain("wide", rows)
+    assert sentence.startswith(f"Parameters stay at {rows[0].total_parameters:,} for 1–16 heads")
+    assert f"{4 * 512 * 512:,}" in sentence and "512 to 32" in sentence
+    assert sentence.count(".") == 1 and sentence.endswith(".")  # one sentence
 
 
-@pytest.mark.parametrize("name", [n for n in VARIANTS if "cross" not in n])
-def test_decoding_with_cache_equals_full_pass(name):
-    layer = _layer(VARIANTS[name] | dict(causal=True))
-    x = torch.randn(2, 6, layer.config.d_model, dtype=torch.float64)
-    full = layer(x)
-    cache = layer.new_kv_cache(batch_size=2, max_len=6)
-    steps = [layer(x[:, :3], kv_cache=cache)] + [layer(x[:, i : i + 1], kv_cache=cache) for i in range(3, 6)]
-    _close(torch.cat(steps, dim=1), full)
+def test_explain_shared_and_bilinear_give_their_computed_numbers() -> None:
+    shared = _rows("shared")
+    s = explain("shared", shared)
+    assert f"fall from {shared[0].total_parameters:,} at 1 head to {shared[-1].total_parameters:,} at 16 heads" in s
+    assert f"{512 * 512:,} to {(512 // 16) ** 2:,}" in s  # (d_model/h)² per projection
+    bilinear = _rows("bilinear")
+    b = explain("bilinear", bilinear)
+    assert f"grow from {bilinear[0].total_parameters:,}" in b
+    assert f"{512 * 512:,} to {16 * 512 * 512:,}" in b  # h·d_model² for the query-key forms
+    assert f"{2 * 512 * 512:,} to {2 * 512 * 32:,}" in b  # 2·d_model·d_head per wide head
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_every_variant_trains(name):
-    """A few Adam steps on regressing a random teacher layer's outputs: the loss falls."""
-    opts = VARIANTS[name]
-    torch.manual_seed(1)
-    teacher = MultiHeadAttention(AttentionConfig(d_model=opts["d_model"], n_heads=2,
-                                                 kdim=opts.get("kdim"), vdim=opts.get("vdim")))
-    student = MultiHeadAttention(AttentionConfig(**opts))
-    optimizer = torch.optim.Adam(student.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(40):
-        query = torch.randn(8, 6, opts["d_model"])
-        key = value = None
-        if "kdim" in opts:
-            key, value = torch.randn(8, 6, opts["kdim"]), torch.randn(8, 6, opts["vdim"])
-        with torch.no_grad():
-            target = teacher(query, key, value)
-        loss = (student(query, key, value) - target).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
+def test_explain_computes_the_trend() -> None:
+    gqa = _rows("grouped-query")
+    assert f"to {gqa[2].total_parameters:,} at 4 heads, then stay there up to 16 heads" in explain("grouped-query", gqa)
+    assert "n_kv_heads = 1, 1, 1, 2, 4" in explain("grouped-query", gqa)
+    assert explain("multi-query", _rows("multi-query")).startswith("Parameters fall from")
+    assert explain("talking-heads", _rows("talking-heads")).startswith("Parameters grow from")
+    one = _rows("wide", heads=(4,))
+    assert explain("wide", one).startswith(f"Parameters are {one[0].total_parameters:,} at 4 heads")
+    # The order of the rows does not matter: the sentence sorts by heads.
+    assert explain("shared", _rows("shared")[::-1]) == explain("shared", _rows("shared"))
 
 
-@pytest.mark.parametrize("name", [n for n in VARIANTS if n != "wide"])
-def test_to_wide_is_exact(name):
-    layer = _layer(VARIANTS[name])
-    wide = to_wide(layer)
-    assert wide.config.projection == "wide"
-    query, key, value = _inputs(layer)
-    _close(wide(query, key, value, is_causal=True), layer(query, key, value, is_causal=True))
-    assert output_change(layer, wide) < 1e-12
+def test_explain_refuses_rows_of_another_preset() -> None:
+    with pytest.raises(ValueError, match="'shared' preset"):
+        explain("shared", _rows("wide", heads=(2, 4)))
+    with pytest.raises(ValueError, match="unknown variant 'nope'"):
+        explain("nope", _rows("wide", heads=(2,)))
+    with pytest.raises(ValueError, match="at least one row"):
+        explain("wide", [])
 
 
-@pytest.mark.parametrize("name", [n for n in VARIANTS if "rotary" not in n])
-def test_to_bilinear_is_exact(name):
-    layer = _layer(VARIANTS[name])
-    bilinear = to_bilinear(layer)
-    assert bilinear.config.projection == "bilinear"
-    query, key, value = _inputs(layer)
-    _close(bilinear(query, key, value), layer(query, key, value))
-    _close(bilinear.QK.AB, layer.QK.AB)  # the same bilinear forms, now stored in full
+def test_sweep_reports_pairs_a_preset_cannot_build() -> None:
+    result = sweep(d_model=12, heads=[8, 1, 3], variants=["narrow", "wide", "multi-query"], seq_len=4)
+    pairs = [(r.variant, r.accounting.config.n_heads) for r in result.rows]
+    assert pairs == [("narrow", 1), ("narrow", 3), ("wide", 1), ("wide", 3), ("multi-query", 1), ("multi-query", 3)]
+    assert [(s.variant, s.n_heads) for s in result.skipped] == [("narrow", 8), ("wide", 8), ("multi-query", 8)]
+    assert all("n_heads=8" in s.reason and "d_model=12" in s.reason for s in result.skipped)
+    doc = result.to_dict(explanations=True)
+    assert doc["skipped"][0] == {"variant": "narrow", "n_heads": 8, "reason": result.skipped[0].reason}
+    assert set(doc["explanations"]) == {"narrow", "wide", "multi-query"}
+    assert doc["rows"][0]["total_parameters"] == result.rows[0].accounting.total_parameters
 
 
-def test_narrow_and_shared_convert_to_block_structured_wide_layers():
-    shared = _layer(VARIANTS["shared"])
-    W_Q = to_wide(shared).W_Q  # (n_heads, d_model, d_head)
-    d_slice = 4
-    for h in range(4):
-        block = W_Q[h, h * d_slice : (h + 1) * d_slice]
-        _close(block, shared.projection.q_weight[0])  # the same matrix in every head's slice
-        outside = torch.cat([W_Q[h, : h * d_slice], W_Q[h, (h + 1) * d_slice :]])
-        assert (outside == 0).all()
+def test_variant_config_errors_name_the_variant_and_sizes() -> None:
+    with pytest.raises(ValueError, match="unknown variant 'wid'; known variants: wide, narrow, shared"):
+        variant_config("wid", d_model=8, n_heads=2)
+    for name in ("narrow", "shared", "wide", "collaborative"):
+        with pytest.raises(ValueError, match=re.escape(f"variant {name!r} with d_model=30, n_heads=4: ")):
+            variant_config(name, d_model=30, n_heads=4)
+    for name in VARIANTS:
+        with pytest.raises(ValueError, match=re.escape(f"variant {name!r} with d_model=8, n_heads=0: n_heads=0 must")):
+            variant_config(name, d_model=8, n_heads=0)
+    with pytest.raises(ValueError, match=r"'grouped-query' with d_model=72, n_heads=9: n_kv_heads=2 does not divide n_heads=9"):
+        variant_config("grouped-query", d_model=72, n_heads=9)
 
 
-def test_to_grouped_is_approximate_and_exact_when_group_heads_agree():
-    layer = _layer(VARIANTS["wide"])
-    grouped = to_grouped(layer, 2)
-    assert grouped.config.n_kv_heads == 2
-    change = output_change(layer, grouped)
-    assert 1e-3 < change < 10
-    with torch.no_grad():  # make key/value heads 0,1 and 2,3 identical: pooling loses nothing
-        for W in (layer.W_K, layer.W_V, layer.b_K, layer.b_V):
-            W[1], W[3] = W[0], W[2]
-    assert output_change(layer, to_grouped(layer, 2)) < 1e-12
-    assert output_change(layer, to_grouped(layer, 4)) < 1e-12  # n_kv_heads unchanged: a copy
-
-
-def test_conversion_errors_name_the_problem():
-    with pytest.raises(ValueError, match="rotary=True"):
-        to_bilinear(_layer(VARIANTS["collaborative, rotary"]))
-    with pytest.raises(ValueError, match="projection='narrow'"):
-        to_grouped(_layer(VARIANTS["narrow"]), 2)
-    with pytest.raises(ValueError, match="n_kv_heads=3"):
-        to_grouped(_layer(VARIANTS["wide"]), 3)
-
-
-def test_per_head_views_say_what_is_shared():
-    shared, narrow = _layer(VARIANTS["shared"]), _layer(VARIANTS["narrow"])
-    W_Q = shared.W_Q
-    assert all(torch.equal(W_Q[h, 4 * h : 4 * h + 4], W_Q[0, :4]) for h in range(4))
-    assert not torch.equal(narrow.W_Q[1, 4:8], narrow.W_Q[0, :4])
-    assert narrow.QK.rank.max() <= 4  # a head reads a 4-wide slice
-    bilinear = _layer(VARIANTS["bilinear"])
-    assert bilinear.QK.shape == (4, 16, 16) and (bilinear.QK.rank == 16).all()  # full rank, unlike d_head = 4
-    _close(bilinear.QK.AB, bilinear.projection.qk_weight)
-    assert (_layer(VARIANTS["wide"]).QK.rank == 4).all()
-
-
-@pytest.mark.parametrize("opts, message", [
-    (dict(d_model=18, n_heads=4, d_head=4, projection="narrow"), "n_heads=4 must divide d_model=18"),
-    (dict(d_model=16, n_heads=4, kdim=10, projection="shared"), "n_heads=4 must divide kdim=10"),
-    (dict(d_model=16, n_heads=4, n_kv_heads=2, projection="narrow"), "n_kv_heads=2 must equal n_heads=4"),
-    (dict(d_model=16, n_heads=4, n_kv_heads=1, projection="collaborative"), "n_kv_heads=1 must equal n_heads=4"),
-    (dict(d_model=16, n_heads=4, projection="bilinear", rotary=True), "rotary=True"),
-    (dict(d_model=16, n_heads=4, talking_heads=1), "talking_heads=1"),
-])
-def test_variant_configs_refuse_what_they_cannot_do(opts, message):
-    with pytest.raises(ValueError, match=message):
-        AttentionConfig(**opts)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(heads=[]), "heads is empty"),
+        (dict(heads=[2, 0]), "heads has 0"),
+        (dict(heads=[2, "4"]), "heads has '4'"),
+        (dict(heads=[2, 2]), "heads lists 2 more than once"),
+        (dict(heads=[2], variants=[]), "variants is empty"),
+        (dict(heads=[2], variants=["wide", "wide"]), "variants lists wide more than once"),
+        (dict(heads=[2], variants=["wide", "bogus"]), "unknown variant(s) 'bogus'; known variants: wide"),
+        (dict(heads=[2], seq_len=0), "seq_len=0"),
+    ],
+)
+def test_sweep_errors_name_the_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sweep(d_model=16, **kwargs)

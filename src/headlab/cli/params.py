@@ -21,7 +21,8 @@ def _parse_heads(text: str) -> list[int]:
         part = part.strip()
         if not (part.isascii() and part.isdigit()) or int(part) < 1:
             raise typer.BadParameter(
-                f"{part!r} is not a positive int (got {text!r}; expected e.g. {DEFAULT_HEADS})", param_hint="--heads"
+                f"{part!r} is not a positive int (got {text!r}; expected e.g. {DEFAULT_HEADS})",
+                param_hint="--heads",
             )
         if int(part) in heads:
             raise typer.BadParameter(f"{part} is listed more than once (got {text!r})", param_hint="--heads")
@@ -30,14 +31,16 @@ def _parse_heads(text: str) -> list[int]:
 
 
 def _parse_variants(text: str | None) -> list[str] | None:
-    from headlab.layer.accounting import VARIANTS
+    from headlab.layer.variants import VARIANTS
 
     if text is None:
         return None
     names = [part.strip() for part in text.split(",")]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise typer.BadParameter(f"{', '.join(map(repr, repeated))} listed more than once", param_hint="--variants")
+        raise typer.BadParameter(
+            f"{', '.join(map(repr, repeated))} listed more than once", param_hint="--variants"
+        )
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise typer.BadParameter(
@@ -59,9 +62,15 @@ def params(
         typer.Option("--variants", help="Comma-separated variants (default: all): wide, narrow, shared, bilinear, "
                      "collaborative, grouped-query, multi-query, talking-heads."),
     ] = None,
-    seq: Annotated[int, typer.Option("--seq", min=1, help="Sequence length L for the FLOPs (self-attention, batch 1).")] = 128,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document (docs/params.md) instead of the table.")] = False,
-    explain: Annotated[bool, typer.Option("--explain", help="Add one sentence per variant saying why its count moves.")] = False,
+    seq: Annotated[
+        int, typer.Option("--seq", min=1, help="Sequence length L for the FLOPs (self-attention, batch 1).")
+    ] = 128,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document (docs/params.md) instead of the table.")
+    ] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Add one sentence per variant saying why its count moves.")
+    ] = False,
 ) -> None:
     """Parameters, forward FLOPs and the rank bound of each head's W_QK, by variant and number of heads.
 
@@ -72,9 +81,10 @@ def params(
 
     from rich.console import Console
     from rich.markup import escape
+    from rich.measure import Measurement
     from rich.table import Table
 
-    from headlab.layer.accounting import sweep
+    from headlab.layer.variants import sweep
 
     head_list, names = _parse_heads(heads), _parse_variants(variants)
     try:
@@ -83,7 +93,8 @@ def params(
         raise typer.BadParameter(str(exc)) from exc
     if result.skipped and names is not None:
         raise typer.BadParameter(
-            "; ".join(f"variant {s.variant!r} cannot use n_heads={s.n_heads}: {s.reason}" for s in result.skipped),
+            "; ".join(f"variant {s.variant!r} cannot use n_heads={s.n_heads}: {s.reason}" for s in result.skipped)
+            + " (without --variants, such pairs are skipped and listed instead)",
             param_hint="--heads/--variants",
         )
     if not result.rows:
@@ -112,7 +123,10 @@ def params(
         previous = row.variant
         table.add_row(row.variant, str(c.n_heads), str(c.n_kv_heads), str(row.qk_dim), f"{a.total_parameters:,}",
                       _per_head(a.parameters_per_head), f"{a.total_flops:,}", str(a.qk_rank_bound))
-    console = Console(width=max(Console().width, 100))
+    console = Console()
+    needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    if needed > console.width:  # never truncate a number: let a narrow terminal wrap the lines instead
+        console = Console(width=needed)
     console.print(table)
     console.print("FLOPs: 2 per multiply-add of the projections, scores, weighted sum (and talking-heads "
                   "mixing); softmax and other element-wise work not counted.", style="dim")

@@ -1,8 +1,8 @@
 """Parameters and FLOPs by variant and number of heads: ../seeds threads 000 (shared weights),
 001 (more heads, more parameters?) and 002 (why W_Q and W_K apart?), answered from the counts.
 
-The counts come from :func:`headlab.layer.accounting.sweep`; every sentence is generated from
-them (:func:`headlab.layer.accounting.explain`), and the standard layer's count is checked
+The counts come from :func:`headlab.layer.variants.sweep`; every sentence is generated from
+them (:func:`headlab.layer.variants.explain`), and the standard layer's count is checked
 against ``torch.nn.MultiheadAttention`` built at the same sizes.
 """
 
@@ -17,7 +17,7 @@ from headlab.report.html import Html, code, escape, link, table
 from headlab.report.section import ReportContext, Section
 
 if TYPE_CHECKING:
-    from headlab.layer.accounting import Sweep
+    from headlab.layer.variants import Sweep
 
 __all__ = ["D_MODEL", "HEADS", "SEQ_LEN", "JSON_NAME", "PLOT_NAME", "SECTION", "make_params_section",
            "plot_parameters", "render_params"]
@@ -178,7 +178,7 @@ def make_params_section(
     """
 
     def render(ctx: ReportContext) -> str:
-        from headlab.layer.accounting import sweep
+        from headlab.layer.variants import sweep
 
         result = sweep(d_model=d_model, heads=heads, seq_len=seq_len)
         json_href = ctx.write_file(JSON_NAME, json.dumps(result.to_dict(explanations=True), indent=2) + "\n")
