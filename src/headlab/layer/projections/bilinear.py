@@ -16,16 +16,16 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headlab.layer.projections.base import Projection, check_one_kv_head_per_head
+from headlab.layer.projections.base import check_one_kv_head_per_head
+from headlab.layer.projections.values import PerHeadValues
 
 if TYPE_CHECKING:
     from headlab.layer.config import AttentionConfig
 
 
-class BilinearProjection(Projection):
+class BilinearProjection(PerHeadValues):
     """A full query-key bilinear form per head: ``qk_weight (n_heads, d_model, kdim)``."""
 
     def __init__(self, config: AttentionConfig) -> None:
@@ -67,15 +67,15 @@ class BilinearProjection(Projection):
     @classmethod
     def parameter_shapes(cls, config: AttentionConfig) -> dict[str, tuple[int, ...]]:
         c = config
-        shapes = {"qk_weight": (c.n_heads, c.d_model, c.kdim), "v_weight": (c.n_heads * c.d_head_v, c.vdim)}
+        shapes = {"qk_weight": (c.n_heads, c.d_model, c.kdim)}
         if c.bias:
-            shapes |= {"q_bias": (c.n_heads, c.kdim), "v_bias": (c.n_heads * c.d_head_v,)}
-        return shapes | super().parameter_shapes(config)
+            shapes["q_bias"] = (c.n_heads, c.kdim)
+        return shapes | cls.value_shapes(config) | super().parameter_shapes(config)
 
     @classmethod
     def projection_flops(cls, config: AttentionConfig, q_len: int, k_len: int) -> dict[str, int]:
         c = config
-        flops = 2 * (q_len * c.d_model * c.n_heads * c.kdim + k_len * c.vdim * c.n_heads * c.d_head_v)
+        flops = 2 * q_len * c.d_model * c.n_heads * c.kdim + cls.value_flops(config, k_len)
         return {"q, k, v projections": flops} | super().projection_flops(config, q_len, k_len)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -85,9 +85,7 @@ class BilinearProjection(Projection):
         if self.q_bias is not None:
             q = q + self.q_bias[None, :, None, :]
         k = key[:, None].expand(batch, c.n_heads, k_len, c.kdim)  # every head scores the raw keys
-        v = F.linear(value, self.v_weight, self.v_bias)
-        v = v.view(batch, k_len, c.n_heads, c.d_head_v).transpose(1, 2)  # (batch, n_heads, key_pos, d_head_v)
-        return q, k, v
+        return q, k, self.values(value)  # v: (batch, n_heads, key_pos, d_head_v)
 
     @property
     def W_Q(self) -> Tensor:  # noqa: N802
@@ -101,18 +99,9 @@ class BilinearProjection(Projection):
         return eye.expand(self.config.n_heads, -1, -1)
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
-        c = self.config
-        return self.v_weight.view(c.n_heads, c.d_head_v, c.vdim).transpose(1, 2)
-
-    @property
     def b_Q(self) -> Tensor | None:  # noqa: N802
         return self.q_bias
 
     @property
     def b_K(self) -> Tensor | None:  # noqa: N802
         return None
-
-    @property
-    def b_V(self) -> Tensor | None:  # noqa: N802
-        return None if self.v_bias is None else self.v_bias.view(self.config.n_heads, self.config.d_head_v)

@@ -20,13 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headlab.layer.projections.base import Projection, check_one_kv_head_per_head
+from headlab.layer.projections.base import check_one_kv_head_per_head
+from headlab.layer.projections.values import PerHeadValues
 
 if TYPE_CHECKING:
     from headlab.layer.config import AttentionConfig
 
 
-class CollaborativeProjection(Projection):
+class CollaborativeProjection(PerHeadValues):
     """Shared ``q_weight (d_head, d_model)``, ``k_weight (d_head, kdim)`` and per-head ``mixing (n_heads, d_head)``."""
 
     def __init__(self, config: AttentionConfig) -> None:
@@ -63,20 +64,15 @@ class CollaborativeProjection(Projection):
     @classmethod
     def parameter_shapes(cls, config: AttentionConfig) -> dict[str, tuple[int, ...]]:
         c = config
-        shapes = {
-            "q_weight": (c.d_head, c.d_model),
-            "k_weight": (c.d_head, c.kdim),
-            "mixing": (c.n_heads, c.d_head),
-            "v_weight": (c.n_heads * c.d_head_v, c.vdim),
-        }
+        shapes = {"q_weight": (c.d_head, c.d_model), "k_weight": (c.d_head, c.kdim), "mixing": (c.n_heads, c.d_head)}
         if c.bias:
-            shapes |= {"q_bias": (c.d_head,), "k_bias": (c.d_head,), "v_bias": (c.n_heads * c.d_head_v,)}
-        return shapes | super().parameter_shapes(config)
+            shapes |= {"q_bias": (c.d_head,), "k_bias": (c.d_head,)}
+        return shapes | cls.value_shapes(config) | super().parameter_shapes(config)
 
     @classmethod
     def projection_flops(cls, config: AttentionConfig, q_len: int, k_len: int) -> dict[str, int]:
         c = config
-        flops = 2 * (q_len * c.d_model * c.d_head + k_len * c.kdim * c.d_head + k_len * c.vdim * c.n_heads * c.d_head_v)
+        flops = 2 * (q_len * c.d_model * c.d_head + k_len * c.kdim * c.d_head) + cls.value_flops(config, k_len)
         mixing = q_len * c.n_heads * c.d_head  # one multiply per head and shared dimension
         return {"q, k, v projections": flops + mixing} | super().projection_flops(config, q_len, k_len)
 
@@ -86,9 +82,7 @@ class CollaborativeProjection(Projection):
         shared_q = F.linear(query, self.q_weight, self.q_bias)  # (batch, query_pos, d_head)
         q = shared_q[:, None] * self.mixing[None, :, None, :]  # (batch, n_heads, query_pos, d_head)
         k = F.linear(key, self.k_weight, self.k_bias)[:, None].expand(batch, c.n_heads, k_len, c.d_head)
-        v = F.linear(value, self.v_weight, self.v_bias)
-        v = v.view(batch, k_len, c.n_heads, c.d_head_v).transpose(1, 2)  # (batch, n_heads, key_pos, d_head_v)
-        return q, k, v
+        return q, k, self.values(value)  # v: (batch, n_heads, key_pos, d_head_v)
 
     @property
     def W_Q(self) -> Tensor:  # noqa: N802
@@ -101,11 +95,6 @@ class CollaborativeProjection(Projection):
         return self.k_weight.T.expand(self.config.n_heads, -1, -1)
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
-        c = self.config
-        return self.v_weight.view(c.n_heads, c.d_head_v, c.vdim).transpose(1, 2)
-
-    @property
     def b_Q(self) -> Tensor | None:  # noqa: N802
         """``(n_heads, d_head)``: b̃_Q ⊙ m_h, a copy."""
         return None if self.q_bias is None else self.q_bias[None] * self.mixing
@@ -113,7 +102,3 @@ class CollaborativeProjection(Projection):
     @property
     def b_K(self) -> Tensor | None:  # noqa: N802
         return None if self.k_bias is None else self.k_bias.expand(self.config.n_heads, -1)
-
-    @property
-    def b_V(self) -> Tensor | None:  # noqa: N802
-        return None if self.v_bias is None else self.v_bias.view(self.config.n_heads, self.config.d_head_v)

@@ -1,0 +1,50 @@
+"""Standard per-head values, for variants that change only how heads score (bilinear, collaborative).
+
+``v_weight`` is ``(n_heads·d_head_v, vdim)`` with heads contiguous (as the value rows of
+nn.MultiheadAttention's in_proj_weight), ``v_bias`` is ``(n_heads·d_head_v,)``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from headlab.layer.projections.base import Projection
+
+if TYPE_CHECKING:
+    from headlab.layer.config import AttentionConfig
+
+
+class PerHeadValues(Projection):
+    """A projection whose values are n_heads standard value heads."""
+
+    @classmethod
+    def value_shapes(cls, config: AttentionConfig) -> dict[str, tuple[int, ...]]:
+        """``v_weight`` and (with bias) ``v_bias`` shapes."""
+        shapes = {"v_weight": (config.n_heads * config.d_head_v, config.vdim)}
+        if config.bias:
+            shapes["v_bias"] = (config.n_heads * config.d_head_v,)
+        return shapes
+
+    @classmethod
+    def value_flops(cls, config: AttentionConfig, k_len: int) -> int:
+        """FLOPs of projecting ``k_len`` value positions."""
+        return 2 * k_len * config.vdim * config.n_heads * config.d_head_v
+
+    def values(self, value: Tensor) -> Tensor:
+        """``(batch, key_pos, vdim)`` → v ``(batch, n_heads, key_pos, d_head_v)``."""
+        c = self.config
+        batch, k_len = value.shape[0], value.shape[1]
+        v = F.linear(value, self.v_weight, self.v_bias)
+        return v.view(batch, k_len, c.n_heads, c.d_head_v).transpose(1, 2)
+
+    @property
+    def W_V(self) -> Tensor:  # noqa: N802
+        c = self.config
+        return self.v_weight.view(c.n_heads, c.d_head_v, c.vdim).transpose(1, 2)
+
+    @property
+    def b_V(self) -> Tensor | None:  # noqa: N802
+        return None if self.v_bias is None else self.v_bias.view(self.config.n_heads, self.config.d_head_v)
