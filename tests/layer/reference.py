@@ -45,7 +45,7 @@ def reference(
     query, key, value = query.double(), key.double(), value.double()
     B, L, _ = query.shape
     S = key.shape[1]
-    H, g = c.n_heads, c.n_heads // c.n_kv_heads
+    H = c.n_heads
     scale = c.scale if c.scale is not None else 1 / math.sqrt(c.d_head)
     W_Q, W_K, W_V, W_O = (w.detach().double() for w in (layer.W_Q, layer.W_K, layer.W_V, layer.W_O))
     bias = lambda b: None if b is None else b.detach().double()  # noqa: E731
@@ -61,7 +61,7 @@ def reference(
     for b in range(B):
         logits, adds, values = [], [], []
         for h in range(H):
-            kv = h // g
+            kv = c.kv_head_of[h]
             q = query[b] @ W_Q[h] + (0 if b_Q is None else b_Q[h])
             k = key[b] @ W_K[kv] + (0 if b_K is None else b_K[kv])
             values.append(value[b] @ W_V[kv] + (0 if b_V is None else b_V[kv]))

@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from headlab.layer import AttentionConfig, MultiHeadAttention
 from headlab.layer.accounting import Accounting, account
 from headlab.layer.variants import VARIANTS, variant_config
-from headlab.layer.functional import attention_pattern, repeat_kv
+from headlab.layer.functional import attention_pattern, expand_kv
 
 PRESET_CASES = [(name, h) for name in VARIANTS for h in (1, 2, 4, 8)]
 
@@ -128,7 +128,7 @@ def test_flops_match_torch_flop_counter(config: AttentionConfig, seq_len: int) -
                                        return_patterns=True))
         q, k, v = layer.projection(query, key, value)
         projections = _counted(lambda: layer.projection(query, key, value))
-        k = repeat_kv(k, c.n_heads // k.shape[1])
+        k = expand_kv(k, c.n_heads)
         scores = _counted(lambda: attention_pattern(q, k, None, None, scale=c.softmax_scale))
         z = torch.randn(1, c.n_heads, L, c.d_head_v)
         output = _counted(lambda: layer.projection.merge(z))

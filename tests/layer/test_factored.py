@@ -168,10 +168,11 @@ def test_qk_ov_shapes(kwargs):
 @pytest.mark.parametrize("kwargs", LAYER_CONFIGS)
 def test_qk_ov_per_head_products(kwargs):
     layer = _layer(kwargs)
-    g = layer.config.group_size
+    kv_head_of = layer.config.kv_head_of
     for h in range(layer.config.n_heads):
-        torch.testing.assert_close(layer.QK[h].AB, layer.W_Q[h] @ layer.W_K[h // g].T, atol=1e-12, rtol=0)
-        torch.testing.assert_close(layer.OV[h].AB, layer.W_V[h // g] @ layer.W_O[h], atol=1e-12, rtol=0)
+        kv = kv_head_of[h]
+        torch.testing.assert_close(layer.QK[h].AB, layer.W_Q[h] @ layer.W_K[kv].T, atol=1e-12, rtol=0)
+        torch.testing.assert_close(layer.OV[h].AB, layer.W_V[kv] @ layer.W_O[h], atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("kwargs", LAYER_CONFIGS)

@@ -265,3 +265,86 @@ def test_head_indices_may_be_numpy_or_tensor_ints():
     torch.testing.assert_close(layer(query, return_patterns=np.array([1, 3])).patterns, want)
     torch.testing.assert_close(layer(query, return_patterns=torch.tensor([1, 3])).patterns, want)
     torch.testing.assert_close(layer(query, return_patterns=(np.int64(1), 3)).patterns, want)
+
+
+@pytest.mark.parametrize("kv_head_of", [(0, 0, 0, 1), (1, 0, 1, 1), (2, 0, 1, 2)])
+def test_uneven_key_value_groups_match_reference(kv_head_of):
+    n_kv = max(kv_head_of) + 1
+    layer = _layer(dict(d_model=16, n_heads=4, d_head=4, n_kv_heads=n_kv, kv_head_of=kv_head_of, causal=True))
+    assert not layer.config.uniform_groups
+    query, _, _ = _inputs(layer, q_len=6)
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1, :2] = True
+    out = layer(query, key_padding_mask=kpm, return_patterns=True, return_head_outputs=True)
+    expected, patterns, head_outputs = reference(layer, query, key_padding_mask=kpm)
+    _ = [torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+         for a, b in ((out.output, expected), (out.patterns, patterns), (out.head_outputs, head_outputs))]
+    torch.testing.assert_close(layer(query, key_padding_mask=kpm), expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(layer(query, key_padding_mask=kpm, return_patterns=[3, 1]).patterns,
+                               patterns[:, [3, 1]], atol=1e-10, rtol=1e-10)
+    for h, kv in enumerate(kv_head_of):
+        torch.testing.assert_close(layer.QK[h].AB, layer.W_Q[h] @ layer.W_K[kv].T)
+
+
+def test_return_z_is_what_the_output_projection_receives():
+    layer = _layer(CONFIGS["grouped-query"])
+    query, _, _ = _inputs(layer)
+    gate = torch.linspace(0, 2, 8, dtype=torch.float64)
+    out = layer(query, head_mask=gate, return_z=True, return_head_outputs=[2])
+    assert out.z.shape == (2, 8, 5, 4) and out.patterns is None
+    torch.testing.assert_close(out.head_outputs[:, 0], out.z[:, 2] @ layer.W_O[2])
+    merged = out.z.transpose(1, 2).reshape(2, 5, 32)
+    torch.testing.assert_close(layer.projection.out_proj(merged), out.output)
+    torch.testing.assert_close(layer(query, head_mask=gate, return_z=[5, 2]).z, out.z[:, [5, 2]])
+
+
+def test_precomputed_rotary_angles_equal_the_layers_own():
+    layer = _layer(CONFIGS["partial rotary, GQA"])
+    query = torch.randn(2, 7, 48, dtype=torch.float64)
+    rotary_dim, base = layer.config.rotary_dim, layer.config.rotary_base
+    pos = torch.arange(7, dtype=torch.float64)
+    angles = torch.outer(pos, base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    torch.testing.assert_close(layer(query, rotary_cos_sin=(cos[None], sin[None])), layer(query))
+    # per-example positions (e.g. left padding): example 1 starts at position 3
+    shifted = layer(query[1:], rotary_cos_sin=(cos[None], sin[None]))
+    angles3 = torch.outer(pos + 3, base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    batch_cs = (torch.stack([cos, angles3.cos().repeat(1, 2)]), torch.stack([sin, angles3.sin().repeat(1, 2)]))
+    both = layer(query, rotary_cos_sin=batch_cs)
+    torch.testing.assert_close(both[0], layer(query[:1])[0])
+    assert not torch.allclose(both[1], shifted[0])  # positions moved: outputs differ
+    with pytest.raises(ValueError, match="rotary_cos_sin has shapes"):
+        layer(query, rotary_cos_sin=(cos[:3][None], sin[:3][None]))
+    with pytest.raises(ValueError, match="needs a rotary layer"):
+        _layer(CONFIGS["standard"])(torch.randn(1, 7, 32, dtype=torch.float64), rotary_cos_sin=(cos, sin))
+
+
+def test_head_affine_replaces_z_persistently_and_is_saved():
+    layer = _layer(CONFIGS["standard"])
+    query, _, _ = _inputs(layer)
+    plain = layer(query, return_z=True)
+    scale = torch.tensor([1.0, 0.0, 2.0, 1.0], dtype=torch.float64)
+    shift = torch.zeros(4, 8, dtype=torch.float64)
+    shift[1] = torch.arange(8.0)
+    layer.set_head_affine(scale, shift)
+    out = layer(query, return_z=True, return_head_outputs=True)
+    torch.testing.assert_close(out.z, plain.z * scale[None, :, None, None] + shift[None, :, None, :])
+    torch.testing.assert_close(out.head_outputs.sum(1) + layer.b_O, out.output)
+    state = layer.state_dict()
+    assert torch.equal(state["head_scale"], scale) and torch.equal(state["head_shift"], shift)
+    fresh = _layer(CONFIGS["standard"])
+    fresh.set_head_affine(torch.ones(4, dtype=torch.float64), torch.zeros(4, 8, dtype=torch.float64))
+    fresh.load_state_dict(state)
+    torch.testing.assert_close(fresh(query), out.output)
+    layer.set_head_affine(None, None)
+    torch.testing.assert_close(layer(query), plain.output)
+    with pytest.raises(ValueError, match=r"shift has shape \(4, 7\)"):
+        layer.set_head_affine(None, torch.zeros(4, 7, dtype=torch.float64))
+    with pytest.raises(TypeError, match="scale must be a floating"):
+        layer.set_head_affine(torch.ones(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kv_head_of", [(0, 0, 1), (0, 1, 1, 2), (0, 0, 0, 0), (0, -1, 1, 1), "0011"])
+def test_bad_kv_head_of_is_named(kv_head_of):
+    with pytest.raises(ValueError, match="kv_head_of="):
+        AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2, kv_head_of=kv_head_of)

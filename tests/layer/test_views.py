@@ -112,7 +112,7 @@ def test_views_are_zero_copy(kwargs):
 def _heads_using(name: str, index: int, c: AttentionConfig) -> set[int]:
     if name in ("W_Q", "W_O", "b_Q"):
         return {index}
-    return {h for h in range(c.n_heads) if h // c.group_size == index}  # key/value heads are shared
+    return {h for h in range(c.n_heads) if c.kv_head_of[h] == index}  # key/value heads are shared
 
 
 @pytest.mark.parametrize("kwargs", [p for p in CONFIGS if "no-bias" not in p.id])
@@ -194,7 +194,7 @@ def test_gradient_of_a_loss_on_the_qk_circuit(kwargs):
     grads = _grads_as_layer(layer)
     W_Q, W_K = layer.W_Q.detach(), layer.W_K.detach()
     for h in range(c.n_heads):
-        kv = h // c.group_size
+        kv = c.kv_head_of[h]
         expected = 2 * W_Q[h] @ W_K[kv].T @ W_K[kv]
         torch.testing.assert_close(grads.W_Q[h].detach(), expected, atol=1e-10, rtol=0)
     for name in ("W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):

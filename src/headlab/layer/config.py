@@ -30,7 +30,8 @@ class AttentionConfig:
     d_model: int
     n_heads: int
     d_head: int | None = None  # default d_model // n_heads; may be set independently
-    n_kv_heads: int | None = None  # default n_heads; must divide n_heads
+    n_kv_heads: int | None = None  # default n_heads; must divide n_heads unless kv_head_of is given
+    kv_head_of: tuple[int, ...] | None = None  # key/value head each query head reads; default consecutive groups
     d_head_v: int | None = None  # default d_head
     kdim: int | None = None  # key input width, default d_model (as in nn.MultiheadAttention)
     vdim: int | None = None  # value input width, default d_model
@@ -61,10 +62,7 @@ class AttentionConfig:
         self._set("rotary_dim", self.d_head if self.rotary_dim is None else self.rotary_dim)
         for name in ("d_head", "n_kv_heads", "d_head_v", "kdim", "vdim", "rotary_dim"):
             _check_positive_int(name, getattr(self, name))
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}"
-            )
+        self._resolve_kv_head_of()
         if not isinstance(self.projection, str) or self.projection not in PROJECTIONS:
             raise ValueError(
                 f"projection={self.projection!r} is not one of {sorted(PROJECTIONS)}"
@@ -94,10 +92,34 @@ class AttentionConfig:
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # frozen: resolve defaults once, here
 
+    def _resolve_kv_head_of(self) -> None:
+        if self.kv_head_of is None:
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
+            group = self.n_heads // self.n_kv_heads
+            self._set("kv_head_of", tuple(h // group for h in range(self.n_heads)))
+            return
+        try:
+            mapping = tuple(self.kv_head_of)
+        except TypeError:
+            mapping = None
+        if (
+            mapping is None
+            or len(mapping) != self.n_heads
+            or any(isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < self.n_kv_heads for j in mapping)
+            or set(mapping) != set(range(self.n_kv_heads))
+        ):
+            raise ValueError(
+                f"kv_head_of={self.kv_head_of!r} must give, for each of the n_heads={self.n_heads} query heads, "
+                f"a key/value head in [0, {self.n_kv_heads}), using every key/value head"
+            )
+        self._set("kv_head_of", mapping)
+
     @property
-    def group_size(self) -> int:
-        """Query heads per key/value head (1 for standard attention)."""
-        return self.n_heads // self.n_kv_heads
+    def uniform_groups(self) -> bool:
+        """Query heads read key/value heads in equal consecutive groups (the layout kernels expand for free)."""
+        group = self.n_heads // self.n_kv_heads
+        return self.kv_head_of == tuple(h // group for h in range(self.n_heads))
 
     @property
     def softmax_scale(self) -> float:

@@ -1,7 +1,7 @@
 """Conversions between projection variants, exact where the maths allows.
 
 Axis legend: W_Q (n_heads, d_model, d), W_K (kv_heads, kdim, d), W_V (kv_heads, vdim, d_head_v),
-W_O (n_heads, d_head_v, d_model); query head h uses key/value head h // group_size.
+W_O (n_heads, d_head_v, d_model); query head h uses key/value head config.kv_head_of[h].
 
 - ``to_wide``: any layer → the standard layout. Exact: every variant's scores are
   (x W_Q[h] + b_Q[h])·(y W_K[h] + b_K[h]), and narrow/shared layers are block-structured wide ones.
@@ -61,9 +61,9 @@ def to_bilinear(layer: MultiHeadAttention) -> MultiHeadAttention:
     c = layer.config
     if c.rotary:
         raise ValueError("rotary=True: a bilinear layer's W_QK cannot carry rotary positions")
-    config = _derived(c, projection="bilinear", n_kv_heads=c.n_heads)
+    config = _derived(c, projection="bilinear", n_kv_heads=c.n_heads, kv_head_of=None)
     target = _like(layer, config)
-    kv = torch.arange(c.n_heads, device=layer.W_O.device) // c.group_size  # key/value head of each query head
+    kv = torch.tensor(c.kv_head_of, device=layer.W_O.device)  # key/value head of each query head
     W_K = layer.W_K.index_select(0, kv)  # (n_heads, kdim, d)
     with torch.no_grad():
         target.W_Q.copy_(layer.W_Q @ W_K.transpose(1, 2))  # W_QK: (n_heads, d_model, kdim)
@@ -95,7 +95,9 @@ def to_grouped(layer: MultiHeadAttention, n_kv_heads: int) -> MultiHeadAttention
         raise ValueError(f"projection={c.projection!r}: to_grouped pools a 'wide' layer's key/value heads")
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or c.n_kv_heads % n_kv_heads:
         raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing the layer's n_kv_heads={c.n_kv_heads}")
-    target = _like(layer, _derived(c, n_kv_heads=n_kv_heads))
+    if not c.uniform_groups:
+        raise ValueError(f"kv_head_of={c.kv_head_of}: to_grouped pools consecutive, equal groups of key/value heads")
+    target = _like(layer, _derived(c, n_kv_heads=n_kv_heads, kv_head_of=None))
 
     def pool(x: Tensor) -> Tensor:  # (kv_heads, ...) → (n_kv_heads, ...), means over consecutive groups
         return x.reshape(n_kv_heads, c.n_kv_heads // n_kv_heads, *x.shape[1:]).mean(dim=1)

@@ -23,17 +23,20 @@ from torch import Tensor
 from headlab.layer.masks import AttentionMask
 
 
-def repeat_kv(x: Tensor, group_size: int) -> Tensor:
-    """Repeat each key/value head for the ``group_size`` query heads that share it.
+def expand_kv(x: Tensor, n_heads: int, kv_index: Tensor | None = None) -> Tensor:
+    """Give every query head its key/value head.
 
-    ``(batch, n_kv_heads, key_pos, d) -> (batch, n_kv_heads * group_size, key_pos, d)``.
+    ``(batch, n_kv_heads, key_pos, d) -> (batch, n_heads, key_pos, d)``: with ``kv_index`` None,
+    each key/value head serves n_heads / n_kv_heads consecutive query heads (standard,
+    grouped-query, multi-query); else query head h reads key/value head ``kv_index[h]``.
     """
-    if group_size == 1:
-        return x
+    if kv_index is not None:
+        return x.index_select(1, kv_index)
     batch, n_kv_heads, k_len, d = x.shape
-    return x[:, :, None].expand(batch, n_kv_heads, group_size, k_len, d).reshape(
-        batch, n_kv_heads * group_size, k_len, d
-    )
+    if n_kv_heads == n_heads:
+        return x
+    group_size = n_heads // n_kv_heads
+    return x[:, :, None].expand(batch, n_kv_heads, group_size, k_len, d).reshape(batch, n_heads, k_len, d)
 
 
 def attention_pattern(q: Tensor, k: Tensor, bias: Tensor | None, dead: Tensor | None, *, scale: float) -> Tensor:
@@ -88,6 +91,7 @@ def attend(
     scale: float,
     dropout_p: float = 0.0,
     pattern_heads: list[int] | None = None,
+    kv_index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention of every head, plus the patterns of the heads asked for.
 
@@ -97,40 +101,41 @@ def attend(
         scale: factor on q·k.
         dropout_p: dropout on the attention weights (0 outside training).
         pattern_heads: query-head indices whose patterns to return, or None for none.
+        kv_index: key/value head of each query head ``(n_heads,)``; None for consecutive groups.
 
     Returns:
         ``(z, patterns)``: z ``(batch, n_heads, query_pos, d_head_v)``; patterns
         ``(batch, len(pattern_heads), query_pos, key_pos)`` (before dropout) or None.
     """
-    n_heads, n_kv_heads = q.shape[1], k.shape[1]
-    group_size = n_heads // n_kv_heads
+    n_heads = q.shape[1]
     if pattern_heads == list(range(n_heads)):
         bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
-        patterns = attention_pattern(q, repeat_kv(k, group_size), bias, mask.dead, scale=scale)
+        patterns = attention_pattern(q, expand_kv(k, n_heads, kv_index), bias, mask.dead, scale=scale)
         weights = F.dropout(patterns, dropout_p) if dropout_p > 0.0 else patterns
-        z = torch.matmul(weights, repeat_kv(v, group_size))
+        z = torch.matmul(weights, expand_kv(v, n_heads, kv_index))
     else:
         z = F.scaled_dot_product_attention(
-            q, repeat_kv(k, group_size), repeat_kv(v, group_size),
+            q, expand_kv(k, n_heads, kv_index), expand_kv(v, n_heads, kv_index),
             attn_mask=mask.bias, dropout_p=dropout_p, is_causal=mask.is_causal, scale=scale,
         )
         patterns = None
         if pattern_heads is not None:
-            patterns = head_patterns(q, k, mask, pattern_heads, scale=scale)
+            patterns = head_patterns(q, k, mask, pattern_heads, scale=scale, kv_index=kv_index)
     if mask.dead is not None:
         z = z.masked_fill(mask.dead[..., None], 0.0)
     return z, patterns
 
 
-def head_patterns(q: Tensor, k: Tensor, mask: AttentionMask, heads: list[int], *, scale: float) -> Tensor:
+def head_patterns(q: Tensor, k: Tensor, mask: AttentionMask, heads: list[int], *, scale: float,
+                  kv_index: Tensor | None = None) -> Tensor:
     """The patterns of the given query heads only: ``(batch, len(heads), query_pos, key_pos)``."""
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
     index = torch.tensor(heads, device=q.device)
-    kv_index = index // (n_heads // n_kv_heads)
+    k_index = index // (n_heads // n_kv_heads) if kv_index is None else kv_index.index_select(0, index)
     bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
     if bias is not None and bias.shape[1] == n_heads:
         bias = bias.index_select(1, index)
     dead = mask.dead
     if dead is not None and dead.shape[1] == n_heads:
         dead = dead.index_select(1, index)
-    return attention_pattern(q.index_select(1, index), k.index_select(1, kv_index), bias, dead, scale=scale)
+    return attention_pattern(q.index_select(1, index), k.index_select(1, k_index), bias, dead, scale=scale)

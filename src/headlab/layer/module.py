@@ -41,11 +41,14 @@ class AttentionOutput:
             order asked (before dropout), or None.
         head_outputs: ``(batch, len(heads), query_pos, d_model)``: each asked head's
             contribution to the output; over all heads they sum, with ``b_O``, to ``output``.
+        z: ``(batch, len(heads), query_pos, d_head_v)``: each asked head's weighted sum of
+            values as the output projection receives it (after head_mask and interventions).
     """
 
     output: Tensor
     patterns: Tensor | None = None
     head_outputs: Tensor | None = None
+    z: Tensor | None = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -64,6 +67,12 @@ class MultiHeadAttention(nn.Module):
         self.rotary = RotaryEmbedding(config.rotary_dim, base=config.rotary_base) if config.rotary else None
         # The attention core: plain (fused kernel) attention, or heads that talk to each other.
         self.core = TalkingHeads(config) if config.talking_heads else attend
+        # Key/value head of each query head, when the groups are not equal and consecutive.
+        kv_index = None if config.uniform_groups else torch.tensor(config.kv_head_of)
+        self.register_buffer("kv_index", kv_index, persistent=False)
+        # Persistent interventions on heads (headlab.heads): z_h ← head_scale[h]·z_h + head_shift[h].
+        self.register_buffer("head_scale", None)
+        self.register_buffer("head_shift", None)
 
     def forward(
         self,
@@ -76,8 +85,10 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool | None = None,
         head_mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
+        rotary_cos_sin: tuple[Tensor, Tensor] | None = None,
         return_patterns: bool | Sequence[int] = False,
         return_head_outputs: bool | Sequence[int] = False,
+        return_z: bool | Sequence[int] = False,
     ) -> Tensor | AttentionOutput:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``).
 
@@ -93,9 +104,15 @@ class MultiHeadAttention(nn.Module):
             is_causal: causal masking for this call; None uses ``config.causal``.
             head_mask: ``(n_heads,)`` or ``(batch, n_heads)`` gate multiplying each head's z
                 before the output projection (0 removes a head; differentiable).
-            kv_cache: cache for incremental self-attention decoding; updated in place.
+            kv_cache: cache for incremental self-attention decoding; updated in place. Anything
+                with ``length`` and ``update(k, v) -> (keys, values)`` serves (e.g. an adapter
+                over a Hugging Face cache).
+            rotary_cos_sin: precomputed rotary ``(cos, sin)``, each ``(batch | 1, query_pos,
+                rotary_dim)`` in the half-split layout (Hugging Face's ``position_embeddings``),
+                for the new positions; default: angles from the positions themselves.
             return_patterns: True for every head's pattern, or query-head indices.
             return_head_outputs: True for every head's contribution, or query-head indices.
+            return_z: True for every head's z, or query-head indices.
 
         Returns:
             The output ``(batch, query_pos, d_model)``, or an ``AttentionOutput`` when patterns
@@ -111,6 +128,7 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key, value, kv_cache)
         pattern_heads = _heads_arg("return_patterns", return_patterns, c.n_heads)
         result_heads = _heads_arg("return_head_outputs", return_head_outputs, c.n_heads)
+        z_heads = _heads_arg("return_z", return_z, c.n_heads)
 
         # Validate every argument before the cache is touched: a refused call changes nothing.
         offset = 0 if kv_cache is None else kv_cache.length
@@ -122,25 +140,59 @@ class MultiHeadAttention(nn.Module):
         )
         gate = None if head_mask is None else _gate(head_mask, batch, c.n_heads, query.dtype)
 
+        if rotary_cos_sin is not None and (self.rotary is None or key is not query):
+            raise ValueError("rotary_cos_sin needs a rotary layer (config.rotary=True) in self-attention")
+
         q, k, v = self.projection(query, key, value)
         if self.rotary is not None:
-            q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
+            q = self.rotary(q, offset=offset, cos_sin=rotary_cos_sin)
+            k = self.rotary(k, offset=offset, cos_sin=rotary_cos_sin)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
         z, patterns = self.core(
             q, k, v, mask, scale=c.softmax_scale, dropout_p=c.dropout if self.training else 0.0,
-            pattern_heads=pattern_heads,
+            pattern_heads=pattern_heads, kv_index=self.kv_index,
         )  # z: (batch, n_heads, query_pos, d_head_v)
+        if self.head_scale is not None:
+            z = z * self.head_scale[None, :, None, None]
+        if self.head_shift is not None:
+            z = z + self.head_shift[None, :, None, :]
         if gate is not None:
             z = z * gate
         output = self.projection.merge(z)
-        if pattern_heads is None and result_heads is None:
+        if pattern_heads is None and result_heads is None and z_heads is None:
             return output
         head_outputs = None
         if result_heads is not None:
             all_heads = result_heads == list(range(c.n_heads))
             head_outputs = self.projection.head_results(z, None if all_heads else result_heads)
-        return AttentionOutput(output=output, patterns=patterns, head_outputs=head_outputs)
+        z_out = None if z_heads is None else z[:, z_heads]
+        return AttentionOutput(output=output, patterns=patterns, head_outputs=head_outputs, z=z_out)
+
+    def set_head_affine(self, scale: Tensor | None, shift: Tensor | None = None) -> None:
+        """Persistently replace each head's z by ``scale[h]·z + shift[h]`` before the output projection.
+
+        The values are buffers: they move with ``.to()`` and are saved in the state_dict.
+        ``headlab.heads`` builds masking, scaling and zero/mean ablation on this.
+
+        Args:
+            scale: ``(n_heads,)``, or None for 1.
+            shift: ``(n_heads, d_head_v)``, or None for 0.
+
+        Raises:
+            ValueError: a tensor has the wrong shape.
+            TypeError: a tensor is not floating point.
+        """
+        c, weight = self.config, self.projection.out_proj.weight
+        for name, value, shape in (("scale", scale, (c.n_heads,)), ("shift", shift, (c.n_heads, c.d_head_v))):
+            if value is None:
+                continue
+            if not isinstance(value, Tensor) or not value.is_floating_point():
+                raise TypeError(f"{name} must be a floating torch.Tensor, got {value!r}")
+            if tuple(value.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}; expected {shape}")
+        self.head_scale = None if scale is None else scale.detach().to(device=weight.device, dtype=weight.dtype)
+        self.head_shift = None if shift is None else shift.detach().to(device=weight.device, dtype=weight.dtype)
 
     def new_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for decoding up to ``max_len`` positions, on the layer's device and dtype."""
@@ -159,12 +211,12 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def W_K(self) -> Tensor:  # noqa: N802
-        """``(n_kv_heads, kdim, d_head)``; query head h uses key head h // group_size."""
+        """``(n_kv_heads, kdim, d_head)``; query head h uses key head ``config.kv_head_of[h]``."""
         return self.projection.W_K
 
     @property
     def W_V(self) -> Tensor:  # noqa: N802
-        """``(n_kv_heads, vdim, d_head_v)``; query head h uses value head h // group_size."""
+        """``(n_kv_heads, vdim, d_head_v)``; query head h uses value head ``config.kv_head_of[h]``."""
         return self.projection.W_V
 
     @property
@@ -198,14 +250,17 @@ class MultiHeadAttention(nn.Module):
 
         Scores are ``x_q W_QK x_kᵀ`` (times the scale), before biases and rotary positions.
         """
-        W_K = self.W_K.repeat_interleave(self.config.group_size, dim=0)  # (n_heads, kdim, d_head)
+        W_K = self.W_K.index_select(0, self._kv_of_heads())  # (n_heads, kdim, d_head)
         return FactoredMatrix(self.W_Q, W_K.transpose(1, 2))
 
     @property
     def OV(self) -> FactoredMatrix:  # noqa: N802
         """Each query head's value-output circuit W_V W_O, factored: ``(n_heads, vdim, d_model)``, rank ≤ d_head_v."""
-        W_V = self.W_V.repeat_interleave(self.config.group_size, dim=0)  # (n_heads, vdim, d_head_v)
+        W_V = self.W_V.index_select(0, self._kv_of_heads())  # (n_heads, vdim, d_head_v)
         return FactoredMatrix(W_V, self.W_O)
+
+    def _kv_of_heads(self) -> Tensor:
+        return torch.tensor(self.config.kv_head_of, device=self.projection.out_proj.weight.device)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -31,16 +31,34 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim
         self.base = float(base)
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
-        """Rotate ``x`` ``(batch, head, pos, d_head)`` whose first position is ``offset``."""
-        # Angles in float32 (float64 for float64 inputs), then cast, as HF's LLaMA does. The
-        # frequencies are not a buffer: layer.half() would round them and skew long positions.
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        exponent = torch.arange(0, self.rotary_dim, 2, device=x.device, dtype=dtype) / self.rotary_dim
-        pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=dtype)
-        angles = torch.outer(pos, self.base**-exponent)  # (pos, rotary_dim / 2)
-        cos = angles.cos().to(x.dtype).repeat(1, 2)  # (pos, rotary_dim)
-        sin = angles.sin().to(x.dtype).repeat(1, 2)
+    def forward(self, x: Tensor, *, offset: int = 0, cos_sin: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Rotate ``x`` ``(batch, head, pos, d_head)``.
+
+        Args:
+            x: queries or keys.
+            offset: position of x's first row (used when ``cos_sin`` is None).
+            cos_sin: precomputed ``(cos, sin)``, each ``(batch | 1, pos, rotary_dim)`` or
+                ``(pos, rotary_dim)`` (e.g. from a model with scaled or per-example positions).
+        """
+        if cos_sin is not None:
+            cos, sin = cos_sin
+            if cos.shape != sin.shape or cos.shape[-1] != self.rotary_dim or cos.shape[-2] != x.shape[-2]:
+                raise ValueError(
+                    f"rotary_cos_sin has shapes {tuple(cos.shape)} and {tuple(sin.shape)}; expected "
+                    f"(batch | 1, pos={x.shape[-2]}, rotary_dim={self.rotary_dim}) for both"
+                )
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+            if cos.dim() == 3:  # (batch, pos, rotary_dim): broadcast over heads
+                cos, sin = cos[:, None], sin[:, None]
+        else:
+            # Angles in float32 (float64 for float64 inputs), then cast, as HF's LLaMA does. The
+            # frequencies are not a buffer: layer.half() would round them and skew long positions.
+            dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+            exponent = torch.arange(0, self.rotary_dim, 2, device=x.device, dtype=dtype) / self.rotary_dim
+            pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=dtype)
+            angles = torch.outer(pos, self.base**-exponent)  # (pos, rotary_dim / 2)
+            cos = angles.cos().to(x.dtype).repeat(1, 2)  # (pos, rotary_dim)
+            sin = angles.sin().to(x.dtype).repeat(1, 2)
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         x1, x2 = rot.chunk(2, dim=-1)
         rotated = rot * cos + torch.cat((-x2, x1), dim=-1) * sin

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headlab.layer.functional import masked_softmax, repeat_kv
+from headlab.layer.functional import expand_kv, masked_softmax
 from headlab.layer.masks import AttentionMask
 
 if TYPE_CHECKING:
@@ -57,10 +57,11 @@ class TalkingHeads(nn.Module):
         scale: float,
         dropout_p: float = 0.0,
         pattern_heads: list[int] | None = None,
+        kv_index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Same contract as ``headlab.layer.functional.attend``; patterns are the mixed weights."""
-        group_size = q.shape[1] // k.shape[1]
-        logits = torch.matmul(q * scale, repeat_kv(k, group_size).transpose(-1, -2))  # (batch, head, q, k)
+        n_heads = q.shape[1]
+        logits = torch.matmul(q * scale, expand_kv(k, n_heads, kv_index).transpose(-1, -2))  # (batch, head, q, k)
         logits = torch.einsum("bhqk,hg->bgqk", logits, self.logit_mixing)
         bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
         weights = masked_softmax(logits, bias, mask.dead)
@@ -71,4 +72,4 @@ class TalkingHeads(nn.Module):
             patterns = weights[:, pattern_heads]
         if dropout_p > 0.0:
             weights = F.dropout(weights, dropout_p)
-        return torch.matmul(weights, repeat_kv(v, group_size)), patterns  # z: (batch, head, q, d_head_v)
+        return torch.matmul(weights, expand_kv(v, n_heads, kv_index)), patterns  # z: (batch, head, q, d_head_v)
