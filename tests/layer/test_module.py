@@ -306,13 +306,19 @@ def test_precomputed_rotary_angles_equal_the_layers_own():
     angles = torch.outer(pos, base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
     torch.testing.assert_close(layer(query, rotary_cos_sin=(cos[None], sin[None])), layer(query))
-    # per-example positions (e.g. left padding): example 1 starts at position 3
-    shifted = layer(query[1:], rotary_cos_sin=(cos[None], sin[None]))
-    angles3 = torch.outer(pos + 3, base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    batch_cs = (torch.stack([cos, angles3.cos().repeat(1, 2)]), torch.stack([sin, angles3.sin().repeat(1, 2)]))
-    both = layer(query, rotary_cos_sin=batch_cs)
-    torch.testing.assert_close(both[0], layer(query[:1])[0])
-    assert not torch.allclose(both[1], shifted[0])  # positions moved: outputs differ
+    # per-example positions: example 1 at positions 3..9 (a uniform shift: RoPE sees only relative
+    # positions, so nothing changes), and at positions with a gap (relative positions change)
+    inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+
+    def cos_sin(positions):
+        angles = torch.outer(positions.double(), inv_freq)
+        return angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+
+    for positions, same in ((pos + 3, True), (torch.tensor([0, 1, 2, 10, 11, 12, 13]), False)):
+        (c0, s0), (c1, s1) = cos_sin(pos), cos_sin(positions)
+        both = layer(query, rotary_cos_sin=(torch.stack([c0, c1]), torch.stack([s0, s1])))
+        torch.testing.assert_close(both[0], layer(query[:1])[0])
+        assert torch.allclose(both[1], layer(query[1:])[0]) is same
     with pytest.raises(ValueError, match="rotary_cos_sin has shapes"):
         layer(query, rotary_cos_sin=(cos[:3][None], sin[:3][None]))
     with pytest.raises(ValueError, match="needs a rotary layer"):
