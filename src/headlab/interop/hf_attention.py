@@ -1,0 +1,101 @@
+"""The seat of a headlab layer inside a Hugging Face model.
+
+A family adapter (``hf_bert``, ``hf_gpt2``, ``hf_llama``) replaces each of the model's attention
+modules with a subclass of ``SwappedAttention``: the subclass speaks the Hugging Face module's
+calling convention and does what surrounds attention in that family (e.g. BERT's residual
+LayerNorm); this base class owns the headlab layer, translates Hugging Face's masks and cache,
+and hands what a ``Tap`` asks for to its sink.
+
+Axis legend: hidden states ``(batch, pos, d_model)``; Hugging Face 4-D masks
+``(batch, 1, query_pos, key_pos)``, bool with True = attend, or float added to the scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from headlab.layer import AttentionOutput, MultiHeadAttention
+
+
+@dataclass
+class Tap:
+    """What to take out of one layer's forward, and where to send it.
+
+    Attributes:
+        patterns: query heads whose patterns to return, or None.
+        head_outputs: query heads whose contributions to the output to return, or None.
+        z: query heads whose z to return, or None.
+        sink: called as ``sink(layer_index, output)`` after each forward of the layer.
+    """
+
+    sink: Callable[[int, AttentionOutput], None]
+    patterns: list[int] | None = None
+    head_outputs: list[int] | None = None
+    z: list[int] | None = None
+
+
+class HFCache:
+    """A Hugging Face ``Cache`` seen through headlab's kv-cache interface for one layer."""
+
+    def __init__(self, cache: object, layer_index: int) -> None:
+        self.cache, self.layer_index = cache, layer_index
+
+    @property
+    def length(self) -> int:
+        return int(self.cache.get_seq_length(self.layer_index))
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return self.cache.update(k, v, self.layer_index)
+
+
+class SwappedAttention(nn.Module):
+    """Base of the modules that take a Hugging Face attention module's place.
+
+    Args:
+        attn: the headlab layer carrying the original module's weights.
+        layer_index: the transformer block this attention belongs to (0-based).
+    """
+
+    def __init__(self, attn: MultiHeadAttention, layer_index: int) -> None:
+        super().__init__()
+        self.attn = attn
+        self.layer_index = layer_index
+        self.tap: Tap | None = None
+
+    def attend(
+        self,
+        hidden_states: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        past_key_values: object | None = None,
+        rotary_cos_sin: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """Run the headlab layer in Hugging Face's terms; feed the tap, if any.
+
+        Args:
+            hidden_states: ``(batch, pos, d_model)``.
+            attention_mask: Hugging Face's prepared 4-D mask (bool True = attend, or additive
+                float), or None. Causal masking comes from the layer's config either way.
+            past_key_values: a Hugging Face ``Cache``, or None.
+            rotary_cos_sin: Hugging Face's ``position_embeddings`` for rotary layers.
+
+        Returns:
+            The layer's output ``(batch, pos, d_model)``.
+        """
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = ~attention_mask  # Hugging Face: True = attend; headlab: True = not allowed
+        cache = None if past_key_values is None else HFCache(past_key_values, self.layer_index)
+        tap = self.tap
+        if tap is None:
+            return self.attn(hidden_states, attn_mask=attention_mask, kv_cache=cache, rotary_cos_sin=rotary_cos_sin)
+        out = self.attn(
+            hidden_states, attn_mask=attention_mask, kv_cache=cache, rotary_cos_sin=rotary_cos_sin,
+            return_patterns=tap.patterns or False, return_head_outputs=tap.head_outputs or False,
+            return_z=tap.z or False,
+        )
+        tap.sink(self.layer_index, out)
+        return out.output
