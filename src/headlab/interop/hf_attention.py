@@ -64,6 +64,7 @@ class SwappedAttention(nn.Module):
         super().__init__()
         self.attn = attn
         self.layer_index = layer_index
+        self.head_ids = list(range(attn.config.n_heads))  # original index of each head (pruning drops some)
         self.tap: Tap | None = None
 
     def attend(
