@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from headlab.interop import from_torch, to_torch
+    from headlab.models import load
     from headlab.layer import AttentionConfig, AttentionOutput, FactoredMatrix, KVCache, MultiHeadAttention
 
 try:
@@ -26,6 +27,7 @@ _EXPORTS = {
     "KVCache": "headlab.layer",
     "MultiHeadAttention": "headlab.layer",
     "from_torch": "headlab.interop",
+    "load": "headlab.models",
     "to_torch": "headlab.interop",
 }
 

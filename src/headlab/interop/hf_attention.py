@@ -39,14 +39,30 @@ class Tap:
 
 
 class HFCache:
-    """A Hugging Face ``Cache`` seen through headlab's kv-cache interface for one layer."""
+    """A Hugging Face ``Cache`` seen through headlab's kv-cache interface, for one layer and one call.
 
-    def __init__(self, cache: object, layer_index: int) -> None:
-        self.cache, self.layer_index = cache, layer_index
+    ``length`` is the number of cached keys the next ``update`` returns besides the new ones.
+    That is not always the positions seen: a sliding-window layer keeps only the last
+    ``window - 1`` and a static cache returns its whole buffer; ``get_mask_sizes`` gives the
+    span Hugging Face also built its mask for, so mask and keys line up.
+
+    Args:
+        cache: a Hugging Face cache (of an encoder-decoder model: its self-attention part is used).
+        layer_index: the layer's index in the cache.
+        query_len: positions in this call.
+    """
+
+    def __init__(self, cache: object, layer_index: int, query_len: int) -> None:
+        self.cache = getattr(cache, "self_attention_cache", cache)
+        self.layer_index, self.query_len = layer_index, query_len
 
     @property
     def length(self) -> int:
-        return int(self.cache.get_seq_length(self.layer_index))
+        mask_sizes = getattr(self.cache, "get_mask_sizes", None)
+        if mask_sizes is None:
+            return int(self.cache.get_seq_length(self.layer_index))
+        kv_length, _ = mask_sizes(self.query_len, self.layer_index)
+        return int(kv_length) - self.query_len
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return self.cache.update(k, v, self.layer_index)
@@ -89,7 +105,7 @@ class SwappedAttention(nn.Module):
         """
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             attention_mask = ~attention_mask  # Hugging Face: True = attend; headlab: True = not allowed
-        cache = None if past_key_values is None else HFCache(past_key_values, self.layer_index)
+        cache = None if past_key_values is None else HFCache(past_key_values, self.layer_index, hidden_states.shape[1])
         tap = self.tap
         if tap is None:
             return self.attn(hidden_states, attn_mask=attention_mask, kv_cache=cache, rotary_cos_sin=rotary_cos_sin)

