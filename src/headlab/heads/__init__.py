@@ -1,0 +1,8 @@
+"""Interventions on heads of a loaded model, addressed as (layer, head): mask (zero-ablate),
+scale, mean-ablate, restore, physically prune, and save the result."""
+
+from headlab.heads.address import by_layer
+from headlab.heads.interventions import mask, mean_ablate, restore, scale, summary
+from headlab.heads.prune import prune, pruned_layer
+
+__all__ = ["by_layer", "mask", "mean_ablate", "prune", "pruned_layer", "restore", "scale", "summary"]
