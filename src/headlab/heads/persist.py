@@ -1,0 +1,49 @@
+"""Saving a model with its interventions and pruning, for ``headlab.load`` to read back.
+
+The folder format is described in ``headlab.models.saved``: the Hugging Face config and
+tokenizer, ``model.safetensors`` with the swapped model's state, and ``headlab.json`` with each
+layer's shape, its surviving original heads, and a readable list of the interventions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from headlab.heads.interventions import summary
+from headlab.models import LoadedModel, attention_modules
+from headlab.models.saved import FORMAT, RECORD, WEIGHTS
+
+
+def save(loaded: LoadedModel, path: str | os.PathLike[str]) -> Path:
+    """Write ``loaded`` (pruned, masked, scaled or ablated, or untouched) to a folder.
+
+    Args:
+        loaded: what ``headlab.load`` returned, after any interventions.
+        path: the folder; created if missing. Files of the same names are overwritten.
+
+    Returns:
+        The folder, which ``headlab.load(path)`` reads back to an identical model.
+    """
+    from safetensors.torch import save_model
+
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = loaded.model
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it: load picks the class
+    model.config.save_pretrained(directory)
+    if loaded.tokenizer is not None:
+        loaded.tokenizer.save_pretrained(directory)
+    save_model(model, str(directory / WEIGHTS))  # drops tied duplicates; load_model restores them
+    record = {
+        "format": FORMAT,
+        "source": loaded.source,
+        "layers": [
+            {"index": i, "head_ids": list(m.head_ids), "attention": m.attn.config.to_dict()}
+            for i, m in enumerate(attention_modules(model))
+        ],
+        "interventions": summary(model),
+    }
+    (directory / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    return directory
