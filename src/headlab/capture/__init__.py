@@ -1,0 +1,27 @@
+"""Run a model over a corpus in batches; hand the selected heads' patterns/outputs to consumers.
+
+    corpus.py     load_corpus: a file, a list of strings, or the bundled corpus
+    encoding.py   tokenize once, with offsets and word ids; truncation on the record
+    batching.py   length-bucketed batches under a token budget
+    batch.py      CaptureBatch: what a consumer receives per batch
+    taps.py       head selection; taps that are always removed
+    run.py        capture(...) -> CaptureResult
+    words.py      word-piece → word patterns (Clark et al. 2019)
+"""
+
+from headlab.capture.batch import CaptureBatch, LayerCapture, collate
+from headlab.capture.batching import PaddingStats, naive_batches, padding_stats, plan_batches
+from headlab.capture.corpus import Corpus, load_corpus
+from headlab.capture.encoding import TokenizedCorpus, tokenize_corpus
+from headlab.capture.run import CaptureResult, Consumer, TruncationWarning, capture, model_max_length
+from headlab.capture.taps import select_heads, tapped
+from headlab.capture.words import (
+    pattern_to_words, unit_labels, unit_matrix, whitespace_spans, word_ids_from_spans, word_units,
+)
+
+__all__ = [
+    "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "PaddingStats", "TokenizedCorpus",
+    "TruncationWarning", "capture", "collate", "load_corpus", "model_max_length", "naive_batches",
+    "padding_stats", "pattern_to_words", "plan_batches", "select_heads", "tapped", "tokenize_corpus",
+    "unit_labels", "unit_matrix", "whitespace_spans", "word_ids_from_spans", "word_units",
+]

@@ -1,0 +1,130 @@
+"""What a consumer receives for each batch: the inputs and, per selected layer, the selected heads.
+
+Axis legend:
+    input_ids, attention_mask, word_ids   (batch, pos)     pos = the batch's longest item
+    offsets                               (batch, pos, 2)  character (start, end) in the item's text
+    patterns                              (batch, head, query_pos, key_pos)
+    head_outputs                          (batch, head, query_pos, d_model)
+    z                                     (batch, head, query_pos, d_head_v)
+``head`` runs over the selected heads only, in ``LayerCapture.heads`` order.
+
+Items are padded on the right. Padded key positions get zero attention; padded query rows
+hold whatever the model computed there and should be ignored (``attention_mask``, ``lengths``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from headlab.capture.encoding import TokenizedCorpus
+from headlab.capture.words import word_units
+
+__all__ = ["CaptureBatch", "LayerCapture", "collate"]
+
+
+@dataclass
+class LayerCapture:
+    """The selected heads of one layer, for one batch.
+
+    Attributes:
+        layer: the layer's index (0-based).
+        heads: the selected query heads; axis 1 of every tensor follows this order.
+        patterns: ``(batch, head, query_pos, key_pos)`` or None if not asked for.
+        head_outputs: ``(batch, head, query_pos, d_model)`` or None.
+        z: ``(batch, head, query_pos, d_head_v)`` or None.
+    """
+
+    layer: int
+    heads: tuple[int, ...]
+    patterns: Tensor | None = None
+    head_outputs: Tensor | None = None
+    z: Tensor | None = None
+
+
+@dataclass
+class CaptureBatch:
+    """One batch of a capture: the model's inputs, where each item came from, and what was taken.
+
+    Attributes:
+        input_ids: ``(batch, pos)`` right-padded token ids.
+        attention_mask: ``(batch, pos)`` int64, 1 at real tokens, 0 at padding (the model's input).
+        lengths: ``(batch,)`` real tokens per item, special tokens included.
+        offsets: ``(batch, pos, 2)`` each piece's character span in its text; ``(0, 0)`` for
+            special tokens and padding.
+        word_ids: ``(batch, pos)`` the tokenizer's word index of each piece; -1 for special
+            tokens and padding (see ``headlab.capture.words``).
+        special_tokens_mask: ``(batch, pos)`` bool, True at special tokens ([CLS], [SEP], BOS …).
+        corpus_indices: ``(batch,)`` each item's index in the corpus.
+        truncated: ``(batch,)`` bool, True where the item was cut to ``max_length``.
+        texts: each item's text.
+        tokens: each item's pieces as strings (unpadded).
+        layers: per selected layer index, the selected heads' tensors (filled by the forward).
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    lengths: Tensor
+    offsets: Tensor
+    word_ids: Tensor
+    special_tokens_mask: Tensor
+    corpus_indices: Tensor
+    truncated: Tensor
+    texts: list[str]
+    tokens: list[list[str]]
+    layers: dict[int, LayerCapture] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def n_tokens(self) -> int:
+        """Real tokens in the batch."""
+        return int(self.lengths.sum())
+
+    def word_units(self) -> tuple[Tensor, Tensor]:
+        """``(units (batch, pos), n_units (batch,))``: words and special tokens, for
+        ``headlab.capture.words.pattern_to_words``."""
+        return word_units(self.word_ids, self.attention_mask)
+
+
+def collate(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch.device | str = "cpu") -> CaptureBatch:
+    """Pad the items ``indices`` of ``tokenized`` to their longest and stack them.
+
+    Args:
+        tokenized: the tokenized corpus.
+        indices: corpus indices of the batch's items, in batch order.
+        device: where the tensors go (the model's device).
+
+    Returns:
+        A ``CaptureBatch`` with no layer captured yet.
+    """
+    encodings = [tokenized.encodings[i] for i in indices]
+    lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
+    batch, pos = len(encodings), int(lengths.max())
+    input_ids = np.full((batch, pos), tokenized.pad_id, dtype=np.int64)
+    attention_mask = np.zeros((batch, pos), dtype=np.int64)
+    offsets = np.zeros((batch, pos, 2), dtype=np.int64)
+    word_ids = np.full((batch, pos), -1, dtype=np.int64)
+    special = np.zeros((batch, pos), dtype=bool)
+    for row, (e, n) in enumerate(zip(encodings, lengths)):
+        input_ids[row, :n] = e.ids
+        attention_mask[row, :n] = 1
+        offsets[row, :n] = e.offsets
+        word_ids[row, :n] = [-1 if w is None else w for w in e.word_ids]
+        special[row, :n] = e.special_tokens_mask
+
+    def to(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(a).to(device)
+
+    return CaptureBatch(
+        input_ids=to(input_ids), attention_mask=to(attention_mask), lengths=to(lengths), offsets=to(offsets),
+        word_ids=to(word_ids), special_tokens_mask=to(special),
+        corpus_indices=to(np.asarray(indices, dtype=np.int64)),
+        truncated=to(np.array([tokenized.full_lengths[i] > tokenized.lengths[i] for i in indices], dtype=bool)),
+        texts=[tokenized.texts[i] for i in indices], tokens=[list(e.tokens) for e in encodings],
+    )

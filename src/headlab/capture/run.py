@@ -1,0 +1,227 @@
+"""``capture``: run a model over a corpus in batches and hand the selected heads to consumers.
+
+Each batch's tensors live only while the consumers' ``update`` calls run: memory grows with
+the batch, never with the corpus. Consumers that need corpus order use
+``CaptureBatch.corpus_indices``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from headlab.capture.batch import CaptureBatch, LayerCapture, collate
+from headlab.capture.batching import padding_stats, plan_batches
+from headlab.capture.corpus import Corpus, load_corpus
+from headlab.capture.encoding import tokenize_corpus
+from headlab.capture.taps import check_what, select_heads, tapped
+from headlab.layer import AttentionOutput
+from headlab.models import LoadedModel, attention_modules
+
+__all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "model_max_length"]
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """Anything with ``update(batch)``; the analysis accumulators add ``merge`` and ``result``."""
+
+    def update(self, batch: CaptureBatch) -> None: ...
+
+
+class TruncationWarning(UserWarning):
+    """Items were cut to ``max_length``; ``CaptureResult.truncated`` lists them."""
+
+
+@dataclass
+class CaptureResult:
+    """What a capture did (its data went to the consumers).
+
+    Attributes:
+        items: items in the corpus.
+        tokens: real tokens run, special tokens included, after truncation.
+        padded_tokens: tokens computed on, padding included (``Σ batch × pos``).
+        batches: forward passes.
+        truncated: corpus indices of the items cut to ``max_length``.
+        max_length: the truncation length in pieces, or None.
+        layers: ``{layer: heads}`` captured.
+        what: what was captured of each head.
+        seconds: wall time, tokenization included.
+    """
+
+    items: int
+    tokens: int
+    padded_tokens: int
+    batches: int
+    truncated: list[int]
+    max_length: int | None
+    layers: dict[int, list[int]]
+    what: tuple[str, ...]
+    seconds: float
+    corpus: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_truncated(self) -> int:
+        return len(self.truncated)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "items": self.items, "tokens": self.tokens, "padded_tokens": self.padded_tokens,
+            "batches": self.batches, "truncated_items": self.n_truncated, "truncated": list(self.truncated),
+            "max_length": self.max_length, "layers": {str(k): v for k, v in self.layers.items()},
+            "what": list(self.what), "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
+            "corpus": dict(self.corpus),
+        }
+
+
+def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:
+    """The longest input the model takes: ``config.max_position_embeddings`` and the tokenizer's
+    ``model_max_length``, whichever is smaller; None when neither says."""
+    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
+              getattr(tokenizer, "model_max_length", None)]
+    limits = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]  # HF's "no limit" is ~1e30
+    return min(limits) if limits else None
+
+
+def capture(
+    model: nn.Module | LoadedModel,
+    tokenizer: Any = None,
+    corpus: str | os.PathLike[str] | Sequence[str] | Corpus | None = None,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | Mapping[int, Sequence[int]] | None = None,
+    what: str | Sequence[str] = ("patterns",),
+    consumers: Sequence[Consumer] = (),
+    batch_tokens: int | None = 4096,
+    max_batch_size: int | None = 64,
+    max_length: int | None = None,
+    progress: bool = True,
+) -> CaptureResult:
+    """Run ``model`` over ``corpus`` and give every consumer each batch's selected heads.
+
+    The corpus is tokenized once, grouped into length-bucketed batches (``plan_batches``),
+    and run under ``torch.inference_mode`` with the model in eval mode (its mode is restored
+    afterwards). Taps on the selected layers take only the selected heads; they are removed
+    when the capture ends, on error too.
+
+    Args:
+        model: a model whose attention modules were swapped for headlab layers, or the
+            ``LoadedModel`` of ``headlab.load``; batches go to its parameters' device.
+        tokenizer: its fast tokenizer (offsets and word ids come from it); None takes the
+            ``LoadedModel``'s.
+        corpus: see ``load_corpus``: None for the bundled corpus, a path, or a list of strings.
+        layers: layer indices; None for all.
+        heads: head indices for every selected layer, ``{layer: heads}``, or None for all.
+        what: any of ``"patterns"``, ``"head_outputs"``, ``"z"``.
+        consumers: objects with ``update(batch: CaptureBatch)``, called in order per batch.
+        batch_tokens: most padded tokens (``batch × pos``) per batch, or None.
+        max_batch_size: most items per batch, or None.
+        max_length: most pieces per item (longer items are cut, with a ``TruncationWarning``
+            and listed in the result); None for the model's limit (``model_max_length``).
+        progress: show a progress bar over batches with tokens per second.
+
+    Returns:
+        Counts, truncated items and throughput.
+
+    Raises:
+        ValueError / TypeError: a bad corpus, selection, ``what``, batch bound or tokenizer, or
+            a model without headlab attention.
+        RuntimeError: the model is already being captured.
+    """
+    start = time.perf_counter()
+    if isinstance(model, LoadedModel):
+        model, tokenizer = model.model, model.tokenizer if tokenizer is None else tokenizer
+    if tokenizer is None:
+        raise TypeError("capture needs the model's tokenizer (or a LoadedModel that has one)")
+    corpus = load_corpus(corpus)
+    what = check_what(what)
+    for consumer in consumers:
+        if not callable(getattr(consumer, "update", None)):
+            raise TypeError(f"consumer {consumer!r} has no update(batch) method")
+    modules = attention_modules(model)
+    if [m.layer_index for m in modules] != list(range(len(modules))):
+        raise ValueError(f"attention modules' layer indices are {[m.layer_index for m in modules]}; expected 0…n-1")
+    selection = select_heads([m.attn.config.n_heads for m in modules], layers=layers, heads=heads)
+    max_length = model_max_length(model, tokenizer) if max_length is None else max_length
+    tokenized = tokenize_corpus(tokenizer, corpus.texts, max_length=max_length)
+    truncated = tokenized.truncated
+    if truncated:
+        shown = ", ".join(map(str, truncated[:10])) + (" …" if len(truncated) > 10 else "")
+        warnings.warn(
+            f"{len(truncated)} of {len(tokenized)} items are longer than max_length={max_length} pieces and were "
+            f"truncated (corpus indices {shown}); CaptureResult.truncated lists them all",
+            TruncationWarning, stacklevel=2,
+        )
+    batches = plan_batches(tokenized.lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+
+    taken: dict[int, LayerCapture] = {}
+
+    def sink(layer: int, out: AttentionOutput) -> None:
+        if layer in taken:
+            raise RuntimeError(f"layer {layer} ran twice in one forward")
+        taken[layer] = LayerCapture(layer, tuple(selection[layer]), out.patterns, out.head_outputs, out.z)
+
+    was_training = model.training
+    model.eval()
+    try:
+        with tapped(modules, selection, what, sink), torch.inference_mode(), _Progress(progress, len(batches)) as bar:
+            done_tokens = 0
+            for indices in batches:
+                batch = collate(tokenized, indices, device=device)
+                taken.clear()
+                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                batch.layers = dict(sorted(taken.items()))
+                taken.clear()
+                for consumer in consumers:
+                    consumer.update(batch)
+                done_tokens += batch.n_tokens
+                del batch  # nothing of a batch outlives its turn
+                bar.advance(done_tokens / max(time.perf_counter() - start, 1e-9))
+    finally:
+        taken.clear()
+        model.train(was_training)
+    return CaptureResult(
+        items=len(tokenized), tokens=tokenized.n_tokens,
+        padded_tokens=padding_stats(tokenized.lengths, batches).padded_tokens, batches=len(batches),
+        truncated=truncated, max_length=max_length, layers=selection, what=what,
+        seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
+    )
+
+
+class _Progress:
+    """A rich progress bar over batches showing tokens per second, or nothing."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("capture", total=self.total, rate="")
+        return self
+
+    def advance(self, tokens_per_second: float) -> None:
+        if self.enabled:
+            self.bar.update(self.task, advance=1, rate=f"{tokens_per_second:,.0f} tokens/s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)

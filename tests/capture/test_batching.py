@@ -1,0 +1,71 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headlab.capture import naive_batches, padding_stats, plan_batches
+
+lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=200)
+bound_st = st.one_of(st.none(), st.integers(1, 2000))
+
+
+@given(lengths=lengths_st, batch_tokens=bound_st, max_batch_size=st.one_of(st.none(), st.integers(1, 70)))
+def test_every_item_exactly_once_and_bounds_hold(lengths, batch_tokens, max_batch_size):
+    if batch_tokens is None and max_batch_size is None:
+        max_batch_size = 8
+    batches = plan_batches(lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))  # a partition of the corpus
+    for b in batches:
+        assert b
+        if max_batch_size is not None:
+            assert len(b) <= max_batch_size
+        if batch_tokens is not None and len(b) > 1:  # only a lone item may exceed the budget
+            assert len(b) * max(lengths[i] for i in b) <= batch_tokens
+    # Longest first: lengths never increase along the plan.
+    seq = [lengths[i] for i in flat]
+    assert seq == sorted(seq, reverse=True)
+    assert padding_stats(lengths, batches).ratio <= padding_stats(lengths, [flat]).ratio + 1e-12
+
+
+@given(lengths=lengths_st, size=st.integers(1, 50))
+def test_sorted_batches_never_pad_more_than_corpus_order(lengths, size):
+    """With the same batch size, sorting by length pads at most as much as corpus order."""
+    planned = plan_batches(lengths, batch_tokens=None, max_batch_size=size)
+    naive = naive_batches(len(lengths), batch_size=size)
+    assert padding_stats(lengths, planned).padded_tokens <= padding_stats(lengths, naive).padded_tokens
+
+
+def test_budget_packs_short_items_together():
+    lengths = [10] * 8 + [100]
+    batches = plan_batches(lengths, batch_tokens=40, max_batch_size=None)
+    assert batches == [[8], [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert padding_stats(lengths, batches).ratio == 1.0
+
+
+def test_padding_stats_by_hand():
+    stats = padding_stats([3, 5, 2], [[0, 1], [2]])
+    assert (stats.tokens, stats.padded_tokens) == (10, 12)
+    assert stats.ratio == pytest.approx(1.2)
+    assert stats.to_dict() == {"tokens": 10, "padded_tokens": 12, "ratio": 1.2}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batch_tokens": 0}, "batch_tokens=0"),
+        ({"max_batch_size": -1}, "max_batch_size=-1"),
+        ({"batch_tokens": 2.5}, "batch_tokens=2.5"),
+        ({"batch_tokens": True}, "batch_tokens=True"),
+        ({"batch_tokens": None, "max_batch_size": None}, "both None"),
+    ],
+)
+def test_bad_bounds(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan_batches([3, 4], **kwargs)
+
+
+def test_zero_length_item_refused():
+    with pytest.raises(ValueError, match=r"\(1, 0\)"):
+        plan_batches([3, 0])
+    with pytest.raises(ValueError, match="batch_size=0"):
+        naive_batches(3, batch_size=0)

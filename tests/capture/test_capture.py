@@ -1,0 +1,210 @@
+import gc
+import json
+import warnings
+import weakref
+
+import pytest
+import torch
+
+from headlab.capture import CaptureBatch, Consumer, TruncationWarning, capture, tokenize_corpus
+from headlab.models import attention_modules
+from tests.capture.fake_model import HEADS
+
+
+class Keep:
+    """Keeps every batch's inputs and captured tensors (on purpose: for checking them)."""
+
+    def __init__(self):
+        self.batches = []
+
+    def update(self, batch: CaptureBatch) -> None:
+        self.batches.append(batch)
+
+
+def run(model, tokenizer, texts, **kwargs):
+    keep = Keep()
+    kwargs.setdefault("progress", False)
+    result = capture(model, tokenizer, texts, consumers=[keep], **kwargs)
+    return result, keep.batches
+
+
+def test_every_item_once_and_matches_the_layers_own_forward(model, tokenizer, texts):
+    result, batches = run(model, tokenizer, texts, what=("patterns", "head_outputs", "z"), batch_tokens=40)
+    assert result.batches == len(batches) == model.forward_calls and len(batches) > 2
+    indices = torch.cat([b.corpus_indices for b in batches]).tolist()
+    assert sorted(indices) == list(range(len(texts)))
+    tc = tokenize_corpus(tokenizer, texts)
+    assert result.tokens == tc.n_tokens == sum(int(b.lengths.sum()) for b in batches)
+    assert result.padded_tokens == sum(b.input_ids.numel() for b in batches)
+    for batch in batches:
+        assert batch.input_ids.shape[1] == int(batch.lengths.max())  # padded to the batch's longest only
+        for row, i in enumerate(batch.corpus_indices.tolist()):
+            n = int(batch.lengths[row])
+            assert batch.texts[row] == texts[i]
+            assert batch.input_ids[row, :n].tolist() == tc.encodings[i].ids
+            assert batch.attention_mask[row].tolist() == [1] * n + [0] * (batch.input_ids.shape[1] - n)
+            reference = model.reference(tc.encodings[i].ids)
+            for layer, taken in batch.layers.items():
+                for name in ("patterns", "head_outputs", "z"):
+                    got = getattr(taken, name)[row, :, :n]
+                    if name == "patterns":
+                        got = got[..., :n]
+                        assert getattr(taken, name)[row, :, :n, n:].abs().sum() == 0  # no weight on padding
+                    torch.testing.assert_close(got, reference[layer][name], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("layers", "heads", "expected"),
+    [
+        (None, None, {0: [0, 1, 2, 3], 1: [0, 1, 2, 3], 2: [0, 1]}),
+        ([1], [3, 0], {1: [0, 3]}),
+        ([0, 2], [1], {0: [1], 2: [1]}),
+        (None, {2: [0], 0: [2, 3]}, {0: [2, 3], 2: [0]}),
+        ([2], torch.tensor([1]), {2: [1]}),
+    ],
+)
+def test_consumers_receive_only_the_selected_heads(model, tokenizer, texts, layers, heads, expected):
+    result, batches = run(model, tokenizer, texts, layers=layers, heads=heads, what=("patterns", "z"))
+    assert result.layers == expected
+    for batch in batches:
+        assert list(batch.layers) == list(expected)
+        b, pos = batch.input_ids.shape
+        for layer, taken in batch.layers.items():
+            n = len(expected[layer])
+            assert taken.heads == tuple(expected[layer])
+            assert taken.patterns.shape == (b, n, pos, pos)
+            assert taken.z.shape == (b, n, pos, 16 // HEADS[layer])
+            assert taken.head_outputs is None
+
+
+def test_selected_heads_are_the_right_heads(model, tokenizer, texts):
+    _, full = run(model, tokenizer, texts, batch_tokens=None, max_batch_size=100)
+    _, one = run(model, tokenizer, texts, layers=[1], heads=[2], batch_tokens=None, max_batch_size=100)
+    torch.testing.assert_close(one[0].layers[1].patterns[:, 0], full[0].layers[1].patterns[:, 2])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"layers": [3]}, ValueError, r"layer index 3; expected \[0, 3\)"),
+        ({"layers": [2], "heads": [2]}, ValueError, r"heads of layer 2 has head index 2; expected \[0, 2\)"),
+        ({"layers": []}, ValueError, "layers is empty"),
+        ({"heads": {0: [0]}, "layers": [1]}, ValueError, "disagrees"),
+        ({"heads": ["a"]}, TypeError, "expected int head indices"),
+        ({"what": ("patterns", "scores")}, ValueError, "what="),
+        ({"what": ()}, ValueError, "what="),
+        ({"consumers": [object()]}, TypeError, r"no update\(batch\)"),
+        ({"batch_tokens": 0}, ValueError, "batch_tokens=0"),
+    ],
+)
+def test_bad_arguments(model, tokenizer, texts, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        capture(model, tokenizer, texts, progress=False, **kwargs)
+    assert all(m.tap is None for m in attention_modules(model))
+
+
+def test_truncation_is_reported_never_silent(model, tokenizer, texts):
+    with pytest.warns(TruncationWarning, match=r"3 of 8 items are longer than max_length=8 pieces.*2, 5, 7"):
+        result, batches = run(model, tokenizer, texts, max_length=8)
+    full = tokenize_corpus(tokenizer, texts).lengths
+    assert result.truncated == [i for i, n in enumerate(full) if n > 8] == [2, 5, 7]
+    assert result.n_truncated == 3 and result.max_length == 8
+    assert result.to_dict()["truncated"] == [2, 5, 7]
+    for batch in batches:
+        assert batch.input_ids.shape[1] <= 8
+        assert batch.truncated.tolist() == [i in (2, 5, 7) for i in batch.corpus_indices.tolist()]
+
+
+def test_default_max_length_is_the_models(model, tokenizer, texts):
+    model.config.max_position_embeddings = 10
+    with pytest.warns(TruncationWarning, match="max_length=10"):
+        result, _ = run(model, tokenizer, texts)
+    assert result.max_length == 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to report, nothing said
+        assert run(model, tokenizer, texts, max_length=64)[0].truncated == []
+
+
+def test_taps_removed_after_a_capture_and_after_a_consumer_error(model, tokenizer, texts):
+    modules = attention_modules(model)
+    run(model, tokenizer, texts)
+    assert all(m.tap is None for m in modules)
+
+    class Boom:
+        def update(self, batch):
+            assert all(m.tap is not None for m in modules)  # tapped while the capture runs
+            raise RuntimeError("consumer failed")
+
+    model.train()
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        capture(model, tokenizer, texts, consumers=[Boom()], progress=False)
+    assert all(m.tap is None for m in modules)
+    assert model.training  # the mode is restored too
+    model.eval()
+    model(torch.tensor([[2, 3]]), torch.tensor([[1, 1]]))  # the model runs untapped afterwards
+
+
+def test_a_second_capture_on_a_tapped_model_is_refused(model, tokenizer, texts):
+    modules = attention_modules(model)
+
+    class Nested:
+        def update(self, batch):
+            capture(model, tokenizer, texts[:1], progress=False)
+
+    with pytest.raises(RuntimeError, match="already have a tap"):
+        capture(model, tokenizer, texts, consumers=[Nested()], progress=False)
+    assert all(m.tap is None for m in modules)
+
+
+def test_consumers_get_per_batch_data_only(model, tokenizer, texts):
+    """Nothing of a batch is kept after its consumers return: memory does not grow with the corpus."""
+    refs = []
+
+    class Watch:
+        def update(self, batch):
+            gc.collect()
+            assert all(r() is None for r in refs), "an earlier batch's tensors are still alive"
+            refs.extend(weakref.ref(t) for t in (batch.layers[0].patterns, batch.layers[2].patterns, batch.input_ids))
+            refs.append(weakref.ref(batch))
+
+    result = capture(model, tokenizer, texts, consumers=[Watch()], batch_tokens=30, progress=False)
+    assert result.batches > 2
+    gc.collect()
+    assert refs and all(r() is None for r in refs)
+
+
+def test_consumers_called_in_order_and_protocol(model, tokenizer, texts):
+    calls = []
+
+    class Named:
+        def __init__(self, name):
+            self.name = name
+
+        def update(self, batch):
+            calls.append((self.name, tuple(batch.corpus_indices.tolist())))
+
+    a, b = Named("a"), Named("b")
+    assert isinstance(a, Consumer)
+    capture(model, tokenizer, texts, consumers=[a, b], batch_tokens=40, progress=False)
+    assert [c[0] for c in calls] == ["a", "b"] * (len(calls) // 2)
+    assert calls[0::2] == [("a", c[1]) for c in calls[1::2]]
+
+
+def test_result_to_dict_is_json(model, tokenizer, texts, capsys):
+    result = capture(model, tokenizer, texts, layers=[0], progress=True)
+    d = json.loads(json.dumps(result.to_dict()))
+    assert d["items"] == 8 and d["batches"] == result.batches and d["layers"] == {"0": [0, 1, 2, 3]}
+    assert d["tokens_per_second"] > 0 and d["seconds"] > 0 and d["corpus"]["source"] == "list of 8 strings"
+    assert d["what"] == ["patterns"] and d["truncated_items"] == 0
+
+
+def test_inference_mode_and_no_graph(model, tokenizer, texts):
+    seen = []
+
+    class Check:
+        def update(self, batch):
+            t = batch.layers[0].patterns
+            seen.append((t.requires_grad, t.is_inference(), torch.is_grad_enabled()))
+
+    capture(model, tokenizer, texts, consumers=[Check()], progress=False)
+    assert seen and all(s == (False, True, False) for s in seen)

@@ -1,0 +1,138 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headlab.capture import (
+    collate, pattern_to_words, tokenize_corpus, unit_labels, unit_matrix, whitespace_spans, word_ids_from_spans,
+    word_units,
+)
+
+# [CLS] the cat ##s [SEP]: "cats" is two pieces; [CLS] and [SEP] are units of their own.
+PATTERN = torch.tensor([
+    [0.2, 0.2, 0.2, 0.2, 0.2],
+    [0.1, 0.3, 0.2, 0.2, 0.2],
+    [0.0, 0.5, 0.25, 0.25, 0.0],
+    [0.4, 0.0, 0.2, 0.2, 0.2],
+    [1.0, 0.0, 0.0, 0.0, 0.0],
+], dtype=torch.float64)
+UNITS = torch.tensor([0, 1, 2, 2, 3])
+# Keys of "cats" summed (columns 2+3), queries of "cats" averaged (rows 2 and 3), by hand.
+EXPECTED = torch.tensor([
+    [0.2, 0.2, 0.4, 0.2],
+    [0.1, 0.3, 0.4, 0.2],
+    [0.2, 0.25, 0.45, 0.1],
+    [1.0, 0.0, 0.0, 0.0],
+], dtype=torch.float64)
+
+
+def test_hand_computed_example():
+    torch.testing.assert_close(pattern_to_words(PATTERN, UNITS), EXPECTED)
+    heads = torch.stack([PATTERN, PATTERN.flip(-1)])  # (head, q, k) with shared units
+    out = pattern_to_words(heads, UNITS)
+    assert out.shape == (2, 4, 4)
+    torch.testing.assert_close(out[0], EXPECTED)
+
+
+def test_batched_with_padding_matches_items():
+    # item 0: the example; item 1: [CLS] a b [SEP] + one padding position (its key weight is 0).
+    p1 = torch.zeros(5, 5, dtype=torch.float64)
+    p1[:, :4] = torch.softmax(torch.randn(5, 4, dtype=torch.float64), -1)
+    patterns = torch.stack([PATTERN, p1])[:, None]  # (batch, head, q, k)
+    units = torch.tensor([[0, 1, 2, 2, 3], [0, 1, 2, 3, -1]])
+    out = pattern_to_words(patterns, units)
+    assert out.shape == (2, 1, 4, 4)
+    torch.testing.assert_close(out[0, 0], EXPECTED)
+    torch.testing.assert_close(out[1, 0], p1[:4, :4])  # one piece per word: identity
+    out5 = pattern_to_words(patterns, units, n_units=5)  # a unit nobody has: zero row and column
+    assert out5[:, :, 4].abs().sum() == 0 and out5[..., 4].abs().sum() == 0
+
+
+def test_word_units():
+    word_ids = torch.tensor([[-1, 0, 1, 1, 2, -1, -1], [-1, 0, 0, -1, -1, 7, 7]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0]])
+    units, n_units = word_units(word_ids, mask)
+    assert units.tolist() == [[0, 1, 2, 2, 3, 4, 5], [0, 1, 1, 2, -1, -1, -1]]  # specials in a row stay apart
+    assert n_units.tolist() == [6, 3]
+    units1, n1 = word_units(word_ids[0], mask[0])
+    assert units1.tolist() == units[0].tolist() and int(n1) == 6
+    with pytest.raises(ValueError, match="differ"):
+        word_units(word_ids, mask[:, :3])
+
+
+def test_unit_matrix():
+    m = unit_matrix(torch.tensor([0, 1, 1, -1]), 3)
+    assert m.tolist() == [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]]
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match=r"expected \(\.\.\., pos, pos\)"):
+        pattern_to_words(torch.zeros(3, 4), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="units has shape"):
+        pattern_to_words(torch.zeros(4, 4), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="a batch of 2"):
+        pattern_to_words(torch.zeros(3, 1, 4, 4), torch.zeros(2, 4, dtype=torch.long))
+
+
+@st.composite
+def segmented_patterns(draw):
+    """Row-stochastic (batch, head, pos, pos) patterns over items of random word segmentations."""
+    batch, heads = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    sizes = [draw(st.lists(st.integers(1, 4), min_size=1, max_size=6)) for _ in range(batch)]
+    pos = max(sum(s) for s in sizes)
+    units = torch.full((batch, pos), -1)
+    for b, s in enumerate(sizes):
+        units[b, :sum(s)] = torch.repeat_interleave(torch.arange(len(s)), torch.tensor(s))
+    seed = draw(st.integers(0, 2**31 - 1))
+    scores = torch.randn(batch, heads, pos, pos, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    scores = scores.masked_fill((units < 0)[:, None, None, :], float("-inf"))  # no weight on padding keys
+    return torch.softmax(scores, -1), units, sizes
+
+
+@given(segmented_patterns())
+def test_row_sums_are_preserved(case):
+    pattern, units, sizes = case
+    out = pattern_to_words(pattern, units)
+    for b, s in enumerate(sizes):
+        rows = out[b, :, :len(s)].sum(-1)
+        torch.testing.assert_close(rows, torch.ones_like(rows))
+        assert out[b, :, len(s):].abs().sum() == 0  # units the item lacks
+    # The batched call equals the call on one unpadded item.
+    s, b = sizes[0], 0
+    n = sum(s)
+    direct = pattern_to_words(pattern[b, :, :n, :n], units[b, :n])
+    torch.testing.assert_close(out[b, :, :len(s), :len(s)], direct)
+
+
+@given(segmented_patterns())
+def test_identity_when_every_word_is_one_piece(case):
+    pattern, units, sizes = case
+    ones = (units >= 0).long().cumsum(-1) - 1  # every real piece its own unit
+    ones = ones.masked_fill(units < 0, -1)
+    out = pattern_to_words(pattern, ones, n_units=pattern.shape[-1])
+    real = (units >= 0)[:, None, :, None] & (units >= 0)[:, None, None, :]
+    torch.testing.assert_close(out * real, pattern * real)
+
+
+def test_with_a_real_tokenizer(tokenizer):
+    text = "the cats sat."
+    tc = tokenize_corpus(tokenizer, [text])
+    batch = collate(tc, [0])
+    units, n_units = batch.word_units()
+    assert units[0].tolist() == [0, 1, 2, 2, 3, 4, 5] and n_units.tolist() == [6]
+    labels = unit_labels(text, batch.tokens[0], batch.offsets[0].tolist(), units[0].tolist())
+    assert labels == ["[CLS]", "the", "cats", "sat", ".", "[SEP]"]
+
+
+def test_word_ids_from_spans(tokenizer):
+    text = "the cats sat."
+    batch = collate(tokenize_corpus(tokenizer, [text]), [0])
+    spans = whitespace_spans(text)
+    assert spans == [(0, 3), (4, 8), (9, 13)]
+    word_ids = word_ids_from_spans(batch.offsets[0], spans, special_tokens_mask=batch.special_tokens_mask[0])
+    assert word_ids.tolist() == [-1, 0, 1, 1, 2, 2, -1]  # "sat." is one whitespace word
+    units, _ = word_units(word_ids, batch.attention_mask[0])
+    labels = unit_labels(text, batch.tokens[0], batch.offsets[0].tolist(), units.tolist())
+    assert labels == ["[CLS]", "the", "cats", "sat.", "[SEP]"]
+    with pytest.raises(ValueError, match=r"pieces \[4, 5\] start outside"):
+        word_ids_from_spans(batch.offsets[0], spans[:2], special_tokens_mask=batch.special_tokens_mask[0])
