@@ -6,6 +6,7 @@
     batch.py      CaptureBatch: what a consumer receives per batch
     taps.py       head selection; taps that are always removed
     run.py        capture(...) -> CaptureResult
+    means.py      MeanZ, mean_z: each head's mean z, for mean-ablation
     words.py      word-piece → word patterns (Clark et al. 2019)
 """
 
@@ -13,6 +14,7 @@ from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.batching import PaddingStats, naive_batches, padding_stats, plan_batches
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.encoding import TokenizedCorpus, tokenize_corpus
+from headlab.capture.means import MeanZ, mean_z
 from headlab.capture.run import CaptureResult, Consumer, TruncationWarning, capture, model_max_length
 from headlab.capture.taps import select_heads, tapped
 from headlab.capture.words import (
@@ -20,8 +22,8 @@ from headlab.capture.words import (
 )
 
 __all__ = [
-    "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "PaddingStats", "TokenizedCorpus",
-    "TruncationWarning", "capture", "collate", "load_corpus", "model_max_length", "naive_batches",
+    "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "MeanZ", "PaddingStats", "TokenizedCorpus",
+    "TruncationWarning", "capture", "collate", "load_corpus", "mean_z", "model_max_length", "naive_batches",
     "padding_stats", "pattern_to_words", "plan_batches", "select_heads", "tapped", "tokenize_corpus",
     "unit_labels", "unit_matrix", "whitespace_spans", "word_ids_from_spans", "word_units",
 ]

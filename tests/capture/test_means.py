@@ -1,0 +1,65 @@
+"""Mean z over a corpus, and mean-ablation with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlab import heads
+from headlab.capture import MeanZ, capture, mean_z
+from headlab.models import attention_layers
+from tests.capture.minilm import minilm
+
+
+def _reference_means(model, tokenizer, texts):
+    """Per layer, every head's z averaged over every token of every item, one unpadded item at a time."""
+    sums, count = {}, 0
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer.encode(text).ids
+            for layer, taken in enumerate(model.reference(ids)):
+                sums[layer] = sums.get(layer, 0) + taken["z"].double().sum(dim=1)
+            count += len(ids)
+    return {layer: total / count for layer, total in sums.items()}
+
+
+def test_mean_z_equals_per_item_reference(model, tokenizer, texts):
+    means = mean_z(model, texts, tokenizer=tokenizer, progress=False, batch_tokens=40)
+    expected = _reference_means(model, tokenizer, texts)
+    assert sorted(means) == [0, 1, 2]
+    for layer in means:
+        torch.testing.assert_close(means[layer], expected[layer], atol=1e-6, rtol=1e-6)
+
+
+def test_merge_of_halves_equals_the_whole(model, tokenizer, texts):
+    whole, first, second = MeanZ(), MeanZ(), MeanZ()
+    for acc, part in ((whole, texts), (first, texts[:3]), (second, texts[3:])):
+        capture(model, tokenizer, part, what=("z",), consumers=[acc], progress=False)
+    merged = first.merge(second).result()
+    for layer, mean in whole.result().items():
+        torch.testing.assert_close(merged[layer], mean, atol=1e-12, rtol=0)
+
+
+def test_mean_z_needs_z(model, tokenizer, texts):
+    with pytest.raises(ValueError, match="captured without z"):
+        capture(model, tokenizer, texts, what=("patterns",), consumers=[MeanZ()], progress=False)
+
+
+def test_mean_ablation_of_minilm_with_corpus_means():
+    loaded = minilm()
+    texts = ["The cat sat.", "A longer sentence about heads and layers, with a clause that runs on."]
+    means = mean_z(loaded, texts, layers=[1], progress=False)
+    layer = attention_layers(loaded.model)[1]
+    assert means[1].shape == (layer.config.n_heads, layer.config.d_head_v)
+    heads.mean_ablate(loaded.model, {1: [4]}, means)
+    try:
+        assert heads.summary(loaded.model) == [{"layer": 1, "head": 4, "scale": 0.0, "shifted": True,
+                                                "kind": "mean-ablated"}]
+        seen = []
+        capture(loaded, corpus=texts, layers=[1], heads=[4, 5], what=("z",), progress=False,
+                consumers=[type("Keep", (), {"update": lambda self, b: seen.append(b.layers[1].z[:, 0][
+                    b.attention_mask.bool()])})()])
+        z = torch.cat(seen)  # head 4's z at every real token: now the corpus mean, everywhere
+        torch.testing.assert_close(z, means[1][4].float().expand_as(z), atol=1e-6, rtol=0)
+    finally:
+        heads.restore(loaded.model)
