@@ -155,17 +155,6 @@ def check_attn_implementation(config: object) -> None:
         )
 
 
-def check_mask(attention_mask: object, layer_index: int) -> Tensor | None:
-    """The 4-D mask Hugging Face hands an attention module, or a clear error for anything else."""
-    if attention_mask is None or (isinstance(attention_mask, Tensor) and attention_mask.dim() == 4):
-        return attention_mask
-    shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-    raise ValueError(
-        f"layer {layer_index}: expected a 4-D attention mask (batch, 1, query_pos, key_pos) or None, got {shape}; "
-        f"headlab layers run under attn_implementation in {MASK_IMPLEMENTATIONS}"
-    )
-
-
 def default_scale(scale: float, d_head: int) -> float | None:
     """None when ``scale`` is the default 1/sqrt(d_head) (keeps the config plain), else ``scale``."""
     return None if scale == d_head**-0.5 else float(scale)

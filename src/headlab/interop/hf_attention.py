@@ -97,12 +97,19 @@ class SwappedAttention(nn.Module):
             hidden_states: ``(batch, pos, d_model)``.
             attention_mask: Hugging Face's prepared 4-D mask (bool True = attend, or additive
                 float), or None. Causal masking comes from the layer's config either way.
+                Anything else (the 2-D masks of flash attention, say) is refused.
             past_key_values: a Hugging Face ``Cache``, or None.
             rotary_cos_sin: Hugging Face's ``position_embeddings`` for rotary layers.
 
         Returns:
             The layer's output ``(batch, pos, d_model)``.
         """
+        if attention_mask is not None and not (isinstance(attention_mask, Tensor) and attention_mask.dim() == 4):
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise ValueError(
+                f"layer {self.layer_index}: expected a 4-D attention mask (batch, 1, query_pos, key_pos) or None, "
+                f"got {shape}; headlab layers run under attn_implementation 'eager' or 'sdpa'"
+            )
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             attention_mask = ~attention_mask  # Hugging Face: True = attend; headlab: True = not allowed
         cache = None if past_key_values is None else HFCache(past_key_values, self.layer_index, hidden_states.shape[1])

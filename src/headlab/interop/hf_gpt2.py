@@ -32,7 +32,6 @@ from headlab.interop._hf_common import (
     build_layer,
     check_attn_implementation,
     check_exportable,
-    check_mask,
     default_scale,
     find_modules,
     install,
@@ -71,7 +70,7 @@ class GPT2SwappedAttention(SwappedAttention):
         if encoder_hidden_states is not None:
             raise ValueError(f"layer {self.layer_index}: the swapped GPT-2 attention is self-attention only")
         out = self.attend(
-            hidden_states, attention_mask=check_mask(attention_mask, self.layer_index),
+            hidden_states, attention_mask=attention_mask,
             past_key_values=past_key_values,
         )
         return self.resid_dropout(out), None

@@ -40,7 +40,6 @@ from headlab.interop._hf_common import (
     build_layer,
     check_attn_implementation,
     check_exportable,
-    check_mask,
     default_scale,
     find_modules,
     install,
@@ -80,7 +79,7 @@ class LlamaFamilyAttention(SwappedAttention):
     ) -> tuple[Tensor, None]:
         """``LlamaAttention.forward``'s contract: ``(attn(x), None)``."""
         q_len = hidden_states.shape[1]
-        mask = check_mask(attention_mask, self.layer_index)
+        mask = attention_mask
         if mask is None and self.sliding_window is not None:
             cached = 0 if past_key_values is None else HFCache(past_key_values, self.layer_index, q_len).length
             mask = self._window_mask(q_len, cached, hidden_states.device)
