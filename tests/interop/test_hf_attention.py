@@ -55,3 +55,14 @@ def test_cache_view_reports_the_keys_the_next_update_shows():
     assert view.length == 3  # not the 10 positions seen
     plain = SimpleNamespace(get_seq_length=lambda layer_idx: 7)
     assert HFCache(plain, layer_index=0, query_len=2).length == 7
+
+
+def test_a_head_mask_on_the_seat_gates_heads_and_carries_gradients():
+    seat, x = _seat(), torch.randn(2, 4, 8)
+    gate = torch.tensor([1.0, 0.0], requires_grad=True)
+    seat.head_mask = gate
+    out = seat.attend(x)
+    torch.testing.assert_close(out, seat.attn(x, head_mask=gate.detach()))
+    out.sum().backward()
+    contributions = seat.attn(x, return_head_outputs=True).head_outputs.sum(dim=(0, 2, 3))
+    torch.testing.assert_close(gate.grad, contributions.detach())

@@ -82,6 +82,9 @@ class SwappedAttention(nn.Module):
         self.layer_index = layer_index
         self.head_ids = list(range(attn.config.n_heads))  # original index of each head (pruning drops some)
         self.tap: Tap | None = None
+        # A per-call gate on the heads, (n_heads,) or (batch, n_heads), passed to the layer's head_mask:
+        # differentiable, for importance scores (Michel et al. 2019); None when unused.
+        self.head_mask: Tensor | None = None
 
     def attend(
         self,
@@ -115,9 +118,11 @@ class SwappedAttention(nn.Module):
         cache = None if past_key_values is None else HFCache(past_key_values, self.layer_index, hidden_states.shape[1])
         tap = self.tap
         if tap is None:
-            return self.attn(hidden_states, attn_mask=attention_mask, kv_cache=cache, rotary_cos_sin=rotary_cos_sin)
+            return self.attn(hidden_states, attn_mask=attention_mask, kv_cache=cache, rotary_cos_sin=rotary_cos_sin,
+                             head_mask=self.head_mask)
         out = self.attn(
             hidden_states, attn_mask=attention_mask, kv_cache=cache, rotary_cos_sin=rotary_cos_sin,
+            head_mask=self.head_mask,
             return_patterns=tap.patterns or False, return_head_outputs=tap.head_outputs or False,
             return_z=tap.z or False,
         )
