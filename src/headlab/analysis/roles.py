@@ -1,0 +1,222 @@
+"""Head roles: labels read off surface statistics, and the causal-model probes on repeated tokens.
+
+Axis legend:
+    patterns   (batch, head, query_pos, key_pos)
+    scores     (n_layers, n_heads)
+
+``label_heads`` turns a ``SurfaceResult`` into labels with the thresholds below (Clark et al.
+2019 for positional, special-token and broad heads). ``duplicate_token_scores`` and
+``induction_scores`` run a causal model on ``[BOS] + r + r`` (r: ``length`` random tokens,
+no token repeated within r) and read the second copy's attention (Olsson et al. 2022;
+Wang et al. 2022). The rules are written out in docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headlab.analysis.surface import SurfaceResult
+from headlab.capture.taps import select_heads, tapped
+from headlab.layer import AttentionOutput
+from headlab.models import LoadedModel, attention_modules
+
+__all__ = [
+    "BROAD", "DUPLICATE_TOKEN", "INDUCTION", "NEXT_TOKEN", "PREVIOUS_TOKEN", "PUNCTUATION", "SELF", "SINK",
+    "ProbeScores", "duplicate_token_scores", "induction_scores", "label_heads", "probe_patterns",
+    "repeated_tokens", "role_labels",
+]
+
+PREVIOUS_TOKEN = 0.5  # to_prev > this: a previous-token head
+NEXT_TOKEN = 0.5  # to_next > this: a next-token head
+SELF = 0.5  # to_self > this: a self head
+SINK = 0.5  # to_cls + to_sep > this: a special-token sink ([CLS]/[SEP], BOS/EOS)
+PUNCTUATION = 0.3  # to_punct > this: a punctuation head (punctuation is ~10% of pieces)
+BROAD = 0.9  # entropy ≥ this × uniform entropy: a broad head (attends nearly uniformly)
+INDUCTION = 0.3  # induction score > this: an induction head
+DUPLICATE_TOKEN = 0.3  # duplicate-token score > this: a duplicate-token head
+
+
+def role_labels(result: SurfaceResult, layer: int, head: int) -> tuple[str, ...]:
+    """The labels of one head, in a fixed order (possibly none)."""
+    i, j = result.index(layer, head)
+    labels = []
+    if result.to_prev[i, j] > PREVIOUS_TOKEN:
+        labels.append("previous_token")
+    if result.to_next[i, j] > NEXT_TOKEN:
+        labels.append("next_token")
+    if result.to_self[i, j] > SELF:
+        labels.append("self")
+    if result.to_special[i, j] > SINK:
+        labels.append("sink")
+    if result.to_punct[i, j] > PUNCTUATION:
+        labels.append("punctuation")
+    if result.entropy[i, j] >= BROAD * result.uniform_entropy[i, j]:
+        labels.append("broad")
+    return tuple(labels)
+
+
+def label_heads(result: SurfaceResult) -> dict[tuple[int, int], tuple[str, ...]]:
+    """``{(layer, head): labels}`` for every captured head; a head may have several labels or none."""
+    return {(layer, head): role_labels(result, layer, head) for layer, head in result.captured()}
+
+
+@dataclass
+class ProbeScores:
+    """One probe's score per head.
+
+    Attributes:
+        name: ``"duplicate_token"`` or ``"induction"``.
+        scores: ``(n_layers, n_heads)`` mean attention to the probe's target, in [0, 1].
+        threshold: the score above which a head is labelled.
+        n_seqs, length, seed: the probe sequences (``[BOS] + r + r``, r of ``length`` tokens).
+    """
+
+    name: str
+    scores: Tensor
+    threshold: float
+    n_seqs: int
+    length: int
+    seed: int
+
+    def heads_above(self, threshold: float | None = None) -> list[tuple[int, int]]:
+        """``(layer, head)`` whose score exceeds ``threshold`` (default: the probe's own)."""
+        threshold = self.threshold if threshold is None else threshold
+        return [(int(i), int(j)) for i, j in (self.scores > threshold).nonzero().tolist()]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"layer": i, "head": j, self.name: float(self.scores[i, j])}
+                for i in range(self.scores.shape[0]) for j in range(self.scores.shape[1])]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "threshold": self.threshold, "n_seqs": self.n_seqs, "length": self.length,
+                "seed": self.seed, "heads": [list(h) for h in self.heads_above()], "rows": self.rows()}
+
+
+def repeated_tokens(*, n_seqs: int, length: int, vocab_size: int, bos_id: int, exclude: Iterable[int] = (),
+                    seed: int = 0) -> Tensor:
+    """``(n_seqs, 1 + 2 × length)`` int64: ``[BOS] + r + r``, r ``length`` distinct tokens drawn
+    from ``range(vocab_size)`` minus ``exclude`` and ``bos_id``.
+
+    Raises:
+        ValueError: fewer than ``length`` tokens to draw from, or a non-positive size.
+    """
+    if n_seqs < 1 or length < 2:
+        raise ValueError(f"n_seqs={n_seqs}, length={length}; expected n_seqs ≥ 1 and length ≥ 2")
+    pool = torch.tensor(sorted(set(range(vocab_size)) - set(exclude) - {bos_id}), dtype=torch.long)
+    if len(pool) < length:
+        raise ValueError(f"length={length} distinct tokens wanted but the vocabulary offers {len(pool)}")
+    generator = torch.Generator().manual_seed(seed)
+    r = torch.stack([pool[torch.randperm(len(pool), generator=generator)[:length]] for _ in range(n_seqs)])
+    bos = torch.full((n_seqs, 1), bos_id, dtype=torch.long)
+    return torch.cat([bos, r, r], dim=1)
+
+
+def probe_patterns(model: nn.Module | LoadedModel, input_ids: Tensor) -> list[Tensor]:
+    """Run a causal swapped model on ``input_ids`` and return every layer's patterns.
+
+    Returns:
+        Per layer, ``(batch, head, query_pos, key_pos)`` float32 on the CPU.
+
+    Raises:
+        ValueError: a layer is not causal (the probes read a left-to-right model).
+    """
+    net = model.model if isinstance(model, LoadedModel) else model
+    modules = _causal_modules(net)
+    selection = select_heads([m.attn.config.n_heads for m in modules])
+    taken: dict[int, Tensor] = {}
+
+    def sink(layer: int, out: AttentionOutput) -> None:
+        taken[layer] = out.patterns.float().cpu()
+
+    parameter = next(net.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    was_training = net.training
+    net.eval()
+    try:
+        with tapped(modules, selection, ("patterns",), sink), torch.inference_mode():
+            net(input_ids=input_ids.to(device), attention_mask=torch.ones_like(input_ids, device=device))
+    finally:
+        net.train(was_training)
+    return [taken[layer] for layer in sorted(taken)]
+
+
+def _causal_modules(net: nn.Module) -> list:
+    modules = attention_modules(net)
+    not_causal = [m.layer_index for m in modules if not m.attn.config.causal]
+    if not_causal:
+        raise ValueError(
+            f"the duplicate-token and induction probes need a causal model; layers {not_causal} of "
+            f"{type(net).__name__} are not causal (bidirectional heads can read the second copy directly)"
+        )
+    return modules
+
+
+def duplicate_token_score(patterns: Tensor, length: int) -> Tensor:
+    """``(head,)``: mean attention from each second-copy position i to i − length (its duplicate).
+
+    Args:
+        patterns: ``(batch, head, 1 + 2 × length, key_pos)`` on ``[BOS] + r + r``.
+    """
+    return patterns.diagonal(offset=-length, dim1=-2, dim2=-1)[..., 1:].double().mean(dim=(0, 2))
+
+
+def induction_score(patterns: Tensor, length: int) -> Tensor:
+    """``(head,)``: mean attention from each second-copy position i to i − length + 1 (the token that
+    followed the earlier occurrence)."""
+    return patterns.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 2:].double().mean(dim=(0, 2))
+
+
+def duplicate_token_scores(model: nn.Module | LoadedModel, tokenizer: Any = None, *, n_seqs: int = 16,
+                           length: int = 32, seed: int = 0) -> ProbeScores:
+    """Each head's duplicate-token score on ``[BOS] + r + r``.
+
+    Args:
+        model: a causal swapped model or ``LoadedModel``.
+        tokenizer: gives the BOS id and the special ids to avoid; None: the ``LoadedModel``'s,
+            else the model config's ``bos_token_id`` and ``vocab_size``.
+        n_seqs: sequences; length: tokens in r; seed: the sampling seed.
+
+    Returns:
+        Scores ``(n_layers, n_heads)`` (layers with fewer heads padded with NaN).
+
+    Raises:
+        ValueError: the model is not causal, or has no BOS id / vocabulary size to draw from.
+    """
+    return _probe("duplicate_token", duplicate_token_score, DUPLICATE_TOKEN, model, tokenizer, n_seqs, length, seed)
+
+
+def induction_scores(model: nn.Module | LoadedModel, tokenizer: Any = None, *, n_seqs: int = 16,
+                     length: int = 32, seed: int = 0) -> ProbeScores:
+    """Each head's induction score on ``[BOS] + r + r``; arguments as ``duplicate_token_scores``."""
+    return _probe("induction", induction_score, INDUCTION, model, tokenizer, n_seqs, length, seed)
+
+
+def _probe(name, score, threshold, model, tokenizer, n_seqs, length, seed) -> ProbeScores:
+    if isinstance(model, LoadedModel) and tokenizer is None:
+        tokenizer = model.tokenizer
+    net = model.model if isinstance(model, LoadedModel) else model
+    _causal_modules(net)  # refuse a bidirectional model before anything else
+    config = getattr(net, "config", None)
+    bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    bos_id = getattr(config, "bos_token_id", None) if bos_id is None else bos_id
+    sizes = [n for n in (len(tokenizer) if tokenizer is not None else None, getattr(config, "vocab_size", None))
+             if isinstance(n, int)]
+    vocab_size = min(sizes) if sizes else None  # ids the tokenizer knows that the embedding also has
+    if bos_id is None or vocab_size is None:
+        raise ValueError(f"{name} probe: no BOS id ({bos_id}) or vocabulary size ({vocab_size}) found; "
+                         "pass a tokenizer with bos_token_id")
+    exclude = set(getattr(tokenizer, "all_special_ids", []) or [])
+    exclude |= {i for i in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None))
+                if isinstance(i, int)}
+    input_ids = repeated_tokens(n_seqs=n_seqs, length=length, vocab_size=vocab_size, bos_id=bos_id,
+                                exclude=exclude, seed=seed)
+    per_layer = [score(p, length) for p in probe_patterns(net, input_ids)]
+    scores = torch.full((len(per_layer), max(len(s) for s in per_layer)), float("nan"), dtype=torch.float64)
+    for i, s in enumerate(per_layer):
+        scores[i, : len(s)] = s
+    return ProbeScores(name=name, scores=scores, threshold=threshold, n_seqs=n_seqs, length=length, seed=seed)

@@ -1,0 +1,281 @@
+"""Surface statistics of each head's attention (Clark et al. 2019, "What Does BERT Look At?").
+
+Axis legend:
+    patterns      (batch, head, query_pos, key_pos)   one layer's selected heads
+    masks         (batch, pos)                        per key position
+    row stats     (batch, head, query_pos)            one number per attention row
+    results       (n_layers, n_heads)                 the selected layers × the union of their heads
+
+``SurfaceStats`` is an accumulator (``update`` / ``merge`` / ``result``) over capture batches:
+it keeps float64 sums and counts per (layer, head), so memory grows with layers × heads only,
+and merging two halves of a corpus gives the whole corpus's sums (up to float64 rounding).
+Every statistic is a mean over real (non-padding) query tokens; see docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headlab.capture.batch import CaptureBatch
+from headlab.capture.run import capture
+from headlab.models import attention_modules
+
+__all__ = [
+    "STATISTICS", "SurfaceResult", "SurfaceStats", "is_causal", "is_punctuation", "punctuation_mask", "row_statistics",
+    "surface_stats",
+]
+
+# Statistic → the count it is averaged over ("queries": every real query; "prev"/"next": the
+# queries that have a previous / next real token).
+STATISTICS: dict[str, str] = {
+    "to_cls": "queries",  # mass on the first position when it is a special token ([CLS], BOS)
+    "to_sep": "queries",  # mass on every other special token ([SEP], EOS, ...)
+    "to_punct": "queries",  # mass on punctuation pieces
+    "to_self": "queries",  # p_ii
+    "to_prev": "prev",  # p_i,i-1 where i-1 exists
+    "to_next": "next",  # p_i,i+1 where i+1 exists
+    "entropy": "queries",  # -Σ_j p_ij log p_ij, nats
+    "uniform_entropy": "queries",  # log(allowed keys): the entropy of uniform attention over the row
+    "distance": "queries",  # Σ_j p_ij |i - j|
+    "confidence": "queries",  # max_j p_ij (Voita et al. 2019)
+}
+_COUNTS = ("queries", "prev", "next")
+# Word-piece markers stripped before the punctuation test: WordPiece "##", byte-level BPE "Ġ"
+# (a leading space), SentencePiece "▁".
+_PIECE_PREFIXES = ("##", "Ġ", "▁")
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def is_punctuation(token: str) -> bool:
+    """True when ``token``, its word-piece marker stripped, is non-empty and all ``string.punctuation``."""
+    for prefix in _PIECE_PREFIXES:
+        if token.startswith(prefix):
+            token = token[len(prefix):]
+            break
+    return bool(token) and all(c in _PUNCTUATION for c in token)
+
+
+def punctuation_mask(batch: CaptureBatch) -> Tensor:
+    """``(batch, pos)`` bool: True at punctuation pieces that are not special tokens."""
+    mask = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+    for row, tokens in enumerate(batch.tokens):
+        mask[row, : len(tokens)] = torch.tensor([is_punctuation(t) for t in tokens], dtype=torch.bool)
+    return mask.to(batch.special_tokens_mask.device) & ~batch.special_tokens_mask.bool()
+
+
+def row_statistics(
+    patterns: Tensor,
+    attention_mask: Tensor,
+    special_tokens_mask: Tensor,
+    punctuation: Tensor,
+    *,
+    causal: bool = False,
+) -> dict[str, Tensor]:
+    """Every statistic of every attention row (pure math; padding rows are not removed).
+
+    Args:
+        patterns: ``(batch, head, query_pos, key_pos)``.
+        attention_mask: ``(batch, pos)`` 1 at real tokens.
+        special_tokens_mask: ``(batch, pos)`` True at special tokens.
+        punctuation: ``(batch, pos)`` True at punctuation pieces.
+        causal: query i may attend to keys 0..i only (the uniform entropy is log(i + 1)).
+
+    Returns:
+        ``{name: (batch, head, query_pos)}`` float64 for every name in ``STATISTICS``; ``to_prev``
+        and ``to_next`` are 0 where the neighbour does not exist.
+    """
+    p = patterns.double()  # (batch, head, q, k)
+    batch, _, n_q, n_k = p.shape
+    real = attention_mask.bool()
+    special = special_tokens_mask.bool() & real
+    first = torch.zeros_like(special)
+    first[:, 0] = special[:, 0]
+    positions = torch.arange(n_q, device=p.device, dtype=torch.float64)
+    keys = torch.arange(n_k, device=p.device, dtype=torch.float64)
+    zeros = p.new_zeros(p.shape[:-1])  # (batch, head, q)
+    to_prev, to_next = zeros.clone(), zeros.clone()
+    to_prev[..., 1:] = p.diagonal(offset=-1, dim1=-2, dim2=-1)  # p[i, i-1] for i ≥ 1
+    to_next[..., :-1] = p.diagonal(offset=1, dim1=-2, dim2=-1)  # p[i, i+1] for i ≤ n-2
+    has_next = torch.zeros_like(real)
+    has_next[:, :-1] = real[:, 1:]
+    to_next = to_next * has_next[:, None, :]
+    lengths = real.sum(-1).double()  # (batch,)
+    if causal:
+        allowed = (positions + 1)[None, :].minimum(lengths[:, None])  # (batch, q)
+    else:
+        allowed = lengths[:, None].expand(batch, n_q)
+
+    def mass(columns: Tensor) -> Tensor:
+        return (p * columns[:, None, None, :].double()).sum(-1)
+
+    return {
+        "to_cls": mass(first),
+        "to_sep": mass(special & ~first),
+        "to_punct": mass(punctuation.bool() & real),
+        "to_self": p.diagonal(dim1=-2, dim2=-1),
+        "to_prev": to_prev,
+        "to_next": to_next,
+        "entropy": -torch.special.xlogy(p, p).sum(-1),
+        "uniform_entropy": allowed.clamp(min=1).log()[:, None, :].expand_as(zeros),
+        "distance": (p * (positions[:, None] - keys[None, :]).abs()).sum(-1),
+        "confidence": p.amax(-1),
+    }
+
+
+@dataclass
+class SurfaceResult:
+    """Per-head means of every surface statistic.
+
+    Attributes:
+        layers: the selected layers (axis 0).
+        heads: every head selected in some layer (axis 1); NaN where a (layer, head) was not captured.
+        n_queries: ``(n_layers, n_heads)`` real query tokens averaged over.
+        to_cls … confidence: ``(n_layers, n_heads)`` float64 means (see ``STATISTICS``).
+    """
+
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    n_queries: Tensor
+    to_cls: Tensor
+    to_sep: Tensor
+    to_punct: Tensor
+    to_self: Tensor
+    to_prev: Tensor
+    to_next: Tensor
+    entropy: Tensor
+    uniform_entropy: Tensor
+    distance: Tensor
+    confidence: Tensor
+
+    @property
+    def to_special(self) -> Tensor:
+        """Mass on every special token: ``to_cls + to_sep``."""
+        return self.to_cls + self.to_sep
+
+    def statistic(self, name: str) -> Tensor:
+        """``(n_layers, n_heads)`` of the statistic ``name``."""
+        if name not in STATISTICS and name not in ("to_special", "n_queries"):
+            raise ValueError(f"unknown statistic {name!r}; expected one of {[*STATISTICS, 'to_special', 'n_queries']}")
+        return getattr(self, name)
+
+    def index(self, layer: int, head: int) -> tuple[int, int]:
+        """The (row, column) of ``(layer, head)`` in the result tensors."""
+        if layer not in self.layers or head not in self.heads:
+            raise KeyError(f"(layer {layer}, head {head}) is not in layers {self.layers} × heads {self.heads}")
+        return self.layers.index(layer), self.heads.index(head)
+
+    def captured(self) -> list[tuple[int, int]]:
+        """Every ``(layer, head)`` with at least one query token, in layer then head order."""
+        return [(layer, head) for i, layer in enumerate(self.layers) for j, head in enumerate(self.heads)
+                if self.n_queries[i, j] > 0]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per captured head: layer, head, n_queries and every statistic (floats)."""
+        out = []
+        for layer, head in self.captured():
+            i, j = self.index(layer, head)
+            row: dict[str, Any] = {"layer": layer, "head": head, "n_queries": int(self.n_queries[i, j])}
+            row |= {name: float(getattr(self, name)[i, j]) for name in STATISTICS}
+            out.append(row)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "heads": list(self.heads), "rows": self.rows()}
+
+
+class SurfaceStats:
+    """Accumulates ``STATISTICS`` per (layer, head) over capture batches (patterns needed).
+
+    Args:
+        causal: the model is causal (query i sees keys 0..i): sets the uniform entropy to
+            log(i + 1) instead of log(length). Every other statistic reads the patterns as they are.
+    """
+
+    def __init__(self, *, causal: bool = False) -> None:
+        self.causal = causal
+        self.sums: dict[int, dict[str, Tensor]] = {}  # layer → statistic → (heads,) float64
+        self.counts: dict[int, dict[str, int]] = {}  # layer → count name → tokens
+        self.heads: dict[int, tuple[int, ...]] = {}
+
+    def update(self, batch: CaptureBatch) -> None:
+        """Add one batch (its layers must carry patterns)."""
+        punctuation = punctuation_mask(batch)
+        real = batch.attention_mask.bool()  # (batch, pos)
+        has_prev = torch.zeros_like(real)
+        has_prev[:, 1:] = real[:, :-1] & real[:, 1:]
+        has_next = torch.zeros_like(real)
+        has_next[:, :-1] = real[:, 1:] & real[:, :-1]
+        weights = {"queries": real, "prev": has_prev, "next": has_next}
+        counts = {name: int(w.sum()) for name, w in weights.items()}
+        for layer, taken in batch.layers.items():
+            if taken.patterns is None:
+                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('patterns',)")
+            stats = row_statistics(taken.patterns, batch.attention_mask, batch.special_tokens_mask, punctuation,
+                                   causal=self.causal)
+            # where, not a product: padded query rows may hold anything, NaN included
+            sums = {name: torch.where(weights[count][:, None, :], stats[name], 0.0).sum(dim=(0, 2)).cpu()
+                    for name, count in STATISTICS.items()}
+            self._add(layer, taken.heads, sums, counts)
+
+    def merge(self, other: SurfaceStats) -> SurfaceStats:
+        """Fold another accumulator's sums into this one (e.g. from another process); returns self."""
+        if other.causal != self.causal:
+            raise ValueError(f"cannot merge causal={other.causal} into causal={self.causal}")
+        for layer in other.sums:
+            self._add(layer, other.heads[layer], other.sums[layer], other.counts[layer])
+        return self
+
+    def result(self) -> SurfaceResult:
+        """The means; raises ValueError if nothing was accumulated."""
+        if not self.sums:
+            raise ValueError("SurfaceStats has no data: update it with at least one capture batch")
+        layers = tuple(sorted(self.sums))
+        heads = tuple(sorted({h for hs in self.heads.values() for h in hs}))
+        shape = (len(layers), len(heads))
+        means = {name: torch.full(shape, math.nan, dtype=torch.float64) for name in STATISTICS}
+        n_queries = torch.zeros(shape, dtype=torch.float64)
+        for i, layer in enumerate(layers):
+            columns = [heads.index(h) for h in self.heads[layer]]
+            n_queries[i, columns] = float(self.counts[layer]["queries"])
+            for name, count in STATISTICS.items():
+                n = self.counts[layer][count]
+                means[name][i, columns] = self.sums[layer][name] / n if n else math.nan
+        return SurfaceResult(layers=layers, heads=heads, n_queries=n_queries, **means)
+
+    def _add(self, layer: int, heads: tuple[int, ...], sums: dict[str, Tensor], counts: dict[str, int]) -> None:
+        if layer in self.heads and self.heads[layer] != tuple(heads):
+            raise ValueError(f"layer {layer}: heads {tuple(heads)} differ from the accumulated {self.heads[layer]}")
+        self.heads[layer] = tuple(heads)
+        held = self.sums.setdefault(layer, {})
+        for name, total in sums.items():
+            held[name] = held.get(name, 0) + total.double().cpu()
+        held_counts = self.counts.setdefault(layer, {})
+        for name, n in counts.items():
+            held_counts[name] = held_counts.get(name, 0) + n
+
+
+
+def is_causal(model: Any) -> bool:
+    """Whether the swapped model's attention is causal (any layer), for ``causal=`` of the accumulators."""
+    return any(m.attn.config.causal for m in attention_modules(model))
+
+
+def surface_stats(model: Any, corpus: Any = None, *, causal: bool | None = None,
+                  **capture_options: Any) -> SurfaceResult:
+    """Run a capture with a ``SurfaceStats`` and return its result.
+
+    Args:
+        model: a ``LoadedModel`` (or a swapped model, with ``tokenizer=`` in capture_options).
+        corpus: as ``capture`` takes it; None for the bundled corpus.
+        causal: None reads it from the model's attention layers.
+        capture_options: passed to ``capture`` (layers, heads, batch_tokens, progress, tokenizer, ...).
+    """
+    accumulator = SurfaceStats(causal=is_causal(model) if causal is None else causal)
+    capture(model, corpus=corpus, what=("patterns",), consumers=[accumulator], **capture_options)
+    return accumulator.result()

