@@ -4,11 +4,21 @@
                   distance, confidence per head (Clark et al. 2019; Voita et al. 2019)
     roles.py      label_heads from surface statistics; duplicate-token and induction probes
     taxonomy.py   TaxonomyStats, classify: Kovaleva et al. 2019 pattern classes
+    similarity.py HeadSimilarity: Jensen–Shannon distances between heads; metric MDS (Clark et al. 2019)
+    importance.py gradient (Michel et al. 2019) and exact ablation importance, Spearman, pruning curves
     syntax.py     SyntaxAccuracy: per dependency relation, the best head vs a fixed-offset baseline
                   (Clark et al. 2019 §4.2; needs the `syntax` extra: spaCy and a pipeline)
 """
 
+from headlab.analysis.importance import (
+    ImportanceResult, PruningCurve, ablation_importance, causal_lm_loss, embed, fidelity_metric,
+    gradient_importance, lm_batches, pair_batches, paraphrase_loss, plot_pruning_curve, pruning_curve,
+    retrieval_metric, spearman,
+)
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads, role_labels
+from headlab.analysis.similarity import (
+    MAX_JS_DISTANCE, HeadSimilarity, MDSResult, SimilarityResult, js_distance, mds, plot_mds,
+)
 from headlab.analysis.surface import STATISTICS, SurfaceResult, SurfaceStats, surface_stats
 from headlab.analysis.syntax import (
     DEFAULT_PIPELINE, Parse, RelationAccuracy, SyntaxAccuracy, SyntaxResult, load_pipeline, parse_texts,
@@ -17,6 +27,10 @@ from headlab.analysis.syntax import (
 from headlab.analysis.taxonomy import CLASSES, TaxonomyResult, TaxonomyStats, class_shares, classify, taxonomy_stats
 
 __all__ = [
+    "MAX_JS_DISTANCE", "HeadSimilarity", "ImportanceResult", "MDSResult", "PruningCurve", "SimilarityResult",
+    "ablation_importance", "causal_lm_loss", "embed", "fidelity_metric", "gradient_importance", "js_distance",
+    "lm_batches", "mds", "pair_batches", "paraphrase_loss", "plot_mds", "plot_pruning_curve", "pruning_curve",
+    "retrieval_metric", "spearman",
     "CLASSES", "DEFAULT_PIPELINE", "STATISTICS", "Parse", "ProbeScores", "RelationAccuracy", "SurfaceResult",
     "SurfaceStats", "SyntaxAccuracy", "SyntaxResult", "TaxonomyResult", "TaxonomyStats", "class_shares", "classify",
     "duplicate_token_scores", "induction_scores", "label_heads", "load_pipeline", "parse_texts", "role_labels",

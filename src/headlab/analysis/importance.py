@@ -1,0 +1,398 @@
+"""What heads are worth: gradient and ablation importance, and pruning curves (Michel et al. 2019).
+
+Michel, Levy & Neubig 2019 ("Are Sixteen Heads Really Better than One?") score head h by
+``I_h = Σ_batches |∂L/∂ξ_h|`` where ``ξ_h`` is a gate on the head's output held at 1, normalise
+the scores per layer by their ℓ2 norm, and prune heads least important first. Here the gate is
+each swapped module's ``head_mask``; exact single-head ablation (the loss increase when one head
+is masked) is the slow reference the gradient approximates to first order.
+
+Conventions:
+    heads     ``(layer, head)`` pairs, layers in order, heads in each layer's current numbering.
+    loss_fn   ``loss_fn(model, batch) -> scalar Tensor`` where ``model`` is the ``nn.Module``.
+    metric_fn ``metric_fn(model) -> float``.
+
+Task helpers for the two model kinds headlab loads: sentence similarity on the bundled pairs for
+an encoder such as MiniLM (``embed``, ``pair_batches``, ``paraphrase_loss``,
+``retrieval_metric``, ``fidelity_metric``) and next-token cross-entropy for a causal LM
+(``lm_batches``, ``causal_lm_loss``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from headlab.heads import mask
+from headlab.models import LoadedModel, attention_modules
+
+__all__ = [
+    "ImportanceResult", "PruningCurve", "ablation_importance", "causal_lm_loss", "embed", "fidelity_metric",
+    "gradient_importance", "lm_batches", "pair_batches", "paraphrase_loss", "plot_pruning_curve",
+    "pruning_curve", "retrieval_metric", "spearman",
+]
+
+LossFn = Callable[[nn.Module, Any], Tensor]
+
+
+@dataclass
+class ImportanceResult:
+    """One score per head.
+
+    Attributes:
+        heads: ``(layer, head)`` of each score.
+        scores: ``(n,)`` float64, normalised per layer (ℓ2) when ``normalized``.
+        raw: ``(n,)`` float64 before normalisation.
+        method: ``"gradient"`` or ``"ablation"``.
+        normalized: whether ``scores`` are per-layer normalised.
+        batches: batches the scores sum over.
+        seconds: wall time.
+    """
+
+    heads: list[tuple[int, int]]
+    scores: np.ndarray
+    raw: np.ndarray
+    method: str
+    normalized: bool
+    batches: int
+    seconds: float
+
+    def order(self) -> list[tuple[int, int]]:
+        """Heads least important first (ties keep model order)."""
+        return [self.heads[i] for i in np.argsort(self.scores, kind="stable")]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "normalized": self.normalized, "batches": self.batches, "seconds": self.seconds,
+            "heads": [list(h) for h in self.heads], "scores": self.scores.tolist(), "raw": self.raw.tolist(),
+        }
+
+
+def gradient_importance(
+    model: nn.Module | LoadedModel, batches: Iterable[Any], loss_fn: LossFn, *, normalize: bool = True,
+) -> ImportanceResult:
+    """Michel et al.'s head importance: ``Σ_batches |∂loss/∂gate_h|`` at gate = 1.
+
+    One forward and backward per batch, the absolute gradient taken per batch (as Michel et al.'s
+    code does with a batch-mean loss). Only the gates' gradients are computed
+    (``torch.autograd.grad``): parameters' ``.grad`` are left untouched. The model runs in eval
+    mode; its mode and every module's ``head_mask`` are restored afterwards, on error too.
+
+    Args:
+        model: a swapped model or ``LoadedModel``.
+        batches: anything ``loss_fn`` takes, one item per forward.
+        loss_fn: ``loss_fn(model, batch) -> scalar`` (differentiable).
+        normalize: divide each layer's scores by their ℓ2 norm (Michel et al. §4.1).
+
+    Returns:
+        Scores per head.
+    """
+    start = time.perf_counter()
+    net, modules = _net(model), attention_modules(model)
+    weight = next(net.parameters())
+    gates = [torch.ones(m.attn.config.n_heads, dtype=weight.dtype, device=weight.device, requires_grad=True)
+             for m in modules]
+    totals = [torch.zeros(m.attn.config.n_heads, dtype=torch.float64) for m in modules]
+    count = 0
+    was_training = net.training
+    net.eval()
+    try:
+        for module, gate in zip(modules, gates):
+            module.head_mask = gate
+        for batch in batches:
+            loss = loss_fn(net, batch)
+            grads = torch.autograd.grad(loss, gates, allow_unused=True)  # None: the loss does not reach a layer
+            for total, grad in zip(totals, grads):
+                if grad is not None:
+                    total += grad.detach().abs().double().cpu()
+            count += 1
+    finally:
+        for module in modules:
+            module.head_mask = None
+        net.train(was_training)
+    return _result(modules, totals, "gradient", normalize, count, start)
+
+
+def ablation_importance(
+    model: nn.Module | LoadedModel, batches: Iterable[Any], loss_fn: LossFn, *, normalize: bool = False,
+) -> ImportanceResult:
+    """Exact single-head ablation: ``Σ_batches (loss with head h gated to 0 − loss)``.
+
+    One forward per batch and head (plus one baseline), gating with ``head_mask`` so that the
+    model's persistent interventions are untouched; a head already masked scores exactly 0.
+
+    Args:
+        model: a swapped model or ``LoadedModel``.
+        batches: anything ``loss_fn`` takes (iterated once; materialised).
+        loss_fn: ``loss_fn(model, batch) -> scalar``.
+        normalize: divide each layer's scores by their ℓ2 norm.
+
+    Returns:
+        Loss increases per head (negative where removing a head helps).
+    """
+    start = time.perf_counter()
+    net, modules = _net(model), attention_modules(model)
+    weight = next(net.parameters())
+    batches = list(batches)
+    totals = [torch.zeros(m.attn.config.n_heads, dtype=torch.float64) for m in modules]
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            for module in modules:  # the same code path (a gate of ones) for baseline and ablation
+                module.head_mask = torch.ones(module.attn.config.n_heads, dtype=weight.dtype, device=weight.device)
+            for batch in batches:
+                base = float(loss_fn(net, batch))
+                for module, total in zip(modules, totals):
+                    ones = module.head_mask
+                    for h in range(len(total)):
+                        module.head_mask = ones.index_fill(0, torch.tensor([h], device=ones.device), 0.0)
+                        total[h] += float(loss_fn(net, batch)) - base
+                    module.head_mask = ones
+    finally:
+        for module in modules:
+            module.head_mask = None
+        net.train(was_training)
+    return _result(modules, totals, "ablation", normalize, len(batches), start)
+
+
+def _net(model: nn.Module | LoadedModel) -> nn.Module:
+    return model.model if isinstance(model, LoadedModel) else model
+
+
+def _result(modules, totals: list[Tensor], method: str, normalize: bool, count: int, start: float) -> ImportanceResult:
+    heads = [(i, h) for i, total in enumerate(totals) for h in range(len(total))]
+    raw = torch.cat(totals).numpy()
+    scores = torch.cat([t / (t.norm() + 1e-20) for t in totals]).numpy() if normalize else raw.copy()
+    return ImportanceResult(heads=heads, scores=scores, raw=raw, method=method, normalized=normalize,
+                            batches=count, seconds=time.perf_counter() - start)
+
+
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
+    """Spearman's rank correlation; ties get their average rank (as ``scipy.stats.spearmanr``).
+
+    Raises:
+        ValueError: lengths differ or fewer than 2 values. A constant input gives NaN.
+    """
+    x, y = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if x.shape != y.shape or x.size < 2:
+        raise ValueError(f"spearman needs two equally long sequences of ≥ 2 values, got {x.size} and {y.size}")
+    rx, ry = _average_ranks(x), _average_ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = np.sqrt((rx**2).sum() * (ry**2).sum())
+    return float((rx * ry).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    sorted_x = x[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_x)) + 1]
+    ends = np.r_[starts[1:], len(x)]
+    ranks = np.empty(len(x))
+    for s, e in zip(starts, ends):
+        ranks[order[s:e]] = (s + e + 1) / 2  # mean of the 1-based ranks s+1 … e
+    return ranks
+
+
+@dataclass
+class PruningCurve:
+    """A metric as heads are removed, least important first.
+
+    Attributes:
+        fractions: fraction of all heads removed at each step (0 first).
+        removed: heads removed at each step.
+        values: the metric at each step.
+    """
+
+    fractions: list[float]
+    removed: list[int]
+    values: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fractions": self.fractions, "removed": self.removed, "values": self.values}
+
+
+def pruning_curve(
+    model: nn.Module | LoadedModel,
+    order: Sequence[tuple[int, int]] | ImportanceResult,
+    metric_fn: Callable[[Any], float],
+    *,
+    step: float = 0.1,
+) -> PruningCurve:
+    """Mask heads in ``order`` in steps of ``step`` of all heads and evaluate ``metric_fn`` each time.
+
+    Masking (``headlab.heads.mask``) stands in for pruning: outputs are the same (tested in
+    ``heads``) and it is cheap to undo. Every layer's interventions are put back exactly as they
+    were afterwards, on error too.
+
+    Args:
+        model: a swapped model or ``LoadedModel``; ``metric_fn`` receives it as given.
+        order: heads least important first (all of them, or a prefix), or an ``ImportanceResult``.
+        metric_fn: ``metric_fn(model) -> float``.
+        step: fraction of the model's heads removed per step, in (0, 1].
+
+    Returns:
+        Fractions 0, step, 2·step … up to 1 (or all of ``order``) and the metric at each.
+
+    Raises:
+        ValueError: step is out of range.
+    """
+    if not 0 < step <= 1:
+        raise ValueError(f"step={step!r} must be in (0, 1]")
+    heads = order.order() if isinstance(order, ImportanceResult) else [tuple(h) for h in order]
+    layers = [m.attn for m in attention_modules(model)]
+    n_total = sum(layer.config.n_heads for layer in layers)
+    saved = [(layer.head_scale, layer.head_shift) for layer in layers]
+    counts = sorted({min(len(heads), round(k * step * n_total)) for k in range(int(np.ceil(1 / step - 1e-9)) + 1)})
+    fractions, removed, values = [], [], []
+    try:
+        for k in counts:
+            for layer, (scale_, shift) in zip(layers, saved):
+                layer.set_head_affine(scale_, shift)
+            if k:
+                mask(_net(model), heads[:k])
+            fractions.append(k / n_total)
+            removed.append(k)
+            values.append(float(metric_fn(model)))
+    finally:
+        for layer, (scale_, shift) in zip(layers, saved):
+            layer.set_head_affine(scale_, shift)
+    return PruningCurve(fractions=fractions, removed=removed, values=values)
+
+
+def plot_pruning_curve(
+    curves: PruningCurve | dict[str, PruningCurve], path: str | os.PathLike[str], *, metric: str = "metric",
+) -> Path:
+    """Plot one or several (labelled) pruning curves to a PNG; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {"": curves} if isinstance(curves, PruningCurve) else curves
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, curve in curves.items():
+        ax.plot(np.asarray(curve.fractions) * 100, curve.values, marker="o", label=label or None)
+    ax.set_xlabel("heads masked (%), least important first")
+    ax.set_ylabel(metric)
+    if any(curves):
+        ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# --- sentence similarity (encoders such as MiniLM) ------------------------------------------------
+
+def _mean_pool(net: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Mean of the last hidden states over real tokens, L2-normalised (sentence-transformers'
+    all-MiniLM-L6-v2 recipe); differentiable. Returns ``(batch, d_model)``."""
+    hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (batch, pos, d_model)
+    weights = attention_mask.to(hidden.dtype)[..., None]
+    pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9)
+    return F.normalize(pooled, dim=-1)
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], device: torch.device, max_length: int | None = 256) -> dict:
+    encoded = tokenizer(list(texts), padding=True, truncation=max_length is not None, max_length=max_length,
+                        return_tensors="pt")
+    return {"input_ids": encoded["input_ids"].to(device), "attention_mask": encoded["attention_mask"].to(device)}
+
+
+def embed(model: nn.Module | LoadedModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 64) -> Tensor:
+    """Sentence embeddings: mean pooling over real tokens, then L2 normalisation.
+
+    Returns:
+        ``(len(texts), d_model)`` unit vectors (no gradient).
+    """
+    net = _net(model)
+    device = next(net.parameters()).device
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            encoded = _encode(tokenizer, texts[start:start + batch_size], device)
+            out.append(_mean_pool(net, **encoded))
+    return torch.cat(out)
+
+
+def pair_batches(tokenizer: Any, pairs: Sequence[Any], *, batch_size: int = 32, device: str = "cpu") -> list[dict]:
+    """Tokenised batches of sentence pairs for ``paraphrase_loss``.
+
+    Args:
+        pairs: objects with ``sentence_a`` and ``sentence_b`` (``headlab.data.pairs.Pair``), or 2-tuples.
+    """
+    texts = [(p.sentence_a, p.sentence_b) if hasattr(p, "sentence_a") else tuple(p) for p in pairs]
+    return [
+        {"a": _encode(tokenizer, [a for a, _ in texts[s:s + batch_size]], torch.device(device)),
+         "b": _encode(tokenizer, [b for _, b in texts[s:s + batch_size]], torch.device(device))}
+        for s in range(0, len(texts), batch_size)
+    ]
+
+
+def paraphrase_loss(net: nn.Module, batch: dict, *, scale: float = 20.0) -> Tensor:
+    """In-batch contrastive loss over paraphrase pairs: cross-entropy of ``scale · cos(a_i, b_j)``
+    with each ``a_i``'s own ``b_i`` as the target and the batch's other ``b_j`` as negatives.
+
+    This is the loss all-MiniLM-L6-v2 was trained with (sentence-transformers'
+    MultipleNegativesRankingLoss, scale 20). The simpler ``1 − cos(a_i, b_i)`` is not used:
+    a model that maps every sentence to one vector minimises it, so removing heads (which
+    pushes embeddings together) often *lowers* it and ablation scores turn negative.
+    """
+    a, b = _mean_pool(net, **batch["a"]), _mean_pool(net, **batch["b"])  # (batch, d_model) unit vectors
+    scores = scale * a @ b.T  # (batch, batch)
+    return F.cross_entropy(scores, torch.arange(len(scores), device=scores.device))
+
+
+def retrieval_metric(tokenizer: Any, pairs: Sequence[Any]) -> Callable[[Any], float]:
+    """A ``metric_fn``: pair-retrieval accuracy. For each paraphrase pair's ``sentence_a``, is its
+    ``sentence_b`` the nearest (cosine) among every pair's ``sentence_b``?"""
+    a_texts = [p.sentence_a for p in pairs if p.label == "paraphrase"]
+    targets = torch.tensor([i for i, p in enumerate(pairs) if p.label == "paraphrase"])
+    b_texts = [p.sentence_b for p in pairs]
+
+    def accuracy(model: Any) -> float:
+        scores = embed(model, tokenizer, a_texts) @ embed(model, tokenizer, b_texts).T  # (paraphrases, pairs)
+        return float((scores.argmax(-1) == targets).double().mean())
+
+    return accuracy
+
+
+def fidelity_metric(model: nn.Module | LoadedModel, tokenizer: Any, texts: Sequence[str]) -> Callable[[Any], float]:
+    """A ``metric_fn``: mean cosine of each text's embedding to the embedding the model gives it
+    *now* (call this before masking anything: the unpruned reference)."""
+    reference = embed(model, tokenizer, texts)
+
+    def fidelity(current: Any) -> float:
+        return float((embed(current, tokenizer, texts) * reference).sum(-1).mean())
+
+    return fidelity
+
+
+# --- next-token prediction (causal LMs) -----------------------------------------------------------
+
+def lm_batches(tokenizer: Any, texts: Sequence[str], *, batch_size: int = 8, max_length: int = 128,
+               device: str = "cpu") -> list[dict]:
+    """Tokenised, right-padded batches for ``causal_lm_loss``."""
+    if tokenizer.pad_token is None:  # GPT-2-style tokenizers have none; padding is masked out anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return [_encode(tokenizer, texts[s:s + batch_size], torch.device(device), max_length)
+            for s in range(0, len(texts), batch_size)]
+
+
+def causal_lm_loss(net: nn.Module, batch: dict) -> Tensor:
+    """Mean next-token cross-entropy over real tokens (padding excluded)."""
+    logits = net(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (batch, pos, vocab)
+    targets = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)

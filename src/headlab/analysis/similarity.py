@@ -1,0 +1,272 @@
+"""How alike heads attend: pairwise Jensen–Shannon distances between heads, and an MDS map of them.
+
+Clark et al. 2019 ("What Does BERT Look At?", §6) compare every pair of heads by the
+Jensen–Shannon divergence between their attention distributions on the same tokens, and
+embed the heads in 2-D with multidimensional scaling. Here the per-token quantity is the
+Jensen–Shannon *distance* (the square root of the divergence, natural log, a metric in
+``[0, sqrt(ln 2)]``), averaged over real query tokens.
+
+Axis legend:
+    patterns     (batch, head, query_pos, key_pos)  as ``CaptureBatch`` carries them
+    rows         (head, row, key_pos)               the real query rows of a batch, flattened
+    distances    (n, n)                             n = captured heads over all layers, in ``heads`` order
+
+``HeadSimilarity`` is an accumulator (update / merge / result): it keeps an ``(n, n)`` float64
+sum of distances and a count of rows per pair, so memory grows with heads², never with the corpus.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from headlab.capture.batch import CaptureBatch
+
+__all__ = ["HeadSimilarity", "MDSResult", "SimilarityResult", "js_distance", "mds", "plot_mds"]
+
+MAX_JS_DISTANCE = math.sqrt(math.log(2.0))
+_CHUNK_ELEMENTS = 1 << 24  # float64 elements per pair chunk (~128 MiB): bounds update's memory
+
+
+def js_distance(p: Tensor, q: Tensor) -> Tensor:
+    """Jensen–Shannon distance between distributions along the last axis (natural log).
+
+    ``sqrt(H(m) − (H(p) + H(q)) / 2)`` with ``m = (p + q) / 2`` and ``0·log 0 = 0``; tiny negative
+    rounding is clamped to 0.
+
+    Args:
+        p, q: broadcastable tensors of probability rows ``(..., key_pos)``.
+
+    Returns:
+        ``(...)`` distances in ``[0, sqrt(ln 2)]``.
+    """
+    m = (p + q) / 2
+    divergence = _entropy(m) - (_entropy(p) + _entropy(q)) / 2
+    return divergence.clamp_min(0.0).sqrt()
+
+
+def _entropy(p: Tensor) -> Tensor:
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+@dataclass
+class SimilarityResult:
+    """Mean JS distance between every pair of captured heads.
+
+    Attributes:
+        distances: ``(n, n)`` float64, symmetric, zero diagonal.
+        heads: ``(layer, head)`` of each row/column.
+        rows: real query rows averaged over (the same for every pair).
+    """
+
+    distances: np.ndarray
+    heads: list[tuple[int, int]]
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"heads": [list(h) for h in self.heads], "distances": self.distances.tolist(), "rows": self.rows}
+
+
+class HeadSimilarity:
+    """Sums of per-row JS distances between every pair of captured heads, over real query rows.
+
+    Every batch must carry patterns of the same heads (the first batch fixes them). Padded
+    query rows are excluded through ``attention_mask``.
+    """
+
+    def __init__(self) -> None:
+        self.heads: list[tuple[int, int]] | None = None
+        self.sums: np.ndarray | None = None  # (n, n) float64
+        self.counts: np.ndarray | None = None  # (n, n) float64: rows seen per pair
+
+    def update(self, batch: CaptureBatch) -> None:
+        """Add one batch (its layers must carry patterns)."""
+        heads, blocks = [], []
+        for layer, taken in sorted(batch.layers.items()):
+            if taken.patterns is None:
+                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('patterns',)")
+            heads += [(layer, h) for h in taken.heads]
+            blocks.append(taken.patterns)
+        if not heads:
+            raise ValueError("the batch carries no captured layer")
+        self._check_heads(heads)
+        real = batch.attention_mask.bool()  # (batch, pos)
+        patterns = torch.cat(blocks, dim=1)  # (batch, head, query_pos, key_pos)
+        rows = patterns.transpose(0, 1)[:, real].double()  # (head, row, key_pos)
+        n, n_rows = rows.shape[0], rows.shape[1]
+        if n_rows == 0:
+            return
+        sums = np.zeros((n, n))
+        half_entropy = _entropy(rows) / 2  # (head, row): computed once, not once per pair
+        i, j = torch.triu_indices(n, n, offset=1)
+        chunk = max(1, _CHUNK_ELEMENTS // (n_rows * rows.shape[2]))
+        for start in range(0, len(i), chunk):
+            a, b = i[start:start + chunk], j[start:start + chunk]
+            divergence = _entropy((rows[a] + rows[b]) / 2) - half_entropy[a] - half_entropy[b]  # (pairs, row)
+            sums[a.numpy(), b.numpy()] = divergence.clamp_min(0.0).sqrt().sum(-1).cpu().numpy()
+        sums += sums.T
+        self._add(sums, np.full((n, n), float(n_rows)))
+
+    def merge(self, other: HeadSimilarity) -> HeadSimilarity:
+        """Fold another accumulator's sums into this one; returns self."""
+        if other.heads is None:
+            return self
+        self._check_heads(other.heads)
+        self._add(other.sums, other.counts)
+        return self
+
+    def result(self) -> SimilarityResult:
+        """The mean distance matrix.
+
+        Raises:
+            ValueError: nothing was accumulated.
+        """
+        if self.heads is None or self.sums is None:
+            raise ValueError("HeadSimilarity has seen no batch")
+        distances = np.divide(self.sums, self.counts, out=np.zeros_like(self.sums), where=self.counts > 0)
+        return SimilarityResult(distances=distances, heads=list(self.heads), rows=int(self.counts.max()))
+
+    def _check_heads(self, heads: list[tuple[int, int]]) -> None:
+        if self.heads is None:
+            self.heads = list(heads)
+        elif list(heads) != self.heads:
+            raise ValueError(f"heads {heads[:4]}… differ from the accumulated {self.heads[:4]}… ({len(self.heads)})")
+
+    def _add(self, sums: np.ndarray, counts: np.ndarray) -> None:
+        self.sums = sums.copy() if self.sums is None else self.sums + sums
+        self.counts = counts.copy() if self.counts is None else self.counts + counts
+
+
+@dataclass
+class MDSResult:
+    """A metric MDS embedding.
+
+    Attributes:
+        coords: ``(n, dim)`` coordinates, centred.
+        stress: Kruskal's stress-1, ``sqrt(Σ (d_ij − D_ij)² / Σ D_ij²)`` over pairs (0 = exact).
+        iterations: SMACOF iterations run.
+    """
+
+    coords: np.ndarray
+    stress: float
+    iterations: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"coords": self.coords.tolist(), "stress": self.stress, "iterations": self.iterations}
+
+
+def mds(
+    distances: np.ndarray, *, dim: int = 2, seed: int = 0, max_iter: int = 1000, tol: float = 1e-9,
+) -> MDSResult:
+    """Metric MDS by SMACOF (de Leeuw 1977; Borg & Groenen, *Modern MDS*, ch. 8), unit weights.
+
+    Starts from classical (Torgerson) scaling, plus a tiny seeded jitter so that degenerate
+    starts (repeated points) can move, then iterates the Guttman transform
+    ``X ← B(X) X / n`` until raw stress improves by less than ``tol`` (relative).
+
+    Args:
+        distances: ``(n, n)`` symmetric, non-negative dissimilarities.
+        dim: embedding dimension.
+        seed: seeds the jitter.
+        max_iter: most iterations.
+        tol: relative stress improvement under which iteration stops.
+
+    Returns:
+        Coordinates ``(n, dim)`` and stress-1.
+
+    Raises:
+        ValueError: ``distances`` is not square, symmetric and non-negative, or dim < 1.
+    """
+    D = np.asarray(distances, dtype=np.float64)
+    if D.ndim != 2 or D.shape[0] != D.shape[1]:
+        raise ValueError(f"distances must be a square matrix, got shape {D.shape}")
+    if not np.allclose(D, D.T, atol=1e-10) or (D < 0).any() or not np.isfinite(D).all():
+        raise ValueError("distances must be symmetric, finite and non-negative")
+    if dim < 1:
+        raise ValueError(f"dim={dim} must be at least 1")
+    n = D.shape[0]
+    if n <= 1:
+        return MDSResult(np.zeros((n, dim)), 0.0, 0)
+    X = _classical(D, dim)
+    scale = np.sqrt((D**2).mean()) or 1.0
+    X += np.random.default_rng(seed).normal(scale=1e-6 * scale, size=X.shape)
+    upper = np.triu_indices(n, 1)
+    old = np.inf
+    iterations = 0
+    for iterations in range(1, max_iter + 1):
+        d = _pairwise(X)
+        raw = ((d - D)[upper] ** 2).sum()
+        if old - raw < tol * max(old, 1e-300) and np.isfinite(old):
+            break
+        old = raw
+        with np.errstate(divide="ignore", invalid="ignore"):
+            B = np.where(d > 0, -D / d, 0.0)
+        np.fill_diagonal(B, 0.0)
+        np.fill_diagonal(B, -B.sum(axis=1))
+        X = B @ X / n
+    X -= X.mean(axis=0)
+    d = _pairwise(X)
+    denominator = (D[upper] ** 2).sum()
+    stress = float(np.sqrt(((d - D)[upper] ** 2).sum() / denominator)) if denominator > 0 else 0.0
+    return MDSResult(X, stress, iterations)
+
+
+def _pairwise(X: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.maximum(((X[:, None, :] - X[None, :, :]) ** 2).sum(-1), 0.0))
+
+
+def _classical(D: np.ndarray, dim: int) -> np.ndarray:
+    """Torgerson scaling: the top eigenvectors of the double-centred squared distances."""
+    n = D.shape[0]
+    J = np.eye(n) - 1.0 / n
+    values, vectors = np.linalg.eigh(-0.5 * J @ (D**2) @ J)
+    top = np.argsort(values)[::-1][:dim]
+    X = vectors[:, top] * np.sqrt(np.maximum(values[top], 0.0))
+    if X.shape[1] < dim:
+        X = np.pad(X, ((0, 0), (0, dim - X.shape[1])))
+    return X
+
+
+def plot_mds(
+    result: SimilarityResult, path: str | os.PathLike[str], *, seed: int = 0, annotate: bool = True,
+) -> Path:
+    """Draw the heads' 2-D MDS map, coloured by layer, as a PNG.
+
+    Args:
+        result: a ``HeadSimilarity`` result.
+        path: the PNG file to write (parent folders are created).
+        seed: passed to ``mds``.
+        annotate: label each point ``layer.head``.
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    embedding = mds(result.distances, dim=2, seed=seed)
+    layers = np.array([layer for layer, _ in result.heads])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    points = ax.scatter(embedding.coords[:, 0], embedding.coords[:, 1], c=layers, cmap="viridis", s=36)
+    if annotate:
+        for (layer, head), (x, y) in zip(result.heads, embedding.coords):
+            ax.annotate(f"{layer}.{head}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    fig.colorbar(points, ax=ax, label="layer")
+    ax.set_title(f"Heads by Jensen–Shannon distance (MDS, stress-1 {embedding.stress:.3f})")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,140 @@
+"""Head similarity (Jensen–Shannon distances), MDS, and the plot."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from headlab.analysis.similarity import MAX_JS_DISTANCE, HeadSimilarity, js_distance, mds, plot_mds
+from headlab.capture.batch import CaptureBatch, LayerCapture
+from tests.capture.minilm import minilm
+
+
+def js_reference(p, q) -> float:
+    """sqrt(½ KL(p‖m) + ½ KL(q‖m)) by a plain loop, natural log."""
+    m = [(a + b) / 2 for a, b in zip(p, q)]
+    kl = lambda x: sum(a * math.log(a / c) for a, c in zip(x, m) if a > 0)  # noqa: E731
+    return math.sqrt(max(0.5 * kl(p) + 0.5 * kl(q), 0.0))
+
+
+def test_js_identical_disjoint_and_reference():
+    p = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    assert float(js_distance(p, p)) == pytest.approx(0.0, abs=1e-7)
+    a, b = torch.tensor([0.5, 0.5, 0.0, 0.0]), torch.tensor([0.0, 0.0, 0.25, 0.75])
+    assert float(js_distance(a.double(), b.double())) == pytest.approx(MAX_JS_DISTANCE, rel=1e-12)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        x = torch.rand(6, generator=generator, dtype=torch.float64) ** 3
+        y = torch.rand(6, generator=generator, dtype=torch.float64) ** 3
+        x[0] = 0.0
+        x, y = x / x.sum(), y / y.sum()
+        assert float(js_distance(x, y)) == pytest.approx(js_reference(x.tolist(), y.tolist()), rel=1e-9, abs=1e-12)
+        assert float(js_distance(x, y)) == pytest.approx(float(js_distance(y, x)), abs=1e-15)
+
+
+def random_batch(seed: int, *, n_layers: int = 2, n_heads: int = 3, batch: int = 3, pos: int = 5) -> CaptureBatch:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, pos + 1, (batch,), generator=generator)
+    lengths[0] = pos
+    attention = (torch.arange(pos)[None] < lengths[:, None]).long()
+    layers = {}
+    for layer in range(n_layers):
+        scores = torch.randn(batch, n_heads, pos, pos, generator=generator) * 2
+        scores = scores.masked_fill(attention[:, None, None, :] == 0, float("-inf"))
+        layers[layer] = LayerCapture(layer, tuple(range(n_heads)), patterns=scores.softmax(-1))
+    zeros = torch.zeros(batch, pos, dtype=torch.long)
+    return CaptureBatch(
+        input_ids=zeros, attention_mask=attention, lengths=lengths, offsets=torch.zeros(batch, pos, 2),
+        word_ids=zeros - 1, special_tokens_mask=zeros.bool(), corpus_indices=torch.arange(batch),
+        truncated=torch.zeros(batch, dtype=torch.bool), texts=[""] * batch, tokens=[[]] * batch, layers=layers,
+    )
+
+
+def slow_matrix(batches) -> np.ndarray:
+    """Mean over real query rows of the JS distance, pair by pair, row by row."""
+    heads = [(layer, h) for layer, t in sorted(batches[0].layers.items()) for h in range(len(t.heads))]
+    n = len(heads)
+    sums, count = np.zeros((n, n)), 0
+    for batch in batches:
+        for item in range(len(batch)):
+            for row in range(int(batch.lengths[item])):
+                count += 1
+                rows = [batch.layers[layer].patterns[item, h, row].double().tolist() for layer, h in heads]
+                for i in range(n):
+                    for j in range(n):
+                        if i != j:
+                            sums[i, j] += js_reference(rows[i], rows[j])
+    return sums / count
+
+
+def test_matrix_symmetric_merge_equals_whole():
+    batches = [random_batch(seed) for seed in range(4)]
+    whole, first, second = HeadSimilarity(), HeadSimilarity(), HeadSimilarity()
+    for b in batches:
+        whole.update(b)
+    for b in batches[:2]:
+        first.update(b)
+    for b in batches[2:]:
+        second.update(b)
+    merged = first.merge(second).result()
+    result = whole.result()
+    assert result.heads == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert result.rows == sum(int(b.lengths.sum()) for b in batches)
+    np.testing.assert_allclose(merged.distances, result.distances, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(result.distances, result.distances.T)
+    assert np.all(np.diag(result.distances) == 0)
+    assert np.all((result.distances >= 0) & (result.distances <= MAX_JS_DISTANCE + 1e-12))
+    np.testing.assert_allclose(result.distances, slow_matrix(batches), rtol=1e-9, atol=1e-12)
+
+
+def test_heads_must_match():
+    similarity = HeadSimilarity()
+    similarity.update(random_batch(0))
+    with pytest.raises(ValueError, match="differ"):
+        similarity.update(random_batch(1, n_heads=2))
+
+
+def test_minilm_patterns_match_slow_loop():
+    from headlab.capture import capture
+
+    loaded = minilm()
+    texts = ["The cat sat on the mat.", "Heads attend to different things in a sentence, don't they?", "Hi."]
+    kept = []
+
+    class Keep:
+        def update(self, batch):
+            kept.append(batch)
+
+    similarity = HeadSimilarity()
+    capture(loaded, corpus=texts, layers=[0, 5], heads=[0, 3, 7], consumers=[similarity, Keep()], progress=False)
+    result = similarity.result()
+    assert len(result.heads) == 6
+    np.testing.assert_allclose(result.distances, slow_matrix(kept), rtol=1e-4, atol=1e-6)
+
+
+def test_mds_recovers_a_planar_configuration():
+    rng = np.random.default_rng(3)
+    points = rng.normal(size=(12, 2))
+    distances = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))
+    embedding = mds(distances, dim=2, seed=0)
+    assert embedding.stress < 1e-4
+    recovered = np.sqrt(((embedding.coords[:, None] - embedding.coords[None]) ** 2).sum(-1))
+    np.testing.assert_allclose(recovered, distances, atol=1e-3)
+
+
+def test_mds_smacof_improves_a_non_euclidean_start():
+    rng = np.random.default_rng(1)
+    points = rng.normal(size=(10, 3))
+    distances = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))  # 3-D data squeezed into 2-D
+    result = mds(distances, dim=2)
+    assert 0 < result.stress < 0.5 and result.iterations > 1
+    with pytest.raises(ValueError, match="symmetric"):
+        mds(distances + np.triu(np.ones_like(distances)))
+
+
+def test_plot_mds(tmp_path):
+    similarity = HeadSimilarity()
+    similarity.update(random_batch(0))
+    path = plot_mds(similarity.result(), tmp_path / "mds.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
