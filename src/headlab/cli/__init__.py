@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from headlab.cli import analyze as _analyze
 from headlab.cli import params as _params
 from headlab.cli import report as _report
 
@@ -47,6 +48,7 @@ def _root(
 
 app.command("report")(_report.report)
 app.command("params")(_params.params)
+app.command("analyze")(_analyze.analyze)
 
 
 def main() -> None:

@@ -1,0 +1,263 @@
+"""``analyze``: every head analysis of one model in one run, and the files it writes.
+
+One capture pass over the corpus feeds all the accumulators at once (surface statistics,
+taxonomy, similarity, syntax); the causal probes, importance and the pruning curve then run
+their own short passes. Parts that cannot run for this model or this install (the causal probes
+on a bidirectional model, syntax without spaCy) are skipped with the reason on record.
+
+Outputs (``AnalysisResult.write``): heads.json and heads.csv (one row per head; fields in
+docs/analysis.md), relations.csv, and PNG plots: heatmaps.png (layer × head per statistic),
+mds.png, pruning.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headlab.analysis.importance import (
+    ImportanceResult, PruningCurve, ablation_importance, causal_lm_loss, gradient_importance,
+    lm_batches, pair_batches, paraphrase_loss, plot_pruning_curve, pruning_curve, retrieval_metric, spearman,
+)
+from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads
+from headlab.analysis.similarity import HeadSimilarity, MDSResult, SimilarityResult, mds, plot_mds
+from headlab.analysis.surface import STATISTICS, SurfaceResult, SurfaceStats, is_causal
+from headlab.analysis.taxonomy import TaxonomyResult, TaxonomyStats, class_shares, classify
+from headlab.capture import CaptureResult, capture, load_corpus
+
+HEATMAP_STATISTICS = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "entropy", "distance",
+                      "confidence")
+
+
+@dataclass
+class AnalysisResult:
+    """Everything ``analyze`` measured. Parts that did not run are None, with a reason in ``skipped``."""
+
+    capture: CaptureResult
+    surface: SurfaceResult
+    roles: dict[tuple[int, int], tuple[str, ...]]
+    taxonomy: TaxonomyResult
+    classes: dict[tuple[int, int], str]
+    similarity: SimilarityResult
+    embedding: MDSResult
+    syntax: Any | None = None
+    probes: dict[str, ProbeScores] = field(default_factory=dict)
+    importance: dict[str, ImportanceResult] = field(default_factory=dict)
+    importance_spearman: float | None = None
+    pruning: PruningCurve | None = None
+    pruning_metric: str | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per head: layer, head, every surface statistic, roles, class, probes, importance."""
+        importance = {name: dict(zip(r.heads, r.scores.tolist())) for name, r in self.importance.items()}
+        probes = {name: {(i, j): float(p.scores[i, j]) for i in range(p.scores.shape[0]) for j in range(p.scores.shape[1])}
+                  for name, p in self.probes.items()}
+        rows = []
+        for row in self.surface.rows():
+            key = (row["layer"], row["head"])
+            out = dict(row)
+            out["roles"] = " ".join(self.roles.get(key, ()))
+            out["pattern_class"] = self.classes.get(key, "")
+            for name, scores in probes.items():
+                out[f"{name}_score"] = scores.get(key)
+            for name, scores in importance.items():
+                out[f"importance_{name}"] = scores.get(key)
+            rows.append(out)
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers: counts, class shares, role counts, correlations, skips."""
+        role_counts: dict[str, int] = {}
+        for labels in self.roles.values():
+            for label in labels:
+                role_counts[label] = role_counts.get(label, 0) + 1
+        return {
+            "items": self.capture.items, "tokens": self.capture.tokens, "truncated": self.capture.n_truncated,
+            "heads": len(self.surface.rows()), "role_counts": role_counts, "class_shares": class_shares(self.classes),
+            "mean_js_distance": float(self.similarity.distances[np.triu_indices(len(self.similarity.heads), 1)].mean())
+            if len(self.similarity.heads) > 1 else None,
+            "mds_stress": self.embedding.stress, "importance_spearman": self.importance_spearman,
+            "pruning_metric": self.pruning_metric, "skipped": dict(self.skipped),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary(), "heads": self.rows(),
+                "relations": [] if self.syntax is None else self.syntax.rows(),
+                "pruning": None if self.pruning is None else self.pruning.to_dict()}
+
+    def to_json(self) -> str:
+        """``to_dict()`` as strict JSON (NaN → null)."""
+        return json.dumps(_jsonable(self.to_dict()))
+
+    def write(self, out_dir: str | os.PathLike[str]) -> list[Path]:
+        """Write heads.json, heads.csv, relations.csv (when syntax ran) and the plots; returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "heads.json", out / "heads.csv"]
+        paths[0].write_text(json.dumps(json.loads(self.to_json()), indent=2) + "\n")
+        rows = self.rows()
+        with paths[1].open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        if self.syntax is not None:
+            paths.append(out / "relations.csv")
+            self.syntax.to_csv(paths[-1])
+        paths.append(out / "heatmaps.png")
+        plot_heatmaps(self.surface, paths[-1])
+        paths.append(out / "mds.png")
+        plot_mds(self.similarity, paths[-1])
+        if self.pruning is not None:
+            paths.append(out / "pruning.png")
+            plot_pruning_curve(self.pruning, paths[-1], metric=self.pruning_metric or "metric")
+        return paths
+
+
+def analyze(
+    model: Any,
+    corpus: Any = None,
+    *,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+    quick: bool = False,
+    importance: bool = True,
+    syntax: bool = True,
+    progress: bool = True,
+) -> AnalysisResult:
+    """Run every head analysis on a loaded model.
+
+    Args:
+        model: what ``headlab.load`` returned.
+        corpus: a text file, a list of strings, or None for the bundled corpus.
+        layers, heads: restrict the captured layers and heads (surface, taxonomy, similarity, syntax).
+        quick: smaller budgets (the first 60 corpus items, fewer probe sequences and task batches).
+        importance: run importance and the pruning curve (the slowest part).
+        syntax: run the dependency-syntax part when spaCy and its pipeline are installed.
+        progress: show progress bars.
+
+    Returns:
+        An ``AnalysisResult``.
+    """
+    texts = load_corpus(corpus).texts
+    if quick:
+        texts = texts[:60]
+    causal = is_causal(model)
+    surface, taxonomy, similarity = SurfaceStats(causal=causal), TaxonomyStats(causal=causal), HeadSimilarity()
+    consumers: list[Any] = [surface, taxonomy, similarity]
+    skipped: dict[str, str] = {}
+    syntax_acc = None
+    if syntax:
+        try:
+            from headlab.analysis.syntax import SyntaxAccuracy, load_pipeline, parse_texts
+
+            load_pipeline()
+            syntax_acc = SyntaxAccuracy(parse_texts(texts))
+            consumers.append(syntax_acc)
+        except ImportError as err:
+            skipped["syntax"] = str(err)
+    else:
+        skipped["syntax"] = "not asked for"
+    run = capture(model, corpus=texts, layers=layers, heads=heads, what=("patterns",), consumers=consumers,
+                  progress=progress)
+    surface_result, taxonomy_result, similarity_result = surface.result(), taxonomy.result(), similarity.result()
+    result = AnalysisResult(
+        capture=run, surface=surface_result, roles=label_heads(surface_result), taxonomy=taxonomy_result,
+        classes=classify(taxonomy_result), similarity=similarity_result, embedding=mds(similarity_result.distances),
+        skipped=skipped,
+    )
+    if syntax_acc is not None:
+        try:
+            result.syntax = syntax_acc.result(min_count=5 if quick else 20)
+        except ValueError as err:  # nothing parseable: a stated skip
+            skipped["syntax"] = str(err)
+    if causal:
+        n_seqs = 4 if quick else 16
+        result.probes = {"duplicate_token": duplicate_token_scores(model, n_seqs=n_seqs),
+                         "induction": induction_scores(model, n_seqs=n_seqs)}
+        for name, probe in result.probes.items():  # probe roles join the surface roles
+            for key in probe.heads_above():
+                result.roles[key] = (*result.roles.get(key, ()), f"{name}_head")
+    else:
+        skipped["causal probes"] = "duplicate-token and induction probes need a causal model"
+    if importance:
+        _importance(model, texts, result, causal=causal, quick=quick)
+    else:
+        skipped["importance"] = "not asked for"
+    return result
+
+
+def _importance(model: Any, texts: list[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
+    """Gradient and ablation importance on the model's task, their correlation, and a pruning curve."""
+    tokenizer = model.tokenizer
+    if causal:
+        batches = lm_batches(tokenizer, texts[: 16 if quick else 64])
+        loss_fn, metric_name = causal_lm_loss, "next-token loss"
+
+        def metric(loaded: Any) -> float:
+            import torch
+
+            with torch.no_grad():
+                return float(np.mean([causal_lm_loss(loaded.model, b).item() for b in batches]))
+    else:
+        from headlab.data.pairs import load_pairs
+
+        pairs = load_pairs(labels=("paraphrase",))[: 24 if quick else None]
+        batches = pair_batches(tokenizer, pairs)
+        loss_fn, metric_name = paraphrase_loss, "pair-retrieval accuracy"
+        metric = retrieval_metric(tokenizer, pairs)
+    gradient = gradient_importance(model, batches, loss_fn)
+    result.importance = {"gradient": gradient}
+    if quick:
+        result.skipped["ablation importance"] = "--quick: exact ablation runs one forward per head"
+    else:
+        ablation = ablation_importance(model, batches, loss_fn)
+        result.importance["ablation"] = ablation
+        result.importance_spearman = spearman(gradient.raw, np.abs(ablation.raw))
+    result.pruning = pruning_curve(model, gradient, metric)
+    result.pruning_metric = metric_name
+
+
+def plot_heatmaps(surface: SurfaceResult, path: str | os.PathLike[str]) -> None:
+    """One layer × head heatmap per surface statistic, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in HEATMAP_STATISTICS if n in STATISTICS]
+    cols = 3
+    fig, axes = plt.subplots(math.ceil(len(names) / cols), cols, figsize=(4.2 * cols, 3.2 * math.ceil(len(names) / cols)))
+    for ax, name in zip(axes.flat, names):
+        values = surface.statistic(name).numpy()
+        image = ax.imshow(values, aspect="auto", cmap="viridis")
+        ax.set_title(name)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_yticks(range(len(surface.layers)), [str(layer) for layer in surface.layers])
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN → None, numpy scalars → Python, tuples → lists (strict JSON)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,88 @@
+"""``headlab analyze``: roles, patterns, similarity, importance and syntax of a model's heads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def _indices(text: str | None, name: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{name}={text!r}: expected comma-separated ints, e.g. 0,3,5") from None
+    if not values or min(values) < 0:
+        raise typer.BadParameter(f"{name}={text!r}: expected non-negative ints")
+    return values
+
+
+def analyze(
+    model: Annotated[str | None, typer.Argument(help="Checkpoint directory or hub id; default: the packaged MiniLM.")] = None,
+    text: Annotated[Path | None, typer.Option("--text", help="Corpus file, one item per line; default: bundled.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for heads.json/.csv, relations.csv, plots.")] = Path(
+        "analysis"),
+    layers: Annotated[str | None, typer.Option("--layers", help="Layers to analyse, e.g. 0,1,5.")] = None,
+    heads: Annotated[str | None, typer.Option("--heads", help="Heads to analyse in each layer, e.g. 0,3.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items, no exact ablation.")] = False,
+    importance: Annotated[bool, typer.Option("--importance/--no-importance", help="Importance and pruning.")] = True,
+    syntax: Annotated[bool, typer.Option("--syntax/--no-syntax", help="Dependency syntax (needs spaCy).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the per-head rows as JSON on stdout.")] = False,
+) -> None:
+    """Measure what every head does (Clark et al. 2019; Kovaleva et al. 2019; Michel et al. 2019)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    import headlab
+    from headlab.analysis.analyze import analyze as run_analysis
+
+    layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
+    console = Console(stderr=as_json)
+    loaded = headlab.load(model)
+    try:
+        result = run_analysis(loaded, text, layers=layer_list, heads=head_list, quick=quick, importance=importance,
+                              syntax=syntax, progress=not as_json)
+    except (ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        raise typer.Exit(code=2) from None
+    paths = result.write(out)
+    if as_json:
+        typer.echo(result.to_json())
+        return
+
+    summary = result.summary()
+    console.print(f"{summary['items']} items, {summary['tokens']} tokens, {summary['heads']} heads"
+                  + (f"; {summary['truncated']} items truncated" if summary["truncated"] else ""))
+    roles = Table(title="Heads by role (thresholds: docs/analysis.md)")
+    for column in ("role", "heads (layer.head)"):
+        roles.add_column(column)
+    by_role: dict[str, list[str]] = {}
+    for (layer, head), labels in sorted(result.roles.items()):
+        for label in labels:
+            by_role.setdefault(label, []).append(f"{layer}.{head}")
+    for label, members in sorted(by_role.items()):
+        roles.add_row(label, escape(" ".join(members)))
+    console.print(roles)
+    shares = Table(title="Pattern classes (share of heads)")
+    for name, share in summary["class_shares"].items():
+        shares.add_column(name, justify="right")
+    shares.add_row(*[f"{share:.0%}" for share in summary["class_shares"].values()])
+    console.print(shares)
+    if result.syntax is not None:
+        relations = Table(title="Dependency relations: best head vs the best fixed offset")
+        for column in ("relation", "arcs", "best head", "direction", "accuracy", "baseline"):
+            relations.add_column(column, justify="right" if column in ("arcs", "accuracy", "baseline") else "left")
+        for rel in result.syntax.relations[:12]:
+            direction, (layer, head), accuracy = rel.best
+            relations.add_row(escape(rel.relation), str(rel.count), f"{layer}.{head}", direction, f"{accuracy:.2f}",
+                              f"{rel.baseline_accuracy:.2f} ({rel.baseline_offset:+d})")
+        console.print(relations)
+    if result.importance_spearman is not None:
+        console.print(f"Spearman(|gradient importance|, |ablation|) = {result.importance_spearman:.3f}")
+    for part, reason in result.skipped.items():
+        console.print(f"[yellow]skipped[/yellow] {escape(part)}: {escape(reason)}")
+    console.print("wrote " + ", ".join(escape(str(p)) for p in paths))

@@ -1,0 +1,77 @@
+"""``analyze`` end to end: MiniLM (bidirectional) and a tiny random GPT-2 (causal)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+import transformers
+
+from headlab.analysis.analyze import analyze
+from headlab.interop import swap
+from headlab.models import LoadedModel
+from tests.capture.fake_model import fake_tokenizer
+from tests.capture.minilm import minilm
+from tests.interop.hf_models import build, config
+
+TEXTS = [
+    "The cat sat on the mat, and the dog watched it.",
+    "Attention heads learn different things when their weights start apart.",
+    "She said that the report, which was long, would be finished by Monday.",
+    "Numbers like 42 and 3.14 appear in technical text.",
+    "Why do some heads attend to the separator token?",
+    "A short one.",
+]
+
+
+def test_minilm_rows_files_and_summary_agree(tmp_path):
+    result = analyze(minilm(), TEXTS, quick=True, progress=False)
+    rows = result.rows()
+    assert len(rows) == 72 and {(r["layer"], r["head"]) for r in rows} == {(l, h) for l in range(6) for h in range(12)}
+    summary = result.summary()
+    assert summary["items"] == len(TEXTS)
+    assert sum(summary["class_shares"].values()) == pytest.approx(1.0)
+    assert sum(summary["role_counts"].values()) == sum(len(v) for v in result.roles.values())
+    assert "causal probes" in result.skipped and result.probes == {}
+    assert result.importance["gradient"].scores.shape == (72,)
+    assert result.pruning.fractions[0] == 0.0 and result.pruning_metric == "pair-retrieval accuracy"
+    paths = {p.name for p in result.write(tmp_path)}
+    assert {"heads.json", "heads.csv", "heatmaps.png", "mds.png", "pruning.png"} <= paths
+    document = json.loads((tmp_path / "heads.json").read_text())  # strict JSON: NaN would not parse as such
+    assert len(document["heads"]) == 72 and document["summary"]["items"] == len(TEXTS)
+    with (tmp_path / "heads.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 72 and float(table[5]["entropy"]) == pytest.approx(rows[5]["entropy"])
+    assert (tmp_path / "heatmaps.png").stat().st_size > 10_000
+
+
+def test_minilm_selected_layers_and_heads_only():
+    result = analyze(minilm(), TEXTS[:3], layers=[0, 5], heads=[1, 2], quick=True, importance=False, syntax=False,
+                     progress=False)
+    assert {(r["layer"], r["head"]) for r in result.rows()} == {(0, 1), (0, 2), (5, 1), (5, 2)}
+    assert result.similarity.distances.shape == (4, 4)
+    assert result.skipped["importance"] == "not asked for" and result.skipped["syntax"] == "not asked for"
+
+
+def test_a_layer_the_model_lacks_is_a_clear_error():
+    with pytest.raises(ValueError, match="7"):
+        analyze(minilm(), TEXTS[:2], layers=[7], quick=True, importance=False, syntax=False, progress=False)
+
+
+def test_tiny_causal_model_gets_probes_and_next_token_importance():
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=fake_tokenizer(), pad_token="[PAD]",
+                                               eos_token="[SEP]", bos_token="[CLS]")
+    cfg = config("gpt2", vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                 pad_token_id=tok.pad_token_id, n_positions=128)
+    model = swap(build(transformers.GPT2LMHeadModel, cfg, attn_implementation="sdpa"))
+    loaded = LoadedModel(model=model, tokenizer=tok, source="tiny gpt2", family="GPT2Config")
+    texts = ["the cat sat on the mat", "a big red dog ran", "the dog sat on a mat and the cat ran"]
+    result = analyze(loaded, texts, quick=True, syntax=False, progress=False)
+    assert set(result.probes) == {"duplicate_token", "induction"}
+    scores = result.probes["induction"].scores
+    assert scores.shape == (2, 4) and bool(((scores >= 0) & (scores <= 1)).all())
+    assert result.pruning_metric == "next-token loss" and all(v > 0 for v in result.pruning.values)
+    assert torch.isfinite(torch.tensor([r["entropy"] for r in result.rows()])).all()
+    assert all(r["uniform_entropy"] < torch.log(torch.tensor(40.0)) for r in result.rows())

@@ -1,0 +1,40 @@
+"""``headlab analyze`` on the command line."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from headlab.cli import app
+
+
+def test_json_rows_and_files(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\n\nHeads attend to different words.\nA third line, short.\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["analyze", "--text", str(corpus), "--out", str(out), "--quick",
+                                      "--no-importance", "--no-syntax", "--layers", "0,1", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert len(document["heads"]) == 24 and document["summary"]["items"] == 3
+    assert (out / "heads.csv").exists() and (out / "mds.png").exists() and not (out / "pruning.png").exists()
+
+
+def test_table_output(tmp_path):
+    result = CliRunner().invoke(app, ["analyze", "--quick", "--no-importance", "--out", str(tmp_path),
+                                      "--layers", "0"])
+    assert result.exit_code == 0, result.output
+    assert "Heads by role" in result.output and "Pattern classes" in result.output
+    assert "skipped" in result.output and "causal probes" in result.output
+
+
+def test_bad_input_exits_2_with_a_message(tmp_path):
+    bad_layers = CliRunner().invoke(app, ["analyze", "--layers", "a,b", "--out", str(tmp_path)])
+    assert bad_layers.exit_code == 2 and "--layers='a,b'" in bad_layers.output
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    no_text = CliRunner().invoke(app, ["analyze", "--text", str(empty), "--out", str(tmp_path), "--quick"])
+    assert no_text.exit_code == 2 and "error" in no_text.output
+    missing = CliRunner().invoke(app, ["analyze", "--text", str(tmp_path / "nope.txt"), "--out", str(tmp_path)])
+    assert missing.exit_code == 2
