@@ -32,6 +32,7 @@ from headlab.analysis.surface import STATISTICS, SurfaceResult, SurfaceStats, is
 from headlab.analysis.taxonomy import TaxonomyResult, TaxonomyStats, class_shares, classify
 from headlab.capture import CaptureResult, capture, load_corpus
 
+SIMILARITY_ROWS_PER_BATCH = 64
 HEATMAP_STATISTICS = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "entropy", "distance",
                       "confidence")
 
@@ -88,8 +89,30 @@ class AnalysisResult:
             "pruning_metric": self.pruning_metric, "skipped": dict(self.skipped),
         }
 
+    def sentences(self) -> list[str]:
+        """Two or three sentences about what the heads do, every number taken from this result."""
+        rows = {(r["layer"], r["head"]): r for r in self.rows()}
+        shares = class_shares(self.classes)
+        top = sorted(shares.items(), key=lambda kv: -kv[1])
+        out = [f"Of the {len(rows)} heads analysed, " + ", ".join(f"{share:.0%} are {name}" for name, share in top)
+               + f" (pattern classes, docs/analysis.md); {sum('sink' in v for v in self.roles.values())} are "
+               "special-token sinks, sending over half their attention to the special tokens."]
+        prev = max(rows.values(), key=lambda r: r["to_prev"])
+        nxt = max(rows.values(), key=lambda r: r["to_next"])
+        out.append(f"Head {prev['layer']}.{prev['head']} sends {prev['to_prev']:.0%} of its attention to the previous "
+                   f"token and head {nxt['layer']}.{nxt['head']} {nxt['to_next']:.0%} to the next one, while the "
+                   f"mean head's entropy is {np.mean([r['entropy'] for r in rows.values()]):.2f} nats.")
+        if self.syntax is not None and self.syntax.relations:
+            rel = max(self.syntax.relations, key=lambda r: r.best[2] - r.baseline_accuracy)
+            direction, (layer, head), accuracy = rel.best
+            arrow = "from each dependent to its head" if direction == "dep_to_head" else "from each head to its dependent"
+            out.append(f"For the {rel.relation} relation, head {layer}.{head} points {arrow} {accuracy:.0%} of the time "
+                       f"({rel.count} arcs), against {rel.baseline_accuracy:.0%} for the best fixed offset "
+                       f"({rel.baseline_offset:+d}).")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary(), "heads": self.rows(),
+        return {"summary": self.summary(), "sentences": self.sentences(), "heads": self.rows(),
                 "relations": [] if self.syntax is None else self.syntax.rows(),
                 "pruning": None if self.pruning is None else self.pruning.to_dict()}
 
@@ -150,7 +173,10 @@ def analyze(
     if quick:
         texts = texts[:60]
     causal = is_causal(model)
-    surface, taxonomy, similarity = SurfaceStats(causal=causal), TaxonomyStats(causal=causal), HeadSimilarity()
+    # Similarity from a sample of 64 query rows per batch: all head pairs on every row cost many
+    # times the forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
+    surface, taxonomy = SurfaceStats(causal=causal), TaxonomyStats(causal=causal)
+    similarity = HeadSimilarity(rows_per_batch=SIMILARITY_ROWS_PER_BATCH)
     consumers: list[Any] = [surface, taxonomy, similarity]
     skipped: dict[str, str] = {}
     syntax_acc = None

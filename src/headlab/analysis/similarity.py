@@ -79,9 +79,19 @@ class HeadSimilarity:
 
     Every batch must carry patterns of the same heads (the first batch fixes them). Padded
     query rows are excluded through ``attention_mask``.
+
+    Args:
+        rows_per_batch: average over a seeded uniform sample of at most this many real query
+            rows per batch (an unbiased estimate of the mean, at a fraction of the all-pairs
+            cost); None uses every row.
+        seed: seeds the sample; batch k draws with seed + k, so a run is reproducible.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, rows_per_batch: int | None = None, seed: int = 0) -> None:
+        if rows_per_batch is not None and (isinstance(rows_per_batch, bool) or not isinstance(rows_per_batch, int)
+                                           or rows_per_batch < 1):
+            raise ValueError(f"rows_per_batch={rows_per_batch!r} must be a positive int or None")
+        self.rows_per_batch, self.seed, self.batches_seen = rows_per_batch, seed, 0
         self.heads: list[tuple[int, int]] | None = None
         self.sums: np.ndarray | None = None  # (n, n) float64
         self.counts: np.ndarray | None = None  # (n, n) float64: rows seen per pair
@@ -99,7 +109,13 @@ class HeadSimilarity:
         self._check_heads(heads)
         real = batch.attention_mask.bool()  # (batch, pos)
         patterns = torch.cat(blocks, dim=1)  # (batch, head, query_pos, key_pos)
-        rows = patterns.transpose(0, 1)[:, real].double()  # (head, row, key_pos)
+        rows = patterns.transpose(0, 1)[:, real]  # (head, row, key_pos)
+        self.batches_seen += 1
+        if self.rows_per_batch is not None and rows.shape[1] > self.rows_per_batch:
+            generator = torch.Generator().manual_seed(self.seed + self.batches_seen)
+            pick = torch.randperm(rows.shape[1], generator=generator)[: self.rows_per_batch]
+            rows = rows[:, pick.to(rows.device)]
+        rows = rows.double()
         n, n_rows = rows.shape[0], rows.shape[1]
         if n_rows == 0:
             return

@@ -7,11 +7,12 @@ To add a section: write ``sections/<name>.py`` exposing ``SECTION`` (a
 from __future__ import annotations
 
 from headlab.report.section import Section
-from headlab.report.sections import params, parity
+from headlab.report.sections import analysis, params, parity
 
 __all__ = ["DEFAULT_SECTIONS"]
 
 DEFAULT_SECTIONS: list[Section] = [
     parity.SECTION,
     params.SECTION,
+    analysis.SECTION,
 ]
