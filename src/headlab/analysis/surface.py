@@ -14,7 +14,6 @@ Every statistic is a mean over real (non-padding) query tokens; see docs/analysi
 
 from __future__ import annotations
 
-import math
 import string
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.analysis.per_head import PerHeadMeans
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 from headlab.models import attention_modules
@@ -189,19 +189,13 @@ class SurfaceResult:
         return {"layers": list(self.layers), "heads": list(self.heads), "rows": self.rows()}
 
 
-class SurfaceStats:
+class SurfaceStats(PerHeadMeans):
     """Accumulates ``STATISTICS`` per (layer, head) over capture batches (patterns needed).
 
     Args:
         causal: the model is causal (query i sees keys 0..i): sets the uniform entropy to
             log(i + 1) instead of log(length). Every other statistic reads the patterns as they are.
     """
-
-    def __init__(self, *, causal: bool = False) -> None:
-        self.causal = causal
-        self.sums: dict[int, dict[str, Tensor]] = {}  # layer → statistic → (heads,) float64
-        self.counts: dict[int, dict[str, int]] = {}  # layer → count name → tokens
-        self.heads: dict[int, tuple[int, ...]] = {}
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns)."""
@@ -223,41 +217,15 @@ class SurfaceStats:
                     for name, count in STATISTICS.items()}
             self._add(layer, taken.heads, sums, counts)
 
-    def merge(self, other: SurfaceStats) -> SurfaceStats:
-        """Fold another accumulator's sums into this one (e.g. from another process); returns self."""
-        if other.causal != self.causal:
-            raise ValueError(f"cannot merge causal={other.causal} into causal={self.causal}")
-        for layer in other.sums:
-            self._add(layer, other.heads[layer], other.sums[layer], other.counts[layer])
-        return self
-
     def result(self) -> SurfaceResult:
         """The means; raises ValueError if nothing was accumulated."""
-        if not self.sums:
-            raise ValueError("SurfaceStats has no data: update it with at least one capture batch")
-        layers = tuple(sorted(self.sums))
-        heads = tuple(sorted({h for hs in self.heads.values() for h in hs}))
-        shape = (len(layers), len(heads))
-        means = {name: torch.full(shape, math.nan, dtype=torch.float64) for name in STATISTICS}
-        n_queries = torch.zeros(shape, dtype=torch.float64)
+        layers, heads, means = self._means(STATISTICS)
+        n_queries = torch.zeros(len(layers), len(heads), dtype=torch.float64)
         for i, layer in enumerate(layers):
-            columns = [heads.index(h) for h in self.heads[layer]]
-            n_queries[i, columns] = float(self.counts[layer]["queries"])
-            for name, count in STATISTICS.items():
-                n = self.counts[layer][count]
-                means[name][i, columns] = self.sums[layer][name] / n if n else math.nan
+            n_queries[i, [heads.index(h) for h in self.heads[layer]]] = float(self.counts[layer]["queries"])
         return SurfaceResult(layers=layers, heads=heads, n_queries=n_queries, **means)
 
-    def _add(self, layer: int, heads: tuple[int, ...], sums: dict[str, Tensor], counts: dict[str, int]) -> None:
-        if layer in self.heads and self.heads[layer] != tuple(heads):
-            raise ValueError(f"layer {layer}: heads {tuple(heads)} differ from the accumulated {self.heads[layer]}")
-        self.heads[layer] = tuple(heads)
-        held = self.sums.setdefault(layer, {})
-        for name, total in sums.items():
-            held[name] = held.get(name, 0) + total.double().cpu()
-        held_counts = self.counts.setdefault(layer, {})
-        for name, n in counts.items():
-            held_counts[name] = held_counts.get(name, 0) + n
+
 
 
 

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from headlab.analysis.surface import is_causal
+from headlab.analysis.per_head import PerHeadMeans
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 
@@ -136,18 +137,12 @@ class TaxonomyResult:
                 "shares": class_shares(classify(self))}
 
 
-class TaxonomyStats:
+class TaxonomyStats(PerHeadMeans):
     """Accumulates the taxonomy statistics per (layer, head) over capture batches (patterns needed).
 
     Args:
         causal: query i sees keys 0..i (only ``block_uniform`` depends on it).
     """
-
-    def __init__(self, *, causal: bool = False) -> None:
-        self.causal = causal
-        self.sums: dict[int, dict[str, Tensor]] = {}
-        self.counts: dict[int, dict[str, int]] = {}
-        self.heads: dict[int, tuple[int, ...]] = {}
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns)."""
@@ -168,38 +163,12 @@ class TaxonomyStats:
                     sums[name] = torch.where(weights[_COUNT_OF[name]][:, None, :], stats[name], 0.0).sum((0, 2)).cpu()
             self._add(layer, taken.heads, sums, counts)
 
-    def merge(self, other: TaxonomyStats) -> TaxonomyStats:
-        """Fold another accumulator's sums into this one; returns self."""
-        if other.causal != self.causal:
-            raise ValueError(f"cannot merge causal={other.causal} into causal={self.causal}")
-        for layer in other.sums:
-            self._add(layer, other.heads[layer], other.sums[layer], other.counts[layer])
-        return self
-
     def result(self) -> TaxonomyResult:
-        if not self.sums:
-            raise ValueError("TaxonomyStats has no data: update it with at least one capture batch")
-        layers = tuple(sorted(self.sums))
-        heads = tuple(sorted({h for hs in self.heads.values() for h in hs}))
-        means = {name: torch.full((len(layers), len(heads)), math.nan, dtype=torch.float64) for name in _STATS}
-        for i, layer in enumerate(layers):
-            columns = [heads.index(h) for h in self.heads[layer]]
-            for name in _STATS:
-                n = self.counts[layer][_COUNT_OF[name]]
-                if n:
-                    means[name][i, columns] = self.sums[layer][name] / n
+        """The means; raises ValueError if nothing was accumulated."""
+        layers, heads, means = self._means({name: _COUNT_OF[name] for name in _STATS})
         return TaxonomyResult(layers=layers, heads=heads, **means)
 
-    def _add(self, layer: int, heads: tuple[int, ...], sums: dict[str, Tensor], counts: dict[str, int]) -> None:
-        if layer in self.heads and self.heads[layer] != tuple(heads):
-            raise ValueError(f"layer {layer}: heads {tuple(heads)} differ from the accumulated {self.heads[layer]}")
-        self.heads[layer] = tuple(heads)
-        held = self.sums.setdefault(layer, {})
-        for name, total in sums.items():
-            held[name] = held.get(name, 0) + total.double().cpu()
-        held_counts = self.counts.setdefault(layer, {})
-        for name, n in counts.items():
-            held_counts[name] = held_counts.get(name, 0) + n
+
 
 
 def classify_head(result: TaxonomyResult, layer: int, head: int) -> str:
