@@ -65,3 +65,14 @@ class PerHeadMeans:
                 if n:
                     means[name][i, columns] = self.sums[layer][name] / n
         return layers, heads, means
+
+
+def grid_index(layers: tuple[int, ...], heads: tuple[int, ...], layer: int, head: int) -> tuple[int, int]:
+    """The (row, column) of ``(layer, head)`` in a result's (n_layers, n_heads) tensors.
+
+    Raises:
+        KeyError: the head was not captured.
+    """
+    if layer not in layers or head not in heads:
+        raise KeyError(f"(layer {layer}, head {head}) is not in layers {layers} × heads {heads}")
+    return layers.index(layer), heads.index(head)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.analysis.per_head import PerHeadMeans
+from headlab.analysis.per_head import PerHeadMeans, grid_index
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 from headlab.models import attention_modules
@@ -166,9 +166,7 @@ class SurfaceResult:
 
     def index(self, layer: int, head: int) -> tuple[int, int]:
         """The (row, column) of ``(layer, head)`` in the result tensors."""
-        if layer not in self.layers or head not in self.heads:
-            raise KeyError(f"(layer {layer}, head {head}) is not in layers {self.layers} × heads {self.heads}")
-        return self.layers.index(layer), self.heads.index(head)
+        return grid_index(self.layers, self.heads, layer, head)
 
     def captured(self) -> list[tuple[int, int]]:
         """Every ``(layer, head)`` with at least one query token, in layer then head order."""

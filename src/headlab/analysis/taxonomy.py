@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from headlab.analysis.surface import is_causal
-from headlab.analysis.per_head import PerHeadMeans
+from headlab.analysis.per_head import PerHeadMeans, grid_index
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 
@@ -116,9 +116,8 @@ class TaxonomyResult:
     top_columns: Tensor
 
     def index(self, layer: int, head: int) -> tuple[int, int]:
-        if layer not in self.layers or head not in self.heads:
-            raise KeyError(f"(layer {layer}, head {head}) is not in layers {self.layers} × heads {self.heads}")
-        return self.layers.index(layer), self.heads.index(head)
+        """The (row, column) of ``(layer, head)`` in the result tensors."""
+        return grid_index(self.layers, self.heads, layer, head)
 
     def captured(self) -> list[tuple[int, int]]:
         return [(layer, head) for i, layer in enumerate(self.layers) for j, head in enumerate(self.heads)
