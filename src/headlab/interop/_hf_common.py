@@ -10,7 +10,7 @@ A Hugging Face Linear that has no bias becomes a zero slice of the headlab layer
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -153,6 +153,56 @@ def check_attn_implementation(config: object) -> None:
             f"{' and '.join(MASK_IMPLEMENTATIONS)} build; load the model with attn_implementation='sdpa' "
             "(or call model.set_attn_implementation('sdpa')) before swapping"
         )
+
+
+def swap_modules(
+    model: nn.Module,
+    classes: Sequence[type[nn.Module]],
+    seat: type[SwappedAttention],
+    *,
+    attention_config: Callable[[nn.Module], AttentionConfig],
+    hf_weights: Callable[[nn.Module], HFWeights],
+    layer_idx: Callable[[nn.Module], int | None],
+) -> nn.Module:
+    """Replace every module of ``classes`` in ``model`` by a ``seat`` around a headlab layer, in place.
+
+    What the family adapters share: the attention-implementation check, refusing cross-attention
+    blocks, the layer index (the module's own, else its position), exact weights, and the
+    train/eval mode. A model already swapped is returned as it is.
+
+    Args:
+        model: a transformers model.
+        classes: the family's attention module classes.
+        seat: the family's ``SwappedAttention`` subclass, built as ``seat(layer, index, original=module)``.
+        attention_config, hf_weights: the family's readers of one module's config and weights.
+        layer_idx: the module's own layer index, or None.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: another attention implementation, a cross-attention block, or nothing to swap.
+    """
+    check_attn_implementation(getattr(model, "config", None))
+    found = find_modules(model, classes)
+    if not found:
+        if swapped_of(model, seat):
+            return model
+        raise ValueError(f"no {', '.join(c.__name__ for c in classes)} module in {type(model).__name__}")
+    for name, module in found:
+        if getattr(module, "is_cross_attention", False):
+            raise ValueError(
+                f"{name} is a cross-attention block (config.add_cross_attention=True); headlab swaps "
+                "self-attention only, so models with cross-attention are not supported"
+            )
+    built = []
+    for position, (name, module) in enumerate(found):
+        index = layer_idx(module)
+        layer = build_layer(attention_config(module), hf_weights(module), training=module.training)
+        built.append((name, seat(layer, position if index is None else int(index), original=module)
+                      .train(module.training)))
+    install(model, built)
+    return model
 
 
 def default_scale(scale: float, d_head: int) -> float | None:

@@ -27,13 +27,11 @@ from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaAtten
 
 from headlab.interop._hf_common import (
     HFWeights,
-    build_layer,
-    check_attn_implementation,
     check_exportable,
     default_scale,
-    find_modules,
     install,
     layer_weights,
+    swap_modules,
     swapped_of,
 )
 from headlab.interop.hf_attention import SwappedAttention
@@ -108,25 +106,8 @@ def swap(model: nn.Module) -> nn.Module:
         ValueError: the model has cross-attention blocks, runs an attention implementation
             other than eager or sdpa, or has no module to swap.
     """
-    check_attn_implementation(getattr(model, "config", None))
-    found = find_modules(model, ATTENTION_CLASSES)
-    if not found:
-        if swapped_of(model, BertFamilyAttention):
-            return model  # already swapped
-        raise ValueError(f"no {', '.join(c.__name__ for c in ATTENTION_CLASSES)} module in {type(model).__name__}")
-    for name, module in found:
-        if module.is_cross_attention:
-            raise ValueError(
-                f"{name} is a cross-attention block (config.add_cross_attention=True); headlab swaps "
-                "self-attention only, so models with cross-attention are not supported"
-            )
-    built = []
-    for position, (name, module) in enumerate(found):
-        index = position if module.self.layer_idx is None else int(module.self.layer_idx)
-        layer = build_layer(attention_config(module), _hf_weights(module), training=module.training)
-        built.append((name, BertFamilyAttention(layer, index, original=module).train(module.training)))
-    install(model, built)
-    return model
+    return swap_modules(model, ATTENTION_CLASSES, BertFamilyAttention, attention_config=attention_config,
+                        hf_weights=_hf_weights, layer_idx=lambda module: module.self.layer_idx)
 
 
 def export(model: nn.Module) -> nn.Module:

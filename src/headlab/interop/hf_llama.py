@@ -37,13 +37,11 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
 
 from headlab.interop._hf_common import (
     HFWeights,
-    build_layer,
-    check_attn_implementation,
     check_exportable,
     default_scale,
-    find_modules,
     install,
     layer_weights,
+    swap_modules,
     swapped_of,
 )
 from headlab.interop.hf_attention import HFCache, SwappedAttention
@@ -141,19 +139,8 @@ def swap(model: nn.Module) -> nn.Module:
         ValueError: the model runs an attention implementation other than eager or sdpa, or
             has no module to swap.
     """
-    check_attn_implementation(getattr(model, "config", None))
-    found = find_modules(model, ATTENTION_CLASSES)
-    if not found:
-        if swapped_of(model, LlamaFamilyAttention):
-            return model  # already swapped
-        raise ValueError(f"no {', '.join(c.__name__ for c in ATTENTION_CLASSES)} module in {type(model).__name__}")
-    built = []
-    for name, module in found:
-        layer = build_layer(attention_config(module), _hf_weights(module), training=module.training)
-        swapped_module = LlamaFamilyAttention(layer, int(module.layer_idx), original=module)
-        built.append((name, swapped_module.train(module.training)))
-    install(model, built)
-    return model
+    return swap_modules(model, ATTENTION_CLASSES, LlamaFamilyAttention, attention_config=attention_config,
+                        hf_weights=_hf_weights, layer_idx=lambda module: module.layer_idx)
 
 
 def export(model: nn.Module) -> nn.Module:
