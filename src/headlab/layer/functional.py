@@ -22,6 +22,8 @@ from torch import Tensor
 
 from headlab.layer.masks import AttentionMask
 
+_SDPA_HAS_GQA = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=...) arrived in 2.5
+
 
 def expand_kv(x: Tensor, n_heads: int, kv_index: Tensor | None = None) -> Tensor:
     """Give every query head its key/value head.
@@ -45,7 +47,8 @@ def attention_pattern(q: Tensor, k: Tensor, bias: Tensor | None, dead: Tensor | 
     Args:
         q: ``(batch, head, query_pos, d_head)``.
         k: ``(batch, head, key_pos, d_head)``, already aligned head for head with q.
-        bias: additive, broadcastable to ``(batch, head, query_pos, key_pos)``, or None.
+        bias: broadcastable to ``(batch, head, query_pos, key_pos)``: float additive, or bool
+            with True = not allowed; or None.
         dead: bool, broadcastable to ``(batch, head, query_pos)``: rows to zero, or None.
         scale: factor on q·k.
 
@@ -62,11 +65,14 @@ def masked_softmax(scores: Tensor, bias: Tensor | None, dead: Tensor | None) -> 
 
     Args:
         scores: ``(batch, head, query_pos, key_pos)``, a fresh tensor the caller gives up.
-        bias: additive, broadcastable to scores, or None.
+        bias: broadcastable to scores: float additive, or bool with True = not allowed; or None.
         dead: bool, broadcastable to ``(batch, head, query_pos)``, or None.
     """
-    if bias is not None:
-        scores += bias  # in place: the matmul that made scores keeps its inputs, not its output
+    # In place: the matmul that made scores keeps its inputs, not its output.
+    if bias is not None and bias.dtype == torch.bool:
+        scores.masked_fill_(bias, float("-inf"))
+    elif bias is not None:
+        scores += bias
     if scores.dtype in (torch.float16, torch.bfloat16):
         # Half-precision softmax loses mass on long rows: normalise in float32.
         pattern = scores.softmax(dim=-1, dtype=torch.float32).to(scores.dtype)
@@ -109,14 +115,18 @@ def attend(
     """
     n_heads = q.shape[1]
     if pattern_heads == list(range(n_heads)):
-        bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
+        bias = mask.explicit_bias(q.shape[2], device=q.device)
         patterns = attention_pattern(q, expand_kv(k, n_heads, kv_index), bias, mask.dead, scale=scale)
         weights = F.dropout(patterns, dropout_p) if dropout_p > 0.0 else patterns
         z = torch.matmul(weights, expand_kv(v, n_heads, kv_index))
     else:
+        # Grouped-query on CPU: the kernel reads each key/value head for its whole group
+        # (no expanded copy). Elsewhere some kernels lack it and fall back to slow math: expand.
+        grouped = kv_index is None and k.shape[1] != n_heads and q.device.type == "cpu" and _SDPA_HAS_GQA
+        k_all, v_all = (k, v) if grouped else (expand_kv(k, n_heads, kv_index), expand_kv(v, n_heads, kv_index))
         z = F.scaled_dot_product_attention(
-            q, expand_kv(k, n_heads, kv_index), expand_kv(v, n_heads, kv_index),
-            attn_mask=mask.bias, dropout_p=dropout_p, is_causal=mask.is_causal, scale=scale,
+            q, k_all, v_all, attn_mask=mask.kernel_mask(), dropout_p=dropout_p, is_causal=mask.is_causal, scale=scale,
+            **({"enable_gqa": True} if grouped else {}),
         )
         patterns = None
         if pattern_heads is not None:
@@ -132,7 +142,7 @@ def head_patterns(q: Tensor, k: Tensor, mask: AttentionMask, heads: list[int], *
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
     index = torch.tensor(heads, device=q.device)
     k_index = index // (n_heads // n_kv_heads) if kv_index is None else kv_index.index_select(0, index)
-    bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
+    bias = mask.explicit_bias(q.shape[2], device=q.device)
     if bias is not None and bias.shape[1] == n_heads:
         bias = bias.index_select(1, index)
     dead = mask.dead

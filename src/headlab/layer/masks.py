@@ -14,6 +14,10 @@ identical outputs for identical calls):
 A query row with no allowed key gets a zero pattern and a zero output, never NaN: its
 bias row is cleared before the softmax (so no NaN reaches the gradients either) and the
 row is zeroed afterwards through ``AttentionMask.dead``.
+
+Bool masks stay bool when every mask of a call is bool (a padded batch of a Hugging Face
+model, a causal mask with a cache): merging, finding dead rows and the kernel's own masking
+then read one byte per score instead of building a float bias of four, once per layer.
 """
 
 from __future__ import annotations
@@ -29,32 +33,38 @@ class AttentionMask:
     """What the attention math needs to know about masking, already merged.
 
     Attributes:
-        bias: additive scores bias ``(batch | 1, n_heads | 1, query_pos, key_pos)`` with
-            ``-inf`` where not allowed and dead rows cleared to 0; None when nothing is masked
-            or the causal mask is left to the kernel (``is_causal``).
+        bias: ``(batch | 1, n_heads | 1, query_pos, key_pos)``, either a float additive bias
+            with ``-inf`` where not allowed, or bool with True = not allowed; dead rows are
+            cleared (every key allowed). None when nothing is masked or the causal mask is
+            left to the kernel (``is_causal``).
         is_causal: the mask is exactly the square causal mask, to be applied by the kernel.
         dead: bool ``(batch | 1, n_heads | 1, query_pos)``, True for query rows with no
-            allowed key; None when no row can be dead.
+            allowed key; None when no row is dead.
     """
 
     bias: Tensor | None
     is_causal: bool
     dead: Tensor | None
 
-    def explicit_bias(self, q_len: int, *, dtype: torch.dtype, device: torch.device) -> Tensor | None:
-        """The bias for the explicit (non-kernel) path: ``bias``, or the causal bias."""
+    def kernel_mask(self) -> Tensor | None:
+        """``bias`` as ``scaled_dot_product_attention`` takes it (bool there means True = allowed)."""
+        if self.bias is not None and self.bias.dtype == torch.bool:
+            return ~self.bias
+        return self.bias
+
+    def explicit_bias(self, q_len: int, *, device: torch.device) -> Tensor | None:
+        """The mask for the explicit (non-kernel) path: ``bias``, or the causal mask (bool, True = not allowed)."""
         if self.is_causal:
-            return causal_bias(q_len, q_len, dtype=dtype, device=device)
+            return causal_blocked(q_len, q_len, device=device)
         return self.bias
 
 
-def causal_bias(q_len: int, k_len: int, *, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Additive causal bias ``(1, 1, query_pos, key_pos)``, aligned to the end of the keys.
+def causal_blocked(q_len: int, k_len: int, *, device: torch.device) -> Tensor:
+    """Causal mask ``(1, 1, query_pos, key_pos)``, bool with True = not allowed, aligned to the end of the keys.
 
-    Query i may see key j when ``j <= k_len - q_len + i``; everything else is ``-inf``.
+    Query i may see key j when ``j <= k_len - q_len + i``.
     """
-    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
-    return _bool_to_bias(~allowed, dtype)[None, None]
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(k_len - q_len + 1)[None, None]
 
 
 def build_mask(
@@ -87,9 +97,9 @@ def build_mask(
         ValueError: a mask has the wrong shape.
         TypeError: a mask is not a tensor, or has a dtype other than bool or floating.
     """
-    parts: list[Tensor] = []
+    parts: list[Tensor] = []  # bool (True = not allowed) or float additive, each broadcastable to the scores
     if key_padding_mask is not None:
-        kpm = _as_bias("key_padding_mask", key_padding_mask, dtype, device)
+        kpm = _as_part("key_padding_mask", key_padding_mask, dtype, device)
         if kpm.shape != (batch, k_len):
             raise ValueError(
                 f"key_padding_mask has shape {tuple(kpm.shape)}; expected (batch, key_pos) = "
@@ -97,38 +107,48 @@ def build_mask(
             )
         parts.append(kpm[:, None, None, :])
     if attn_mask is not None:
-        parts.append(_attn_mask_bias(attn_mask, batch, n_heads, q_len, k_len, dtype, device))
+        parts.append(_attn_mask_part(attn_mask, batch, n_heads, q_len, k_len, dtype, device))
     # With q_len == 1 the end-aligned causal mask allows every key: nothing to mask.
     causal = causal and q_len > 1
     if not parts and (not causal or q_len == k_len):
         return AttentionMask(bias=None, is_causal=causal, dead=None)
     if causal:
-        parts.append(causal_bias(q_len, k_len, dtype=dtype, device=device))
-    bias = parts[0]
-    for part in parts[1:]:
-        bias = bias + part
+        parts.append(causal_blocked(q_len, k_len, device=device))
+    if all(part.dtype == torch.bool for part in parts):
+        blocked = parts[0]
+        for part in parts[1:]:
+            blocked = blocked | part
+        dead = blocked.all(dim=-1)  # (batch | 1, n_heads | 1, query_pos)
+        if not dead.any():
+            return AttentionMask(bias=blocked, is_causal=False, dead=None)
+        return AttentionMask(bias=blocked.masked_fill(dead[..., None], False), is_causal=False, dead=dead)
+    bias = None
+    for part in parts:
+        part = _bool_to_bias(part, dtype) if part.dtype == torch.bool else part
+        bias = part if bias is None else bias + part
     dead = torch.isneginf(bias).all(dim=-1)  # (batch | 1, n_heads | 1, query_pos)
-    bias = bias.masked_fill(dead[..., None], 0.0)
-    return AttentionMask(bias=bias, is_causal=False, dead=dead)
+    if not dead.any():
+        return AttentionMask(bias=bias, is_causal=False, dead=None)
+    return AttentionMask(bias=bias.masked_fill(dead[..., None], 0.0), is_causal=False, dead=dead)
 
 
-def _attn_mask_bias(
+def _attn_mask_part(
     attn_mask: Tensor, batch: int, n_heads: int, q_len: int, k_len: int,
     dtype: torch.dtype, device: torch.device,
 ) -> Tensor:
-    bias = _as_bias("attn_mask", attn_mask, dtype, device)
-    shape = tuple(bias.shape)
-    if bias.dim() == 2 and shape == (q_len, k_len):
-        return bias[None, None]
-    if bias.dim() == 3 and shape == (batch * n_heads, q_len, k_len):
-        return bias.view(batch, n_heads, q_len, k_len)
+    part = _as_part("attn_mask", attn_mask, dtype, device)
+    shape = tuple(part.shape)
+    if part.dim() == 2 and shape == (q_len, k_len):
+        return part[None, None]
+    if part.dim() == 3 and shape == (batch * n_heads, q_len, k_len):
+        return part.view(batch, n_heads, q_len, k_len)
     if (
-        bias.dim() == 4
+        part.dim() == 4
         and shape[0] in (1, batch)
         and shape[1] in (1, n_heads)
         and shape[2:] == (q_len, k_len)
     ):
-        return bias
+        return part
     raise ValueError(
         f"attn_mask has shape {shape}; expected (query_pos, key_pos) = ({q_len}, {k_len}), "
         f"(batch * n_heads, query_pos, key_pos) = ({batch * n_heads}, {q_len}, {k_len}) or "
@@ -136,11 +156,12 @@ def _attn_mask_bias(
     )
 
 
-def _as_bias(name: str, mask: Tensor, dtype: torch.dtype, device: torch.device) -> Tensor:
+def _as_part(name: str, mask: Tensor, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A mask as given: bool (True = not allowed) kept bool, float cast to the scores' dtype."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype == torch.bool:
-        return _bool_to_bias(mask.to(device), dtype)
+        return mask.to(device)
     if mask.is_floating_point():
         return mask.to(device=device, dtype=dtype)
     raise TypeError(f"{name} has dtype {mask.dtype}; expected torch.bool or a floating dtype")
@@ -148,4 +169,4 @@ def _as_bias(name: str, mask: Tensor, dtype: torch.dtype, device: torch.device) 
 
 def _bool_to_bias(not_allowed: Tensor, dtype: torch.dtype) -> Tensor:
     zeros = torch.zeros(not_allowed.shape, dtype=dtype, device=not_allowed.device)
-    return zeros.masked_fill(not_allowed, float("-inf"))
+    return zeros.masked_fill_(not_allowed, float("-inf"))

@@ -63,7 +63,7 @@ class TalkingHeads(nn.Module):
         n_heads = q.shape[1]
         logits = torch.matmul(q * scale, expand_kv(k, n_heads, kv_index).transpose(-1, -2))  # (batch, head, q, k)
         logits = torch.einsum("bhqk,hg->bgqk", logits, self.logit_mixing)
-        bias = mask.explicit_bias(q.shape[2], dtype=q.dtype, device=q.device)
+        bias = mask.explicit_bias(q.shape[2], device=q.device)
         weights = masked_softmax(logits, bias, mask.dead)
         # Mixing keeps a row that sees no key at zero: it only combines zero rows.
         weights = torch.einsum("bhqk,hg->bgqk", weights, self.weight_mixing)
