@@ -85,7 +85,19 @@ def test_matrix_symmetric_merge_equals_whole():
     np.testing.assert_array_equal(result.distances, result.distances.T)
     assert np.all(np.diag(result.distances) == 0)
     assert np.all((result.distances >= 0) & (result.distances <= MAX_JS_DISTANCE + 1e-12))
-    np.testing.assert_allclose(result.distances, slow_matrix(batches), rtol=1e-9, atol=1e-12)
+    # float32 patterns are reduced in float32 (entropies ~1e-7-exact)
+    np.testing.assert_allclose(result.distances, slow_matrix(batches), rtol=1e-5, atol=1e-6)
+
+
+def test_float64_patterns_are_reduced_in_float64():
+    batches = [random_batch(seed) for seed in range(2)]
+    for b in batches:
+        for taken in b.layers.values():
+            taken.patterns = taken.patterns.double()
+    similarity = HeadSimilarity()
+    for b in batches:
+        similarity.update(b)
+    np.testing.assert_allclose(similarity.result().distances, slow_matrix(batches), rtol=1e-9, atol=1e-12)
 
 
 def test_heads_must_match():

@@ -222,7 +222,8 @@ def test_matches_slow_loops_on_minilm():
                         sums, counts = slow_statistics(batch.tokens[b], special, p)
                         total += sums[name]
                         n += counts[STATISTICS[name]]
-                assert getattr(r, name)[li, hi].item() == pytest.approx(total / n, rel=1e-9, abs=1e-12), (name, layer)
+                # rows are reduced in float32 (the patterns' dtype), the corpus sums in float64
+                assert getattr(r, name)[li, hi].item() == pytest.approx(total / n, rel=1e-6, abs=1e-9), (name, layer)
 
 
 def test_surface_stats_runs_a_capture_and_reads_causality():

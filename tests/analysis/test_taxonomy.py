@@ -128,8 +128,9 @@ def test_matches_slow_loops_on_minilm():
                             n_block += 1
                             block += sum(p[i][j] for j in range(n) if abs(i - j) > 1 and not is_special[j]
                                          and segment[b, j] == segment[b, i])
-            assert result.band[li, hi].item() == pytest.approx(band / n_queries, rel=1e-9)
-            assert result.special[li, hi].item() == pytest.approx(special / n_queries, rel=1e-9)
-            assert result.top_columns[li, hi].item() == pytest.approx(top / n_items, rel=1e-9)
-            assert result.block[li, hi].item() == pytest.approx(block / n_block, rel=1e-9)
+            # rows are reduced in float32 (the patterns' dtype), the corpus sums in float64
+            assert result.band[li, hi].item() == pytest.approx(band / n_queries, rel=1e-6)
+            assert result.special[li, hi].item() == pytest.approx(special / n_queries, rel=1e-6)
+            assert result.top_columns[li, hi].item() == pytest.approx(top / n_items, rel=1e-6)
+            assert result.block[li, hi].item() == pytest.approx(block / n_block, rel=1e-6, abs=1e-9)
     assert set(classify(result).values()) <= set(CLASSES)

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headlab.capture import (
-    collate, pattern_to_words, tokenize_corpus, unit_labels, unit_matrix, whitespace_spans, word_ids_from_spans,
+    collate, pattern_to_words, tokenize_corpus, unit_labels, whitespace_spans, word_ids_from_spans,
     word_units,
 )
 
@@ -58,11 +58,6 @@ def test_word_units():
     assert units1.tolist() == units[0].tolist() and int(n1) == 6
     with pytest.raises(ValueError, match="differ"):
         word_units(word_ids, mask[:, :3])
-
-
-def test_unit_matrix():
-    m = unit_matrix(torch.tensor([0, 1, 1, -1]), 3)
-    assert m.tolist() == [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]]
 
 
 def test_shape_errors():

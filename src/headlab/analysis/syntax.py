@@ -276,7 +276,7 @@ class SyntaxAccuracy:
             if taken.patterns is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('patterns',)")
             words = pattern_to_words(taken.patterns.float(), units, n_units=n_units)
-            words = words.masked_fill(~is_word[:, None, None, :], float("-inf"))
+            words.masked_fill_(~is_word[:, None, None, :], float("-inf"))  # words is ours: no copy
             predictions.append(words.argmax(-1))
         predicted = torch.cat(predictions, dim=1).cpu()  # (batch, head_slot, query_word)
         units, word_ids = units.cpu(), word_ids.cpu()

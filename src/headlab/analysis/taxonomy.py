@@ -76,29 +76,74 @@ def segments(batch: CaptureBatch) -> tuple[Tensor, Tensor]:
     return segment, n_content
 
 
-def _item_statistics(patterns: Tensor, batch: CaptureBatch, *, causal: bool) -> dict[str, Tensor]:
-    """Row statistics ``(batch, head, q)`` and, for ``top_columns``, item statistics ``(batch, head)``."""
-    p = patterns.double()
-    n_q, n_k = p.shape[-2:]
-    real = batch.attention_mask.bool()
-    special = batch.special_tokens_mask.bool() & real
-    positions = torch.arange(n_q, device=p.device)
-    offset = positions[:, None] - torch.arange(n_k, device=p.device)[None, :]  # i − j
-    band = offset.abs() <= 1
-    segment, _ = segments(batch)
-    segment = segment.to(p.device)
-    block_keys = (segment[:, :, None] == segment[:, None, :]) & ~band & (real & ~special)[:, None, :]  # (b, q, k)
-    if causal:
-        allowed = (offset >= 0)[None] & real[:, None, :]
+class _BatchKeys:
+    """What every layer of one batch shares: key-column masks and the chance level of ``block``.
+
+    Attributes:
+        columns: ``(batch, k, 1 + n_segments)`` float, column 0 the special tokens, column 1 + s the
+            content tokens of segment s; one matmul with a pattern gives each row's mass on each.
+        segment: ``(batch, q)`` each query's segment.
+        near: ``{o: (batch, q) bool}`` for o in −1, 0, 1: key i + o exists, is content and is in the
+            query's segment — the band keys that ``block`` excludes but the segment mass includes.
+        real_rows: ``(batch, 1, 1, q)`` float, 1 at real queries (for the column sums).
+        block_uniform: ``(batch, 1, q)`` float64, ``block`` for uniform attention.
+    """
+
+    def __init__(self, batch: CaptureBatch, *, causal: bool, dtype: torch.dtype, device: torch.device) -> None:
+        real = batch.attention_mask.bool().to(device)
+        special = batch.special_tokens_mask.bool().to(device) & real
+        content = real & ~special
+        segment, _ = segments(batch)
+        segment = segment.to(device)
+        n_pos = real.shape[1]
+        one_hot = torch.nn.functional.one_hot(segment, int(segment.max()) + 1) & content[..., None]
+        self.columns = torch.cat([special[..., None], one_hot.bool()], dim=-1).to(dtype)
+        self.segment = segment
+        self.near = {}
+        for o in (-1, 0, 1):
+            keys = torch.arange(n_pos, device=device) + o
+            inside = (keys >= 0) & (keys < n_pos)
+            k = keys.clamp(0, n_pos - 1)
+            self.near[o] = inside[None, :] & content[:, k] & (segment[:, k] == segment)
+        self.real_rows = real.to(dtype)[:, None, None, :]
+        offset = torch.arange(n_pos, device=device)[:, None] - torch.arange(n_pos, device=device)[None, :]  # i − j
+        block_keys = (segment[:, :, None] == segment[:, None, :]) & (offset.abs() > 1) & content[:, None, :]
+        allowed = ((offset >= 0)[None] if causal else True) & real[:, None, :]
+        self.block_uniform = ((block_keys & allowed).sum(-1) / allowed.sum(-1).clamp(min=1))[:, None, :].double()
+
+
+def _diagonal(p: Tensor, offset: int) -> Tensor:
+    """``(batch, head, q)``: ``p[..., i, i + offset]``, 0 where key i + offset does not exist."""
+    out = p.new_zeros(p.shape[:-1])
+    values = p.diagonal(offset=offset, dim1=-2, dim2=-1)
+    if offset < 0:
+        out[..., -offset:] = values
     else:
-        allowed = real[:, None, :].expand(-1, n_q, -1)
-    columns = torch.where(real[:, None, :, None], p, 0.0).sum(-2) / real.sum(-1).clamp(min=1)[:, None, None]
+        out[..., : out.shape[-1] - offset] = values
+    return out
+
+
+def _item_statistics(patterns: Tensor, keys: _BatchKeys) -> dict[str, Tensor]:
+    """Row statistics ``(batch, head, q)`` and, for ``top_columns``, item statistics ``(batch, head)``,
+    float64. Rows are reduced in the patterns' dtype by matmuls (see surface.row_statistics)."""
+    p = patterns  # (batch, head, q, k)
+    if p.shape[-1] != p.shape[-2]:
+        raise ValueError(f"taxonomy needs self-attention patterns (query_pos == key_pos), got shape {tuple(p.shape)}")
+    masses = torch.matmul(p, keys.columns[:, None])  # (batch, head, q, 1 + n_segments)
+    own = keys.segment[:, None, :, None].expand(*p.shape[:-1], 1)
+    in_segment = masses[..., 1:].gather(-1, own).squeeze(-1).double()  # (batch, head, q)
+    diagonals = {o: _diagonal(p, o).double() for o in (-1, 0, 1)}
+    block = in_segment - sum(diagonals[o] * keys.near[o][:, None, :] for o in (-1, 0, 1))
+    columns = torch.matmul(keys.real_rows, p).squeeze(-2)  # (batch, head, k): Σ over real queries
+    if not torch.isfinite(columns).all():  # padded query rows may hold anything; keep them out
+        columns = torch.where(keys.real_rows.squeeze(1)[..., None].bool(), p, 0.0).sum(-2)
+    columns = columns / keys.real_rows.sum(-1).clamp(min=1)
     return {
-        "special": (p * special[:, None, None, :]).sum(-1),
-        "band": (p * band).sum(-1),
-        "block": (p * block_keys[:, None]).sum(-1),
-        "block_uniform": ((block_keys & allowed).sum(-1) / allowed.sum(-1).clamp(min=1))[:, None, :].double(),
-        "top_columns": columns.topk(min(TOP_COLUMNS, n_k), dim=-1).values.sum(-1),  # (b, h)
+        "special": masses[..., 0].double(),
+        "band": sum(diagonals.values()),
+        "block": block,
+        "block_uniform": keys.block_uniform.expand(p.shape[:-1]),
+        "top_columns": columns.topk(min(TOP_COLUMNS, p.shape[-1]), dim=-1).values.sum(-1).double(),  # (b, h)
     }
 
 
@@ -150,10 +195,13 @@ class TaxonomyStats(PerHeadMeans):
         block_rows = real & ~batch.special_tokens_mask.bool() & (n_content >= 2).to(real.device)[:, None]
         weights = {"queries": real, "block_queries": block_rows}
         counts = {"queries": int(real.sum()), "block_queries": int(block_rows.sum()), "items": len(batch)}
+        keys = None
         for layer, taken in batch.layers.items():
             if taken.patterns is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('patterns',)")
-            stats = _item_statistics(taken.patterns, batch, causal=self.causal)
+            if keys is None:
+                keys = _BatchKeys(batch, causal=self.causal, dtype=taken.patterns.dtype, device=taken.patterns.device)
+            stats = _item_statistics(taken.patterns, keys)
             sums = {}
             for name in _STATS:
                 if _COUNT_OF[name] == "items":

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "pattern_to_words", "unit_labels", "unit_matrix", "whitespace_spans", "word_ids_from_spans", "word_units",
+    "pattern_to_words", "unit_labels", "whitespace_spans", "word_ids_from_spans", "word_units",
 ]
 
 
@@ -49,20 +49,6 @@ def word_units(word_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor
     starts = real & (first | (word_ids < 0) | (word_ids != previous))  # a special token is always a new unit
     units = starts.long().cumsum(-1) - 1
     return units.masked_fill(~real, -1), starts.sum(-1)
-
-
-def unit_matrix(units: Tensor, n_units: int, *, dtype: torch.dtype = torch.float32) -> Tensor:
-    """One-hot membership of pieces in units.
-
-    Args:
-        units: ``(..., pos)`` unit of each piece, -1 for none.
-        n_units: size of the unit axis.
-
-    Returns:
-        ``(..., n_units, pos)``: 1 where piece p belongs to unit u, else 0.
-    """
-    grid = torch.arange(n_units, device=units.device)
-    return (units.unsqueeze(-2) == grid[:, None]).to(dtype)
 
 
 def pattern_to_words(pattern: Tensor, units: Tensor, *, n_units: int | None = None) -> Tensor:
@@ -94,12 +80,23 @@ def pattern_to_words(pattern: Tensor, units: Tensor, *, n_units: int | None = No
             f"{tuple(pattern.shape)}; expected (batch, ..., pos, pos)"
         )
     n_units = int(units.max()) + 1 if n_units is None else n_units
-    member = unit_matrix(units, n_units, dtype=pattern.dtype)  # (batch?, unit, pos)
-    if units.dim() == 2:  # (batch, 1…, unit, pos) to broadcast over the pattern's middle axes
-        member = member.view(units.shape[0], *[1] * (pattern.dim() - 3), n_units, pos)
-    to_words = pattern @ member.transpose(-1, -2)  # (..., q, unit): sum over each word's key pieces
-    mean = member / member.sum(-1, keepdim=True).clamp(min=1)
-    return mean @ to_words  # (..., unit, unit): mean over each word's query pieces
+    # index_add_ per item, not a one-hot matmul: adding each query piece's row into its word's
+    # row, then each key piece's column into its word's column, reads the pattern once, where a
+    # (pos × units) membership matmul costs O(pos² · units) per head. Pieces of unit -1 (padding)
+    # or ≥ n_units go to a spare row/column that is dropped.
+    lead = pattern.shape[:-2]
+    n_items = units.shape[0] if units.dim() == 2 else 1
+    p = pattern.reshape(n_items, -1, pos, pos)  # (item, rest, q, k)
+    unit = torch.where((units >= 0) & (units < n_units), units, n_units).reshape(n_items, pos)
+    words = p.new_zeros(n_items, p.shape[1], n_units, n_units + 1)
+    for i in range(n_items):
+        by_query = p.new_zeros(p.shape[1], n_units + 1, pos).index_add_(1, unit[i], p[i])[:, :n_units]
+        words[i].index_add_(2, unit[i], by_query)
+    words = words[..., :n_units]
+    counts = torch.zeros(n_items, n_units + 1, dtype=pattern.dtype, device=units.device)
+    counts.scatter_add_(1, unit, torch.ones_like(unit, dtype=pattern.dtype))
+    words /= counts[:, None, :n_units, None].clamp(min=1)  # the mean over each word's query pieces
+    return words.reshape(*lead, n_units, n_units)
 
 
 def unit_labels(text: str, tokens: Sequence[str], offsets: Sequence[Sequence[int]], units: Sequence[int]) -> list[str]:
