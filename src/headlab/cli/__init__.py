@@ -12,8 +12,10 @@ from typing import Annotated
 import typer
 
 from headlab.cli import analyze as _analyze
+from headlab.cli import audit as _audit
 from headlab.cli import params as _params
 from headlab.cli import report as _report
+from headlab.cli import view as _view
 
 __all__ = ["app", "main"]
 
@@ -49,6 +51,8 @@ def _root(
 app.command("report")(_report.report)
 app.command("params")(_params.params)
 app.command("analyze")(_analyze.analyze)
+app.command("audit")(_audit.audit)
+app.command("view")(_view.view)
 
 
 def main() -> None:

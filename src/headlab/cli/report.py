@@ -10,13 +10,20 @@ import typer
 
 
 def report(
+    model: Annotated[str | None, typer.Argument(
+        help="Checkpoint directory or hub id for the model sections; default: the packaged MiniLM.")] = None,
+    text: Annotated[Path | None, typer.Option(
+        "--text", exists=True, dir_okay=False, readable=True,
+        help="Corpus file for the model sections, one item per line; default: the bundled corpus.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder to write index.html into.")] = Path("report"),
     seed: Annotated[int, typer.Option("--seed", help="Seed for every random draw.")] = 0,
-    quick: Annotated[bool, typer.Option("--quick", help="Smaller, faster computations.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Reduced budgets: a few minutes on a 2-core CPU.")] = False,
+    serve: Annotated[bool, typer.Option("--serve", help="Then serve the folder on 127.0.0.1 until Ctrl-C.")] = False,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port for --serve; 0 picks a free one.")] = 0,
 ) -> None:
-    """Build the report (index.html + assets) and summarise its sections.
+    """Build the report (index.html + assets, works offline) and summarise its sections.
 
-    Exits with status 1 if any section failed to render.
+    Exits with status 1 if any section failed to render (the page still shows the others).
     """
     from rich.console import Console
     from rich.markup import escape
@@ -24,8 +31,10 @@ def report(
 
     from headlab.report import build_report
 
-    command = f"headlab report --out {shlex.quote(str(out))} --seed {seed}" + (" --quick" if quick else "")
-    result = build_report(out, seed=seed, quick=quick, progress=True, command=command)
+    words = ["headlab", "report", *([model] if model is not None else []), "--out", str(out), "--seed", str(seed)]
+    words += (["--text", str(text)] if text is not None else []) + (["--quick"] if quick else [])
+    result = build_report(out, seed=seed, quick=quick, model=model, text=text, progress=True,
+                          command=shlex.join(words))
 
     summary = Table(title="headlab report")
     summary.add_column("section")
@@ -37,5 +46,14 @@ def report(
     console = Console()
     console.print(summary)
     console.print(f"Report written to {escape(str(result.index))}")
+    if serve:
+        from headlab.report.viewer.serve import serve as serve_path
+
+        try:
+            serve_path(out, port=port,
+                       announce=lambda url: console.print(f"serving {escape(url)} (this machine only; Ctrl-C stops)"))
+        except OSError as err:
+            console.print(f"[red]error:[/red] cannot serve on 127.0.0.1:{port}: {escape(str(err))}")
+            raise typer.Exit(code=2) from None
     if not result.ok:
         raise typer.Exit(code=1)

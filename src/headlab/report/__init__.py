@@ -7,6 +7,6 @@ registry of default sections lives in :mod:`headlab.report.sections`.
 from __future__ import annotations
 
 from headlab.report.build import ReportResult, SectionOutcome, build_report
-from headlab.report.section import ReportContext, Section
+from headlab.report.section import Part, ReportContext, Section
 
-__all__ = ["build_report", "ReportResult", "SectionOutcome", "ReportContext", "Section"]
+__all__ = ["build_report", "Part", "ReportResult", "SectionOutcome", "ReportContext", "Section"]

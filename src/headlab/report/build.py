@@ -2,6 +2,8 @@
 
 A section that raises does not stop the report: its place in the page shows the
 exception type, message and traceback, and the remaining sections still render.
+Sections may be grouped into parts (:class:`headlab.report.section.Part`); every section
+runs once, in page order, under one progress bar.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headlab.report.html import Html, code, details
-from headlab.report.page import PROVENANCE_ID, RenderedSection, render_page
-from headlab.report.provenance import collect_provenance
-from headlab.report.section import ReportContext, Section
+from headlab.report.page import PROVENANCE_ID, RenderedPart, RenderedSection, render_page
+from headlab.report.provenance import collect_provenance, model_name
+from headlab.report.section import Part, ReportContext, Section
 
 __all__ = ["SectionOutcome", "ReportResult", "build_report"]
 
@@ -85,12 +87,36 @@ def _error_fragment(exc: BaseException) -> Html:
     )
 
 
-def _check_ids(sections: Sequence[Section]) -> None:
+def _check_ids(entries: Sequence[Section | Part]) -> None:
     seen: set[str] = {PROVENANCE_ID}
-    for s in sections:
-        if s.id in seen:
-            raise ValueError(f"duplicate or reserved section id {s.id!r} (reserved: {PROVENANCE_ID!r})")
-        seen.add(s.id)
+    ids = [e.id for e in entries] + [s.id for e in entries if isinstance(e, Part) for s in e.sections]
+    for anchor in ids:
+        if anchor in seen:
+            raise ValueError(f"duplicate or reserved section id {anchor!r} (reserved: {PROVENANCE_ID!r})")
+        seen.add(anchor)
+    for e in entries:
+        if isinstance(e, Part):
+            missing = [a for a in e.see_also if a not in seen]
+            if missing:
+                raise ValueError(f"part {e.id!r} refers to {missing}, which no section or part of the page has")
+
+
+def _describe_model(ctx: ReportContext) -> tuple[str, str]:
+    """``(name, source)`` of the report's model."""
+    loaded = ctx.memoized("model")
+    if loaded is None:
+        return model_name(ctx.model), "not loaded: no section needed it"
+    return f"{model_name(loaded.source)} ({loaded.family})", loaded.source
+
+
+def _describe_corpus(text: Path | None) -> str:
+    from headlab.capture.corpus import load_corpus
+
+    try:
+        corpus = load_corpus(text)
+    except (OSError, ValueError) as err:  # the sections that read it show the same error in place
+        return f"{text} (could not be read: {err})"
+    return f"{corpus.source} ({len(corpus)} items)"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -102,9 +128,11 @@ def _write_atomic(path: Path, text: str) -> None:
 def build_report(
     out_dir: Path,
     *,
-    sections: Sequence[Section] | None = None,
+    sections: Sequence[Section | Part] | None = None,
     seed: int = 0,
     quick: bool = False,
+    model: str | None = None,
+    text: Path | None = None,
     progress: bool = True,
     command: str | None = None,
 ) -> ReportResult:
@@ -113,10 +141,12 @@ def build_report(
     Args:
         out_dir: report folder; created if missing. Existing files with the same names
             are overwritten, nothing else in it is touched.
-        sections: sections in page order; defaults to
+        sections: sections and parts in page order; defaults to
             :data:`headlab.report.sections.DEFAULT_SECTIONS`.
         seed: passed to every section through the context.
         quick: ask sections for a smaller, faster computation.
+        model: the checkpoint the model sections study; None for the packaged MiniLM.
+        text: the corpus file they run over; None for the bundled corpus.
         progress: show a rich progress bar (on stderr) while sections run.
         command: the command line shown in the provenance footer; defaults to ``sys.argv``.
 
@@ -124,27 +154,29 @@ def build_report(
         A :class:`ReportResult` with the index path and one outcome per section.
 
     Raises:
-        ValueError: two sections share an id, or a section uses the reserved id
-            ``"provenance"``.
+        ValueError: two sections or parts share an id, one uses the reserved id
+            ``"provenance"``, or a part's ``see_also`` names an id the page lacks.
     """
     if sections is None:
         from headlab.report.sections import DEFAULT_SECTIONS  # read at call time: the registry may grow
 
         sections = DEFAULT_SECTIONS
-    sections = list(sections)
-    _check_ids(sections)
+    entries = list(sections)
+    _check_ids(entries)
+    flat = [s for e in entries for s in (e.sections if isinstance(e, Part) else (e,))]
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = ReportContext(out_dir=out_dir, assets_dir=out_dir / "assets", seed=seed, quick=quick)
+    ctx = ReportContext(out_dir=out_dir, assets_dir=out_dir / "assets", seed=seed, quick=quick, model=model,
+                        text=text)
 
     start = time.perf_counter()
-    rendered: list[RenderedSection] = []
+    done: dict[str, RenderedSection] = {}
     outcomes: list[SectionOutcome] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=True) as bar:
-        task = bar.add_task("report", total=len(sections))
-        for section in sections:
+        task = bar.add_task("report", total=len(flat))
+        for section in flat:
             bar.update(task, description=f"section: {section.title}")
             t0 = time.perf_counter()
             try:
@@ -152,13 +184,18 @@ def build_report(
             except Exception as exc:  # a broken section must not take the report down
                 body, error = _error_fragment(exc), f"{type(exc).__name__}: {exc}"
             seconds = time.perf_counter() - t0
-            rendered.append(RenderedSection(id=section.id, title=section.title, ok=error is None, body=body))
+            done[section.id] = RenderedSection(id=section.id, title=section.title, ok=error is None, body=body,
+                                               seconds=seconds)
             outcomes.append(SectionOutcome(section.id, section.title, error is None, error, seconds))
             bar.advance(task)
 
-    prov = collect_provenance(seed=seed, quick=quick, command=command)
+    page = [RenderedPart(id=e.id, title=e.title, intro=e.intro, sections=[done[s.id] for s in e.sections],
+                         see_also=list(e.see_also)) if isinstance(e, Part) else done[e.id] for e in entries]
+    name, source = _describe_model(ctx)
+    prov = collect_provenance(seed=seed, quick=quick, model=name, model_source=source,
+                              corpus=_describe_corpus(text), command=command)
     index = out_dir / "index.html"
-    _write_atomic(index, render_page(rendered, provenance=prov, seconds=time.perf_counter() - start))
+    _write_atomic(index, render_page(page, provenance=prov, seconds=time.perf_counter() - start))
     result = ReportResult(index=index, sections=outcomes, provenance=prov.to_dict())
     _write_atomic(out_dir / "report.json", json.dumps(result.to_dict(), indent=2) + "\n")
     return result

@@ -1,4 +1,4 @@
-"""Where and how a report was produced: versions, machine, seed, time, command."""
+"""Where and how a report was produced: versions, machine, model, corpus, seed, time, command."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["Provenance", "collect_provenance"]
+__all__ = ["DEFAULT_MODEL_NAME", "Provenance", "collect_provenance", "model_name"]
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (packaged)"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class Provenance:
     platform: str
     cpu: str
     cpu_count: int
+    model: str
+    model_source: str
+    corpus: str
     seed: int
     quick: bool
     utc_time: str
@@ -42,6 +47,9 @@ class Provenance:
             ("python", self.python_version),
             ("platform", self.platform),
             ("CPU", f"{self.cpu} ({self.cpu_count} logical cores)"),
+            ("model", self.model),
+            ("model source", self.model_source),
+            ("corpus", self.corpus),
             ("seed", str(self.seed)),
             ("quick", "yes" if self.quick else "no"),
             ("time (UTC)", self.utc_time),
@@ -66,12 +74,41 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def collect_provenance(*, seed: int, quick: bool, command: str | None = None) -> Provenance:
+def model_name(source: str | None) -> str:
+    """A short name for a model: the packaged MiniLM by name, a local checkpoint by its folder's
+    name, a hub id as it is.
+
+    Args:
+        source: ``LoadedModel.source`` (or the argument given to ``headlab.load``); None for the
+            packaged model.
+    """
+    if source is None:
+        return DEFAULT_MODEL_NAME
+    try:
+        from headlab.models import default_model_path
+
+        if Path(source) == default_model_path():
+            return DEFAULT_MODEL_NAME
+    except ModuleNotFoundError:  # the packaged model is not installed, so this is not it
+        pass
+    path = Path(source)
+    if path.is_dir():
+        return path.name if path.name != "model" else f"{path.parent.name}/{path.name}"
+    return source
+
+
+def collect_provenance(
+    *, seed: int, quick: bool, model: str = DEFAULT_MODEL_NAME, model_source: str = "not loaded",
+    corpus: str = "bundled corpus", command: str | None = None,
+) -> Provenance:
     """Describe the current run.
 
     Args:
         seed: the report's seed.
         quick: whether the report ran in quick mode.
+        model: the model the model sections studied, as it should be shown.
+        model_source: where it was loaded from.
+        corpus: the corpus they ran over, as it should be shown.
         command: the command line to show; defaults to this process's ``sys.argv``.
 
     Returns:
@@ -87,6 +124,9 @@ def collect_provenance(*, seed: int, quick: bool, command: str | None = None) ->
         platform=platform.platform(),
         cpu=_cpu_name(),
         cpu_count=os.cpu_count() or 0,
+        model=model,
+        model_source=model_source,
+        corpus=corpus,
         seed=seed,
         quick=quick,
         utc_time=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),

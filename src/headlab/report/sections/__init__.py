@@ -1,18 +1,61 @@
-"""The sections of ``headlab report``, in page order.
+"""The sections of ``headlab report``, grouped into parts, in page order.
 
-To add a section: write ``sections/<name>.py`` exposing ``SECTION`` (a
-:class:`headlab.report.section.Section`) and append it to :data:`DEFAULT_SECTIONS`.
+One part per question of ../seeds/README.md, each holding the sections that measure its
+answer, then the model's heads (analysis and viewer), then correctness and speed. To add a
+section: write ``sections/<name>.py`` exposing ``SECTION`` (a
+:class:`headlab.report.section.Section`) and put it in the part it answers.
 """
 
 from __future__ import annotations
 
-from headlab.report.section import Section
-from headlab.report.sections import analysis, params, parity
+from headlab.report.section import Part, Section
+from headlab.report.sections import analysis, params, parity, qk, viewer
 
 __all__ = ["DEFAULT_SECTIONS"]
 
-DEFAULT_SECTIONS: list[Section] = [
-    parity.SECTION,
-    params.SECTION,
-    analysis.SECTION,
+DEFAULT_SECTIONS: list[Section | Part] = [
+    Part(
+        "q000", "Do the heads share their query, key and value weights?",
+        "A widely copied tutorial layer cuts the input into one slice per head and sends every slice through "
+        "the same small projection. In the standard layer each head has its own slice of every projection "
+        "and reads the whole input. Which is which can be told from what the running module computes.",
+        sections=(), see_also=("params",),
+    ),
+    Part(
+        "q001", "Do more heads mean more parameters, or different outputs?",
+        "torch.nn.MultiheadAttention has as many parameters with one head as with sixteen. Below: the count "
+        "against the number of heads for every variant, and why it moves or does not.",
+        sections=(params.SECTION,),
+    ),
+    Part(
+        "q002", "Why keep W_Q and W_K apart instead of learning one W_QK?",
+        "A head's scores are x W_Q (x W_K)ᵀ = x W_QK xᵀ. One full W_QK per head is a bilinear form that "
+        "could be learned directly; the two factors are cheaper but cap its rank at d_head. Below: what each "
+        "form costs, and the rank of W_QK measured in a pretrained model.",
+        sections=(qk.SECTION,), see_also=("params",),
+    ),
+    Part(
+        "q003", "Is 8-head attention the same tensor as 1-head attention with the same weights?",
+        "The same projections can be read as eight heads of width d_model/8 or one head of width d_model. "
+        "The softmax is taken per head, so the two differ unless the softmax saturates; below, the "
+        "difference against the scale of the logits, and in the gradients.",
+        sections=(),
+    ),
+    Part(
+        "q004", "What makes each head learn something different?",
+        "Every head of a layer is built the same way. Below: what gradient descent does with heads that start "
+        "identical, variants trained side by side, and what the heads of a pretrained model turn out to do.",
+        sections=(), see_also=("analysis",),
+    ),
+    Part(
+        "heads", "The heads of the report's model",
+        "Roles, pattern classes, similarity, importance, pruning and syntax over the corpus, then every head "
+        "of the model in an interactive viewer.",
+        sections=(analysis.SECTION, viewer.SECTION),
+    ),
+    Part(
+        "checks", "Correctness and speed",
+        "headlab's layer against torch.nn.MultiheadAttention on the same weights and inputs.",
+        sections=(parity.SECTION,),
+    ),
 ]

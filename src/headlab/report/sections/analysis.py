@@ -1,6 +1,8 @@
-"""What the default model's heads do: ``headlab.analysis.analyze`` on the bundled corpus.
+"""What the model's heads do: ``headlab.analysis.analyze`` of the report's model on its corpus
+(the packaged MiniLM and the bundled corpus unless ``headlab report MODEL --text FILE`` says otherwise).
 
 Sentences, tables and plots all come from the run; the per-head rows are linked as JSON and CSV.
+The result is kept on the context (``"analysis"``) for the viewer section.
 """
 
 from __future__ import annotations
@@ -10,17 +12,19 @@ from headlab.report.section import ReportContext, Section
 
 
 def render(ctx: ReportContext) -> str:
-    import headlab
     from headlab.analysis.analyze import analyze
+    from headlab.capture import load_corpus
+    from headlab.report.provenance import model_name
 
-    loaded = headlab.load()
-    result = analyze(loaded, quick=ctx.quick, progress=False)
+    loaded = ctx.load_model()
+    result = ctx.memo("analysis", lambda: analyze(loaded, ctx.text, quick=ctx.quick, progress=False))
     folder = ctx.assets_dir / "analysis"
     paths = result.write(folder)
     hrefs = {p.name: f"assets/analysis/{p.name}" for p in paths}
     summary = result.summary()
-    parts = [f"<p>{escape(loaded.family)} model <code>{escape(loaded.source)}</code> on "
-             f"{summary['items']} items of the bundled corpus ({summary['tokens']} tokens)"
+    corpus = "the bundled corpus" if ctx.text is None else load_corpus(ctx.text).source
+    parts = [f"<p>{escape(loaded.family)} model <code>{escape(model_name(loaded.source))}</code> on "
+             f"{summary['items']} items of {escape(corpus)} ({summary['tokens']} tokens)"
              f"{', quick budgets' if ctx.quick else ''}. Definitions and thresholds: docs/analysis.md. "
              f"Per-head rows: {link(hrefs['heads.json'], 'heads.json')}, {link(hrefs['heads.csv'], 'heads.csv')}.</p>"]
     parts += [f"<p>{escape(sentence)}</p>" for sentence in result.sentences()]
@@ -44,10 +48,11 @@ def render(ctx: ReportContext) -> str:
         rows = []
         for rel in result.syntax.relations[:12]:
             direction, (layer, head), accuracy = rel.best
-            rows.append([rel.relation, rel.count, f"{layer}.{head}", direction, accuracy, rel.baseline_accuracy,
-                         f"{rel.baseline_offset:+d}"])
-        parts.append(table(["relation", "arcs", "best head", "direction", "accuracy", "baseline", "offset"], rows,
-                           numeric_cols=(1, 4, 5), caption="Dependency relations: best head vs the best fixed offset"))
+            rows.append([rel.relation, rel.count, f"{layer}.{head}", direction.replace("_", " "), f"{accuracy:.0%}",
+                         f"{rel.baseline_accuracy:.0%}", f"{rel.baseline_offset:+d}"])
+        parts.append(table(["relation", "arcs", "best head", "direction", "accuracy", "best offset's accuracy",
+                            "offset"], rows, numeric_cols=(1, 4, 5, 6),
+                           caption="Dependency relations: the best head against the best fixed offset"))
     if result.importance_spearman is not None:
         parts.append(f"<p>Spearman correlation of gradient importance with exact ablation (magnitudes): "
                      f"{result.importance_spearman:.3f}.</p>")
@@ -56,4 +61,5 @@ def render(ctx: ReportContext) -> str:
     return Html("".join(parts))
 
 
-SECTION = Section(id="analysis", title="What the heads of the default model do", render=render)
+SECTION = Section(id="analysis", title="What the model's heads do: roles, patterns, similarity, importance, syntax",
+                  render=render)

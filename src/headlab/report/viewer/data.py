@@ -1,0 +1,309 @@
+"""What the attention viewer shows: every selected head's pattern on a few texts, at piece and word level,
+with each head's statistics and role labels measured on those texts.
+
+Axis legend:
+    patterns   (head, query_pos, key_pos)   one layer's selected heads on one item
+    pos        word pieces of one item, special tokens included (``pieces`` level)
+    word       words and special tokens (``words`` level; ``headlab.capture.words``)
+
+One capture pass (``headlab.capture.capture``) feeds three consumers at once: the collector below,
+which encodes each item's patterns as it goes (``encoding.quantize``: one byte per entry, so the
+float patterns never pile up), ``SurfaceStats`` and ``TaxonomyStats``. Roles come from
+``headlab.analysis.roles.label_heads`` and pattern classes from ``headlab.analysis.taxonomy.classify``,
+on the viewed texts themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headlab.analysis.roles import label_heads
+from headlab.analysis.surface import STATISTICS, SurfaceStats, is_causal
+from headlab.analysis.taxonomy import TaxonomyStats, classify
+from headlab.capture import CaptureBatch, capture, model_max_length, pattern_to_words, tokenize_corpus
+from headlab.capture.taps import select_heads
+from headlab.models import LoadedModel, attention_modules
+from headlab.report.provenance import model_name
+from headlab.report.viewer.encoding import QuantizedPattern, quantize, thumbnails
+
+__all__ = ["MAX_ENTRIES", "HeadInfo", "Level", "ViewerData", "ViewerItem", "view_data"]
+
+MAX_ENTRIES = 400_000_000  # pattern entries (one byte each before deflate) one page may carry
+_TAXONOMY = ("special", "band", "block", "top_columns")
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """One head as measured on the viewed texts.
+
+    Attributes:
+        layer, head: the head's address.
+        roles: labels from ``label_heads`` (possibly none).
+        pattern_class: the Kovaleva et al. class from ``classify``.
+        stats: every surface statistic and the taxonomy scores (NaN-free: a statistic that could
+            not be measured on these texts, e.g. ``block`` without two sentences, is left out).
+        corpus: what a corpus-wide analysis found for this head (``AnalysisResult.rows()``), if given.
+    """
+
+    layer: int
+    head: int
+    roles: tuple[str, ...]
+    pattern_class: str
+    stats: dict[str, float]
+    corpus: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "head": self.head, "roles": list(self.roles), "class": self.pattern_class,
+                "stats": dict(self.stats), "corpus": self.corpus}
+
+
+@dataclass(frozen=True)
+class Level:
+    """One item at one level of detail.
+
+    Attributes:
+        name: ``"pieces"`` or ``"words"``.
+        labels: each position's text (a special token's own string, e.g. ``[CLS]``).
+        gaps: the text between the previous position and this one (usually a space), so that the
+            labels and gaps together give back the item's text.
+        tail: the text after the last position.
+        special: True at special tokens.
+        pieces: word pieces in each position (1 at piece level).
+        patterns: one encoded pattern per head, in ``ViewerData.heads`` order.
+        thumb_size, thumbs: every head's pooled pattern (``encoding.thumbnails``).
+    """
+
+    name: str
+    labels: list[str]
+    gaps: list[str]
+    tail: str
+    special: list[bool]
+    pieces: list[int]
+    patterns: list[QuantizedPattern]
+    thumb_size: int
+    thumbs: bytes
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+    def to_dict(self) -> dict[str, Any]:
+        import base64
+
+        return {"name": self.name, "n": self.n, "labels": self.labels, "gaps": self.gaps, "tail": self.tail,
+                "special": self.special, "pieces": self.pieces, "patterns": [p.to_dict() for p in self.patterns],
+                "thumbSize": self.thumb_size, "thumbs": base64.b64encode(self.thumbs).decode("ascii")}
+
+
+@dataclass(frozen=True)
+class ViewerItem:
+    """One viewed text.
+
+    Attributes:
+        text: the text as given.
+        full_length: its length in pieces before truncation (special tokens included).
+        truncated: True when it was cut to the model's limit; only the first ``pieces.n`` pieces are shown.
+        pieces: the piece-level view.
+        words: the word-level view, or None when every word is a single piece.
+    """
+
+    text: str
+    full_length: int
+    truncated: bool
+    pieces: Level
+    words: Level | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "fullLength": self.full_length, "truncated": self.truncated,
+                "pieces": self.pieces.to_dict(), "words": None if self.words is None else self.words.to_dict()}
+
+
+@dataclass(frozen=True)
+class ViewerData:
+    """Everything the viewer page needs.
+
+    Attributes:
+        name: the model's short name (``headlab.report.provenance.model_name``).
+        source: where the model came from.
+        family: its config class, e.g. ``"BertConfig"``.
+        causal: whether its attention is causal.
+        n_heads: heads of every layer of the model.
+        heads: the shown ``(layer, head)`` pairs, in layer then head order.
+        info: one ``HeadInfo`` per shown head, same order.
+        items: the viewed texts.
+        max_length: the truncation length in pieces, or None.
+    """
+
+    name: str
+    source: str
+    family: str
+    causal: bool
+    n_heads: list[int]
+    heads: list[tuple[int, int]]
+    info: list[HeadInfo]
+    items: list[ViewerItem]
+    max_length: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def head_index(self, layer: int, head: int) -> int:
+        """The position of ``(layer, head)`` in ``heads`` (and in every ``Level.patterns``).
+
+        Raises:
+            KeyError: the head is not shown.
+        """
+        try:
+            return self.heads.index((layer, head))
+        except ValueError:
+            raise KeyError(f"(layer {layer}, head {head}) is not among the shown heads {self.heads}") from None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of encoded patterns and thumbnails (before base64)."""
+        levels = [lv for item in self.items for lv in (item.pieces, item.words) if lv is not None]
+        return sum(p.nbytes for lv in levels for p in lv.patterns) + sum(len(lv.thumbs) for lv in levels)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns: the page's payload (the format ``static/viewer.js`` reads)."""
+        return {"format": 1, "name": self.name, "source": self.source, "family": self.family, "causal": self.causal,
+                "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
+                "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
+                "maxLength": self.max_length, "notes": list(self.notes)}
+
+
+def view_data(
+    model: LoadedModel,
+    texts: str | Sequence[str],
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    corpus_rows: Sequence[Mapping[str, Any]] | None = None,
+    max_entries: int = MAX_ENTRIES,
+    progress: bool = False,
+) -> ViewerData:
+    """Run the model on ``texts`` and encode what the viewer shows.
+
+    Args:
+        model: what ``headlab.load`` returned (a fast tokenizer is needed for offsets).
+        texts: one text or several (the viewer switches between them).
+        layers, heads: the heads to show (as ``capture`` takes them); None for all.
+        corpus_rows: per-head rows of a corpus-wide analysis (``AnalysisResult.rows()``), shown
+            next to the statistics measured on ``texts``.
+        max_entries: most pattern entries (heads × positions², both levels) the page may carry.
+        progress: show the capture's progress bar.
+
+    Returns:
+        The viewer's data.
+
+    Raises:
+        ValueError: no text, an empty text, a bad selection, or more than ``max_entries`` entries
+            (the message gives the count and how to cut it).
+        TypeError: the model has no fast tokenizer.
+    """
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts:
+        raise ValueError("no text to view: pass at least one non-empty text")
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(f"text {empty[0]} is empty or whitespace only; every viewed text needs a word")
+    if model.tokenizer is None:
+        raise TypeError(f"{model.source} has no tokenizer; the viewer needs its fast tokenizer for token offsets")
+    modules = attention_modules(model)
+    n_heads = [m.attn.config.n_heads for m in modules]
+    selection = select_heads(n_heads, layers=layers, heads=heads)
+    shown = [(layer, h) for layer, hs in selection.items() for h in hs]
+    max_length = model_max_length(model.model, model.tokenizer)
+    tokenized = tokenize_corpus(model.tokenizer, texts, max_length=max_length)
+    lengths = tokenized.lengths
+    entries = 2 * len(shown) * sum(n * n for n in lengths)  # both levels, at most
+    if entries > max_entries:
+        raise ValueError(
+            f"{len(texts)} text(s) of {max(lengths)} pieces at most × {len(shown)} heads need up to {entries:,} "
+            f"pattern entries, more than max_entries={max_entries:,}; show fewer heads (--layers/--heads) "
+            "or shorter texts"
+        )
+    causal = is_causal(model)
+    collector = _Collector(shown)
+    surface, taxonomy = SurfaceStats(causal=causal), TaxonomyStats(causal=causal)
+    run = capture(model, corpus=texts, layers=sorted(selection), heads=selection, what=("patterns",),
+                  consumers=[collector, surface, taxonomy], progress=progress)
+    surface_result, taxonomy_result = surface.result(), taxonomy.result()
+    roles, classes = label_heads(surface_result), classify(taxonomy_result)
+    by_head = {(int(r["layer"]), int(r["head"])): dict(r) for r in corpus_rows or ()}
+    info = []
+    for layer, head in shown:
+        i, j = surface_result.index(layer, head)
+        a, b = taxonomy_result.index(layer, head)
+        stats = {name: float(getattr(surface_result, name)[i, j]) for name in STATISTICS}
+        stats |= {name: float(getattr(taxonomy_result, name)[a, b]) for name in _TAXONOMY}
+        info.append(HeadInfo(layer=layer, head=head, roles=roles.get((layer, head), ()),
+                             pattern_class=classes.get((layer, head), ""),
+                             stats={k: v for k, v in stats.items() if v == v},  # NaN: not measurable here
+                             corpus=by_head.get((layer, head))))
+    items = [ViewerItem(text=texts[k], full_length=tokenized.full_lengths[k], truncated=k in run.truncated,
+                        pieces=collector.levels[k][0], words=collector.levels[k][1]) for k in range(len(texts))]
+    notes = [f"text {k} has {it.full_length} pieces; only the first {it.pieces.n} (the model's limit) are shown"
+             for k, it in enumerate(items) if it.truncated]
+    return ViewerData(name=model_name(model.source), source=model.source, family=model.family, causal=causal, n_heads=n_heads, heads=shown,
+                      info=info, items=items, max_length=max_length, notes=notes)
+
+
+class _Collector:
+    """A capture consumer that encodes each item's patterns at both levels as its batch arrives."""
+
+    def __init__(self, shown: list[tuple[int, int]]) -> None:
+        self.shown = shown
+        self.levels: dict[int, tuple[Level, Level | None]] = {}
+
+    def update(self, batch: CaptureBatch) -> None:
+        units, n_units = batch.word_units()
+        for row in range(len(batch)):
+            n = int(batch.lengths[row])
+            index = int(batch.corpus_indices[row])
+            layers = batch.layers
+            stack = torch.stack([layers[layer].patterns[row, layers[layer].heads.index(head), :n, :n]
+                                 for layer, head in self.shown]).float().cpu()  # (head, n, n)
+            text, tokens = batch.texts[row], batch.tokens[row]
+            offsets = batch.offsets[row, :n].tolist()
+            special = batch.special_tokens_mask[row, :n].bool().tolist()
+            pieces = _level("pieces", stack, text, tokens, offsets, special, list(range(n)))
+            item_units = units[row, :n].cpu()
+            words = None
+            if int(n_units[row]) < n:  # some word has several pieces
+                words = _level("words", pattern_to_words(stack.double(), item_units).float(), text, tokens, offsets,
+                               special, item_units.tolist())
+            self.levels[index] = (pieces, words)
+
+
+def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offsets: list[list[int]],
+           special: list[bool], units: list[int]) -> Level:
+    """Labels, gaps and encodings of one item at one level; ``units[p]`` is piece p's position at this level."""
+    n = max(units) + 1
+    spans: list[list[int] | None] = [None] * n
+    is_special = [True] * n
+    counts = [0] * n
+    for (start, end), sp, unit, token in zip(offsets, special, units, tokens):
+        counts[unit] += 1
+        if sp:
+            continue
+        is_special[unit] = False
+        held = spans[unit]
+        spans[unit] = [start, end] if held is None else [min(held[0], start), max(held[1], end)]
+    special_label = {unit: token for token, sp, unit in zip(tokens, special, units) if sp}
+    labels, gaps, cursor = [], [], 0
+    for unit in range(n):
+        span = spans[unit]
+        if span is None:  # a special token: no characters of its own
+            labels.append(special_label.get(unit, ""))
+            gaps.append("")
+            continue
+        start, end = span
+        gaps.append(text[cursor:start] if start >= cursor else "")
+        labels.append(text[max(start, cursor):end] if end > cursor else text[start:end])
+        cursor = max(cursor, end)
+    size, thumbs = thumbnails(patterns)
+    return Level(name=name, labels=labels, gaps=gaps, tail=text[cursor:], special=is_special, pieces=counts,
+                 patterns=[quantize(p) for p in patterns], thumb_size=size, thumbs=thumbs)
