@@ -90,6 +90,13 @@ def test_probes_on_tiny_gpt2(gpt2):
             assert induction.scores[layer, head].item() == pytest.approx(ind, rel=1e-6)
 
 
+def test_probes_refuse_sequences_longer_than_the_model_takes(gpt2):
+    # the tiny GPT-2 has 64 positions: [BOS] + 2 × 32 = 65 tokens do not fit
+    with pytest.raises(ValueError, match=r"length=32 .* 65 tokens .* at most 64; use length ≤ 31"):
+        induction_scores(gpt2, n_seqs=1, length=32)
+    assert induction_scores(gpt2, n_seqs=1, length=31).length == 31
+
+
 def test_probes_refuse_a_non_causal_model():
     from tests.capture.minilm import minilm
 

@@ -38,3 +38,32 @@ def test_bad_input_exits_2_with_a_message(tmp_path):
     assert no_text.exit_code == 2 and "error" in no_text.output
     missing = CliRunner().invoke(app, ["analyze", "--text", str(tmp_path / "nope.txt"), "--out", str(tmp_path)])
     assert missing.exit_code == 2
+
+
+def test_a_saved_tiny_gpt2_checkpoint_directory(tmp_path):
+    """A user's own causal checkpoint: the command loads the directory, runs the causal probes
+    (shortened to fit its 48 positions) and next-token importance."""
+    import transformers
+
+    from tests.capture.fake_model import fake_tokenizer
+    from tests.interop.hf_models import build, config
+
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=fake_tokenizer(), pad_token="[PAD]",
+                                               eos_token="[SEP]", bos_token="[CLS]")
+    cfg = config("gpt2", vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                 pad_token_id=tok.pad_token_id, n_positions=48)
+    checkpoint = tmp_path / "tiny-gpt2"
+    build(transformers.GPT2LMHeadModel, cfg).save_pretrained(checkpoint)
+    tok.save_pretrained(checkpoint)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\na big red dog ran\nthe dog sat on a mat and the cat ran\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out", str(out),
+                                      "--quick", "--no-syntax", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert len(document["heads"]) == 8  # 2 layers × 4 heads
+    assert {"induction", "duplicate_token"} <= set(document["probes"])
+    assert document["probes"]["induction"]["length"] == 23  # (48 - 1) // 2
+    assert "causal probes" not in document["summary"]["skipped"]
+    assert (out / "heads.json").exists() and (out / "pruning.png").exists()

@@ -30,8 +30,10 @@ from headlab.analysis.roles import ProbeScores, duplicate_token_scores, inductio
 from headlab.analysis.similarity import HeadSimilarity, MDSResult, SimilarityResult, mds, plot_mds
 from headlab.analysis.surface import STATISTICS, SurfaceResult, SurfaceStats, is_causal
 from headlab.analysis.taxonomy import TaxonomyResult, TaxonomyStats, class_shares, classify
-from headlab.capture import CaptureResult, capture, load_corpus
+from headlab.capture import CaptureResult, capture, load_corpus, model_max_length
+from headlab.models import LoadedModel
 
+PROBE_LENGTH = 32  # tokens in each repeated half of the causal probes (fewer when the model is shorter)
 SIMILARITY_ROWS_PER_BATCH = 64
 HEATMAP_STATISTICS = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "entropy", "distance",
                       "confidence")
@@ -114,6 +116,7 @@ class AnalysisResult:
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary(), "sentences": self.sentences(), "heads": self.rows(),
                 "relations": [] if self.syntax is None else self.syntax.rows(),
+                "probes": {name: probe.to_dict() for name, probe in self.probes.items()},
                 "pruning": None if self.pruning is None else self.pruning.to_dict()}
 
     def to_json(self) -> str:
@@ -204,10 +207,15 @@ def analyze(
             result.syntax = syntax_acc.result(min_count=5 if quick else 20)
         except ValueError as err:  # nothing parseable: a stated skip
             skipped["syntax"] = str(err)
-    if causal:
+    limit = model_max_length(model.model if isinstance(model, LoadedModel) else model,
+                             getattr(model, "tokenizer", None))
+    length = PROBE_LENGTH if limit is None else min(PROBE_LENGTH, (limit - 1) // 2)  # [BOS] + r + r must fit
+    if causal and length < 2:
+        skipped["causal probes"] = f"the model takes {limit} positions; the probes need at least 5"
+    elif causal:
         n_seqs = 4 if quick else 16
-        result.probes = {"duplicate_token": duplicate_token_scores(model, n_seqs=n_seqs),
-                         "induction": induction_scores(model, n_seqs=n_seqs)}
+        result.probes = {"duplicate_token": duplicate_token_scores(model, n_seqs=n_seqs, length=length),
+                         "induction": induction_scores(model, n_seqs=n_seqs, length=length)}
         for name, probe in result.probes.items():  # probe roles join the surface roles
             for key in probe.heads_above():
                 result.roles[key] = (*result.roles.get(key, ()), f"{name}_head")

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.analysis.surface import SurfaceResult
+from headlab.capture.run import model_max_length
 from headlab.capture.taps import select_heads, tapped
 from headlab.layer import AttentionOutput
 from headlab.models import LoadedModel, attention_modules
@@ -185,7 +186,8 @@ def duplicate_token_scores(model: nn.Module | LoadedModel, tokenizer: Any = None
         Scores ``(n_layers, n_heads)`` (layers with fewer heads padded with NaN).
 
     Raises:
-        ValueError: the model is not causal, or has no BOS id / vocabulary size to draw from.
+        ValueError: the model is not causal, has no BOS id / vocabulary size to draw from, or takes
+            fewer than 1 + 2 × ``length`` positions.
     """
     return _probe("duplicate_token", duplicate_token_score, DUPLICATE_TOKEN, model, tokenizer, n_seqs, length, seed)
 
@@ -210,6 +212,10 @@ def _probe(name, score, threshold, model, tokenizer, n_seqs, length, seed) -> Pr
     if bos_id is None or vocab_size is None:
         raise ValueError(f"{name} probe: no BOS id ({bos_id}) or vocabulary size ({vocab_size}) found; "
                          "pass a tokenizer with bos_token_id")
+    limit = model_max_length(net, tokenizer)
+    if limit is not None and 1 + 2 * length > limit:
+        raise ValueError(f"{name} probe: length={length} makes sequences of 1 + 2 × {length} = {1 + 2 * length} "
+                         f"tokens but the model takes at most {limit}; use length ≤ {(limit - 1) // 2}")
     exclude = set(getattr(tokenizer, "all_special_ids", []) or [])
     exclude |= {i for i in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None))
                 if isinstance(i, int)}
