@@ -230,12 +230,16 @@ def _same(values: list[int]) -> str:
 def _verdict(r: AuditResult) -> list[str]:
     n, lines = r.n_heads, []
     heads = "1 head" if n == 1 else f"{n} heads"
-    size = f"of size {r.d_head}" + (" (the rank of each head's W_QK)" if r.size_sources["d_head"] == "rank" else "")
+    each, whose = ("it", "its") if n == 1 else ("each head", "each head's")
+    if r.layout == "bilinear":
+        size = f"with values of size {r.d_head_v}"
+    else:
+        size = f"of size {r.d_head}" + (f" (the rank of {whose} W_QK)" if r.size_sources["d_head"] == "rank" else "")
     if r.reads == "narrow":
         lines.append(f"{heads} {size}; each head reads only its {r.slice_width}-wide slice of the input "
                      "(queries, keys and values)")
     elif r.reads == "wide":
-        lines.append(f"{heads} {size}; each head reads all {r.d_model} input dimensions (queries, keys and values)")
+        lines.append(f"{heads} {size}; {each} reads all {r.d_model} input dimensions (queries, keys and values)")
     else:
         lines.append(f"{heads} {size}; the heads read different parts of the input (see the table)")
     if n > 1 and r.shared:
@@ -248,10 +252,13 @@ def _verdict(r: AuditResult) -> list[str]:
                      + (f"; every head computes the same pattern over the same values, so the heads are {n} copies "
                         "of one head (only their output projections differ)" if r.reads == "wide" else "")
                      + " — this is not the multi-head attention of Vaswani et al.")
+    elif n > 1 and r.shared_qk:
+        lines.append(f"all {n} heads share one query-key form (W_QK), so they compute the same patterns, but their "
+                     "values differ")
     elif n > 1:
-        worst = min(h.qk_difference for h in r.heads[1:])
-        lines.append(f"the heads do not share their query-key forms: every head's W_QK differs from head 0's "
-                     f"(by at least {worst:.1e} of the largest entry)")
+        closest = min(h.qk_difference for h in r.heads[1:])
+        lines.append(f"the heads do not share their query-key forms: each head's W_QK differs from head 0's "
+                     f"(smallest difference: {closest:.2g} × the largest entry)")
     if n > 1 and r.n_kv_heads == 1 and not r.shared:
         lines.append(f"1 key/value head shared by all {n} query heads (multi-query attention)")
     elif 1 < r.n_kv_heads < n:
@@ -262,7 +269,7 @@ def _verdict(r: AuditResult) -> list[str]:
         lines.append(f"each head's W_QK has rank {_same(r.qk_ranks)} = d_model: a full bilinear form per head, not "
                      f"one factored through d_head-wide W_Q and W_K (rank at most d_head)")
     else:
-        lines.append(f"each head's W_QK has rank {_same(r.qk_ranks)} (at most d_head = {r.d_head})")
+        lines.append(f"{whose} W_QK has rank {_same(r.qk_ranks)} (at most d_head = {r.d_head})")
     if r.causal:
         lines.append("causal: changing only the last input leaves every earlier output unchanged")
     else:

@@ -1,0 +1,103 @@
+"""Small modules for the error paths and edge cases of the audit (the examples cover the layouts)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class Raises(nn.Module):
+    """Its forward always raises."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        raise ValueError("boom: this layer is broken")
+
+
+class NoSoftmax(nn.Module):
+    """A Linear layer: no attention at all."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x)
+
+
+class WrongShape(nn.Module):
+    """Attends, but returns d_model / 2 features."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.v = nn.Linear(d_model, d_model // 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.softmax(x @ x.transpose(1, 2), dim=-1) @ self.v(x)
+
+
+class TwoAttentions(nn.Module):
+    """Two attentions in one forward."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.softmax(x @ x.transpose(1, 2), dim=-1) @ self.proj(x)
+        return torch.softmax(y @ y.transpose(1, 2), dim=-1) @ y
+
+
+class Parameterless(nn.Module):
+    """softmax(x xᵀ / sqrt(d)) x: one head whose W_QK and W_OV are scaled identities; any width works."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.softmax(x @ x.transpose(1, 2) / x.shape[-1] ** 0.5, dim=-1) @ x
+
+
+class SelfOnlyQKV(nn.Module):
+    """forward(query, key, value) that refuses anything but self-attention."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        if key is not query or value is not query:
+            raise ValueError("self-attention only")
+        return torch.softmax(self.q(query) @ self.k(key).transpose(1, 2), dim=-1) @ value
+
+
+class Float32Only(nn.Module):
+    """Two heads that run only in float32."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype != torch.float32:
+            raise TypeError(f"float32 only, got {x.dtype}")
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, 2, d // 2).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        z = torch.softmax(q @ k.transpose(-2, -1) / (d // 2) ** 0.5, dim=-1) @ v
+        return self.out(z.transpose(1, 2).reshape(b, n, d))
+
+
+class Positional(nn.Module):
+    """Scores with a learned additive bias per (query, key) offset: not a bilinear form of the inputs."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.slope = nn.Parameter(torch.tensor(0.7))
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = x.shape[1]
+        offset = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+        scores = self.q(x) @ self.k(x).transpose(1, 2) - self.slope * offset.abs()
+        return torch.softmax(scores, dim=-1) @ x
