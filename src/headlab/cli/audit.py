@@ -28,7 +28,8 @@ def audit(
              "query, mask). Detected when left out.")] = None,
     d_model: Annotated[int | None, typer.Option(
         "--d-model", min=1, help="Input width; needed only when the sizes in its parameters do not give it.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random probe inputs.")] = 0,
+    seed: Annotated[int, typer.Option(
+        "--seed", help="Seeds torch before the module is built, and the random probe inputs.")] = 0,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print one JSON document (docs/audit.md) instead of the verdict and tables.")] = False,
 ) -> None:
@@ -42,6 +43,7 @@ def audit(
     import json
     import sys
 
+    import torch
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -63,6 +65,7 @@ def audit(
 
     err = Console(stderr=True)
     try:
+        torch.manual_seed(seed)  # the module's initial weights: the same command gives the same audit
         module = load_module(target, init=kwargs)
         result = run_audit(module, call=call, d_model=d_model, seed=seed, progress=not as_json and sys.stderr.isatty())
     except LoadError as exc:
