@@ -37,6 +37,9 @@ def test_minilm_rows_files_and_summary_agree(tmp_path):
     assert "causal probes" in result.skipped and result.probes == {}
     assert result.importance["gradient"].scores.shape == (72,)
     assert result.pruning.fractions[0] == 0.0 and result.pruning_metric == "pair-retrieval accuracy"
+    fidelity = result.pruning_fidelity  # the unpruned model's embeddings are its own reference
+    assert fidelity.fractions == result.pruning.fractions and fidelity.values[0] == pytest.approx(1.0, abs=1e-6)
+    assert min(fidelity.values[1:]) < 1.0
     paths = {p.name for p in result.write(tmp_path)}
     assert {"heads.json", "heads.csv", "heatmaps.png", "mds.png", "pruning.png"} <= paths
     document = json.loads((tmp_path / "heads.json").read_text())  # strict JSON: NaN would not parse as such
@@ -73,5 +76,6 @@ def test_tiny_causal_model_gets_probes_and_next_token_importance():
     scores = result.probes["induction"].scores
     assert scores.shape == (2, 4) and bool(((scores >= 0) & (scores <= 1)).all())
     assert result.pruning_metric == "next-token loss" and all(v > 0 for v in result.pruning.values)
+    assert result.pruning_fidelity is None
     assert torch.isfinite(torch.tensor([r["entropy"] for r in result.rows()])).all()
     assert all(r["uniform_entropy"] < torch.log(torch.tensor(40.0)) for r in result.rows())

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from headlab.analysis.importance import (
-    ImportanceResult, PruningCurve, ablation_importance, causal_lm_loss, gradient_importance,
+    ImportanceResult, PruningCurve, ablation_importance, causal_lm_loss, fidelity_metric, gradient_importance,
     lm_batches, pair_batches, paraphrase_loss, plot_pruning_curve, pruning_curve, retrieval_metric, spearman,
 )
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads
@@ -33,8 +33,9 @@ from headlab.analysis.taxonomy import TaxonomyResult, TaxonomyStats, class_share
 from headlab.capture import CaptureResult, capture, load_corpus, model_max_length
 from headlab.models import LoadedModel
 
+FIDELITY_METRIC = "embedding cosine to the unpruned model"
 PROBE_LENGTH = 32  # tokens in each repeated half of the causal probes (fewer when the model is shorter)
-SIMILARITY_ROWS_PER_BATCH = 64
+SIMILARITY_ROWS_PER_BATCH = 32
 HEATMAP_STATISTICS = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "entropy", "distance",
                       "confidence")
 
@@ -56,6 +57,7 @@ class AnalysisResult:
     importance_spearman: float | None = None
     pruning: PruningCurve | None = None
     pruning_metric: str | None = None
+    pruning_fidelity: PruningCurve | None = None  # encoders: embedding cosine to the unpruned model, same order
     skipped: dict[str, str] = field(default_factory=dict)
 
     def rows(self) -> list[dict[str, Any]]:
@@ -117,7 +119,8 @@ class AnalysisResult:
         return {"summary": self.summary(), "sentences": self.sentences(), "heads": self.rows(),
                 "relations": [] if self.syntax is None else self.syntax.rows(),
                 "probes": {name: probe.to_dict() for name, probe in self.probes.items()},
-                "pruning": None if self.pruning is None else self.pruning.to_dict()}
+                "pruning": None if self.pruning is None else self.pruning.to_dict(),
+                "pruning_fidelity": None if self.pruning_fidelity is None else self.pruning_fidelity.to_dict()}
 
     def to_json(self) -> str:
         """``to_dict()`` as strict JSON (NaN → null)."""
@@ -143,7 +146,11 @@ class AnalysisResult:
         plot_mds(self.similarity, paths[-1])
         if self.pruning is not None:
             paths.append(out / "pruning.png")
-            plot_pruning_curve(self.pruning, paths[-1], metric=self.pruning_metric or "metric")
+            if self.pruning_fidelity is None:
+                plot_pruning_curve(self.pruning, paths[-1], metric=self.pruning_metric or "metric")
+            else:  # both in [0, 1]: one axis
+                plot_pruning_curve({self.pruning_metric or "metric": self.pruning,
+                                    FIDELITY_METRIC: self.pruning_fidelity}, paths[-1], metric="task metric")
         return paths
 
 
@@ -176,7 +183,7 @@ def analyze(
     if quick:
         texts = texts[:60]
     causal = is_causal(model)
-    # Similarity from a sample of 64 query rows per batch: all head pairs on every row cost many
+    # Similarity from a sample of 32 query rows per batch: all head pairs on every row cost many
     # times the forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
     surface, taxonomy = SurfaceStats(causal=causal), TaxonomyStats(causal=causal)
     similarity = HeadSimilarity(rows_per_batch=SIMILARITY_ROWS_PER_BATCH)
@@ -247,6 +254,8 @@ def _importance(model: Any, texts: list[str], result: AnalysisResult, *, causal:
         batches = pair_batches(tokenizer, pairs)
         loss_fn, metric_name = paraphrase_loss, "pair-retrieval accuracy"
         metric = retrieval_metric(tokenizer, pairs)
+        texts_for_fidelity = [t for p in pairs for t in (p.sentence_a, p.sentence_b)]
+        fidelity = fidelity_metric(model, tokenizer, texts_for_fidelity)
     gradient = gradient_importance(model, batches, loss_fn)
     result.importance = {"gradient": gradient}
     if quick:
@@ -257,6 +266,8 @@ def _importance(model: Any, texts: list[str], result: AnalysisResult, *, causal:
         result.importance_spearman = spearman(gradient.raw, np.abs(ablation.raw))
     result.pruning = pruning_curve(model, gradient, metric)
     result.pruning_metric = metric_name
+    if not causal:
+        result.pruning_fidelity = pruning_curve(model, gradient, fidelity)
 
 
 def plot_heatmaps(surface: SurfaceResult, path: str | os.PathLike[str]) -> None:
