@@ -101,3 +101,22 @@ class Positional(nn.Module):
         offset = torch.arange(n)[None, :] - torch.arange(n)[:, None]
         scores = self.q(x) @ self.k(x).transpose(1, 2) - self.slope * offset.abs()
         return torch.softmax(scores, dim=-1) @ x
+
+
+class BlockCausal(nn.Module):
+    """Causal attention through a mask buffer of a fixed block size (minGPT style): longer inputs fail."""
+
+    def __init__(self, d_model: int = 16, n_heads: int = 2, block_size: int = 10) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.register_buffer("mask", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.n_heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        scores = (q @ k.transpose(-2, -1)) / (d // self.n_heads) ** 0.5
+        scores = scores.masked_fill(self.mask[:, :, :n, :n] == 0, float("-inf"))
+        z = torch.softmax(scores, dim=-1) @ v
+        return self.out(z.transpose(1, 2).reshape(b, n, d))

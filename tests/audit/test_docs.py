@@ -33,4 +33,4 @@ def test_the_documented_thresholds_and_lengths_are_the_codes() -> None:
     assert f"with {calling._QUERY_LEN} queries and {calling._KEY_LEN} keys" in DOCS
     assert "over {} and {} positions".format(*probes._LAYOUT_LENGTHS) in DOCS
     assert f"change only the last of {run._RANDOM_LENGTH} random inputs" in DOCS
-    assert f"two random inputs ({run._RANDOM_LENGTH} and {run._RANDOM_LENGTH + 3} positions)" in DOCS
+    assert "two random inputs ({} and {} positions)".format(*run._VERIFY_LENGTHS) in DOCS

@@ -7,7 +7,7 @@ import torch
 
 from headlab.audit import audit
 from headlab.layer import AttentionConfig, MultiHeadAttention
-from tests.audit.layers import Positional
+from tests.audit.layers import BlockCausal, Positional
 
 CONFIGS = {
     "wide": dict(d_model=16, n_heads=4),
@@ -73,3 +73,17 @@ def test_scores_that_are_not_bilinear_are_flagged(module) -> None:
     assert any(line.startswith("warning: the scores are not a bilinear form of the inputs") for line in result.verdict)
     assert not result.standard and not result.equivalent.verified
     assert result.verdict[-2].startswith("closest headlab variant: 'wide'; no exact equivalent")
+
+
+def test_a_module_with_a_length_limit_is_probed_in_blocks() -> None:
+    torch.manual_seed(0)
+    limited = BlockCausal(d_model=16, n_heads=2, block_size=10)  # the one-block probes need 34 and 17 positions
+    unlimited = BlockCausal(d_model=16, n_heads=2, block_size=64)
+    unlimited.qkv.load_state_dict(limited.qkv.state_dict())
+    unlimited.out.load_state_dict(limited.out.state_dict())
+    result, reference = audit(limited), audit(unlimited)
+    assert (result.n_heads, result.d_head, result.causal, result.layout) == (2, 8, True, "standard")
+    assert result.evidence.values_seen and result.equivalent.verified
+    torch.testing.assert_close(result.W_QK, reference.W_QK, rtol=0, atol=1e-12)
+    torch.testing.assert_close(result.W_OV, reference.W_OV, rtol=0, atol=1e-12)
+    assert result.to_dict()["heads"] == reference.to_dict()["heads"]

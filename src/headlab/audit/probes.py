@@ -10,6 +10,10 @@ Every probe is one forward of self-attention over a batch of one, read through t
 - ``value_maps``: one forward per head over ``[0, e_1 … e_d]`` with that head's pattern replaced
   by the identity and every other head's by zeros, so output row 1+a − row 0 is e_a W_OV[h]
   (= e_a W_V[h] W_O[h]), and the call's weighted values show the head's own values v_h(e_a).
+
+A module that refuses that many positions (a causal-mask buffer of a fixed block size, say) is
+probed with the basis cut into blocks, halving the block until it runs: keys e_K and queries e_Q
+of two blocks per forward, ``[0, e_K, e_Q, 0]``, and ``[0, e_Q]`` for the values.
 - ``bilinear_residual``, ``causal_changes``, ``same_slice_spread``: checks on random inputs.
 
 Exact for linear projections; ``bilinear_residual`` measures how far a module (e.g. one with
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +38,7 @@ __all__ = ["Observation", "Prober", "QKForms", "ValueMaps", "bilinear_residual",
            "same_slice_spread", "value_maps"]
 
 _LAYOUT_LENGTHS = (6, 9)  # two self-attention lengths: the axes whose size follows them are positions
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,9 @@ class Prober:
         self.index, self.dtype = detected.attention_index, dtype
         self.generator = torch.Generator().manual_seed(seed)
         self.on_observe = on_observe
-        self.query_axis: int | None = None
+        self.query_axis: int | None = None  # of a softmax call's scores
+        self.z_axis: int | None = None  # of a softmax call's weighted values
+        self.block = detected.d_model  # basis vectors per probe forward (halved if the module refuses)
         self._find_layout()
 
     def random(self, length: int, width: int | None = None) -> Tensor:
@@ -81,6 +89,21 @@ class Prober:
     def basis(self) -> Tensor:
         """The identity ``(d_model, d_model)``: rows are the input basis vectors e_1 … e_d."""
         return torch.eye(self.d_model, dtype=self.dtype)
+
+    def in_blocks(self, probe: Callable[[list[slice]], T]) -> T:
+        """Run ``probe(blocks)`` with the basis cut into blocks of ``self.block`` dimensions.
+
+        When the module raises on the probe's length, the block is halved and the probe run
+        again (down to one dimension per block); the block that worked is kept for later probes.
+        """
+        while True:
+            blocks = [slice(i, min(i + self.block, self.d_model)) for i in range(0, self.d_model, self.block)]
+            try:
+                return probe(blocks)
+            except AuditError as err:
+                if err.kind != "raised" or self.block == 1:
+                    raise
+                self.block = (self.block + 1) // 2
 
     def zeros(self, length: int) -> Tensor:
         """Zeros ``(length, d_model)``."""
@@ -96,8 +119,10 @@ class Prober:
             raise AuditError("no-attention", f"{self.caller.signature} computed no attention over the "
                              f"{x.shape[0]} positions of a probe, although it did over the detection inputs")
         call = calls[self.index]
+        z_axis = call.z_query_axis if call.z_query_axis is not None else self.z_axis
+        z = None if call.z is None or z_axis is None else call.z.movedim(z_axis, 0).reshape(x.shape[0], -1)
         return Observation(output=out[0], scores=call.canonical_scores(self.query_axis),
-                           pattern=call.canonical_pattern(self.query_axis), z=_z_rows(call, x.shape[0]), call=call)
+                           pattern=call.canonical_pattern(self.query_axis), z=z, call=call)
 
     def plain(self, x: Tensor) -> Tensor:
         """The module's output ``(pos, d_model)`` on ``x`` with nothing intercepted."""
@@ -110,36 +135,33 @@ class Prober:
         return self.caller.output(raw, q)[0]
 
     def _find_layout(self) -> None:
-        """Find the query axis of a softmax call from two lengths: the positional axes follow them."""
-        shapes = []
+        """Find the query axes of a softmax call's scores and values: the axes that follow the length."""
+        calls = []
         for length in _LAYOUT_LENGTHS:
-            _, calls = run_module(self.module, self.caller, self.random(length)[None])
-            if len(calls) <= self.index:
+            _, seen = run_module(self.module, self.caller, self.random(length)[None])
+            if len(seen) <= self.index:
                 raise AuditError("no-attention", f"{self.caller.signature} computed no attention over "
                                  f"{length} positions of self-attention")
-            shapes.append(calls[self.index].scores.shape)
-            call = calls[self.index]
+            calls.append(seen[self.index])
+        first, call = calls
         if call.query_axis is not None:
             return
-        moving = [axis for axis, (a, b) in enumerate(zip(*shapes)) if a != b and axis != call.key_axis]
-        if len(shapes[0]) != len(shapes[1]) or len(moving) != 1 or shapes[1][call.key_axis] != _LAYOUT_LENGTHS[1]:
+        shapes = (first.scores.shape, call.scores.shape)
+        moving = _moving_axes(*shapes)
+        if moving is None or len(moving) != 2 or call.key_axis not in moving \
+                or shapes[1][call.key_axis] != _LAYOUT_LENGTHS[1]:
             raise AuditError("unsupported", f"the scores handed to {call.source} have shapes {tuple(shapes[0])} and "
                              f"{tuple(shapes[1])} for {_LAYOUT_LENGTHS[0]} and {_LAYOUT_LENGTHS[1]} positions; "
                              "expected one query axis and one key axis that follow the number of positions")
-        self.query_axis = moving[0]
+        self.query_axis = next(axis for axis in moving if axis != call.key_axis)
+        if first.z is not None and call.z is not None:
+            z_moving = _moving_axes(first.z.shape, call.z.shape)
+            self.z_axis = z_moving[0] if z_moving is not None and len(z_moving) == 1 else None
 
 
-def _z_rows(call: AttentionCall, length: int) -> Tensor | None:
-    """The call's weighted values as ``(query_pos, n)``, if the call shows them and the query axis is clear."""
-    if call.z is None:
-        return None
-    axis = call.z_query_axis
-    if axis is None:
-        axes = [i for i, size in enumerate(call.z.shape) if size == length]
-        if len(axes) != 1:
-            return None
-        axis = axes[0]
-    return call.z.movedim(axis, 0).reshape(length, -1)
+def _moving_axes(a: torch.Size, b: torch.Size) -> list[int] | None:
+    """Axes whose size differs between two shapes of one rank (None if the ranks differ)."""
+    return [i for i, (x, y) in enumerate(zip(a, b)) if x != y] if len(a) == len(b) else None
 
 
 @dataclass(frozen=True)
@@ -156,17 +178,30 @@ class QKForms:
 
 
 def qk_forms(prober: Prober) -> QKForms:
-    """Recover every head's W_QK and w from one forward (see the module docstring)."""
+    """Recover every head's W_QK and w from one forward, or one per pair of blocks (module docstring)."""
     d, eye, zero = prober.d_model, prober.basis(), prober.zeros(1)
-    scores = prober.observe(torch.cat([zero, eye, eye, zero])).scores  # (head, 2d+2, 2d+2)
-    queries = scores[:, d + 1 : 2 * d + 1]  # (head, d, 2d+2): rows of the queries e_1 … e_d
-    relative = queries[:, :, 1 : d + 1] - queries[:, :, :1]  # s(e_a, e_b) − s(e_a, 0)
-    last = scores[:, 2 * d + 1]  # the zero query
-    w = last[:, 1 : d + 1] - last[:, :1]  # s(0, e_b) − s(0, 0)
-    if not (torch.isfinite(relative).all() and torch.isfinite(w).all()):
+
+    def probe(blocks: list[slice]) -> QKForms:
+        W_QK = w = None
+        for keys in blocks:
+            for queries in blocks:
+                n_k, n_q = keys.stop - keys.start, queries.stop - queries.start
+                scores = prober.observe(torch.cat([zero, eye[keys], eye[queries], zero])).scores  # (head, pos, pos)
+                rows = scores[:, 1 + n_k : 1 + n_k + n_q]  # the queries e_a
+                relative = rows[:, :, 1 : 1 + n_k] - rows[:, :, :1]  # s(e_a, e_b) − s(e_a, 0)
+                last = scores[:, 1 + n_k + n_q]  # the zero query
+                w_keys = last[:, 1 : 1 + n_k] - last[:, :1]  # s(0, e_b) − s(0, 0)
+                if W_QK is None:
+                    W_QK, w = scores.new_zeros(scores.shape[0], d, d), scores.new_zeros(scores.shape[0], d)
+                W_QK[:, queries, keys] = relative - w_keys[:, None, :]
+                w[:, keys] = w_keys
+        return QKForms(W_QK=W_QK, w=w)
+
+    forms = prober.in_blocks(probe)
+    if not (torch.isfinite(forms.W_QK).all() and torch.isfinite(forms.w).all()):
         raise AuditError("unsupported", "the module masks earlier key positions that the probes need (only "
                          "no mask or a causal mask can be probed)")
-    return QKForms(W_QK=relative - w[:, None, :], w=w)
+    return forms
 
 
 def bilinear_residual(prober: Prober, forms: QKForms, x: Tensor) -> float:
@@ -201,25 +236,33 @@ class ValueMaps:
 
 
 def value_maps(prober: Prober, n_heads: int) -> ValueMaps:
-    """Recover every head's W_OV (and values, if shown) with one steered forward per head."""
-    eye = prober.basis()
-    x = torch.cat([prober.zeros(1), eye])  # (d+1, d)
-    ov, values, width = [], [], None
-    for h in range(n_heads):
-        def only_head_h(pattern: Tensor, h: int = h) -> Tensor:
-            steered = torch.zeros_like(pattern)
-            steered[h] = torch.eye(pattern.shape[-1], dtype=pattern.dtype)  # each position attends to itself
-            return steered
+    """Recover every head's W_OV (and values, if shown) with steered forwards, one per head and block."""
+    eye, zero = prober.basis(), prober.zeros(1)
 
-        seen = prober.observe(x, override=only_head_h)
-        ov.append(seen.output[1:] - seen.output[:1])
-        if seen.z is None or values is None:
-            values = None
-            continue
-        own = seen.z[:, (seen.z != 0).any(dim=0)]  # the other heads' entries are exactly zero
-        values.append(own[1:] - own[:1])
-        width = seen.z.shape[1] // n_heads if seen.z.shape[1] % n_heads == 0 else None
-    return ValueMaps(W_OV=torch.stack(ov), values=values, value_width=width if values is not None else None)
+    def probe(blocks: list[slice]) -> ValueMaps:
+        ov, values, width = [], [], None
+        for h in range(n_heads):
+            def only_head_h(pattern: Tensor, h: int = h) -> Tensor:
+                steered = torch.zeros_like(pattern)
+                steered[h] = torch.eye(pattern.shape[-1], dtype=pattern.dtype)  # each position attends to itself
+                return steered
+
+            outputs, zs = [], []
+            for block in blocks:
+                seen = prober.observe(torch.cat([zero, eye[block]]), override=only_head_h)
+                outputs.append(seen.output[1:] - seen.output[:1])
+                zs.append(None if seen.z is None else (seen.z[1:] - seen.z[:1], seen.z[0]))
+            ov.append(torch.cat(outputs))
+            if values is None or any(z is None for z in zs):
+                values = None
+                continue
+            relative = torch.cat([z for z, _ in zs])  # (d, every head's entries); the other heads' are zero
+            own = (relative != 0).any(dim=0) | (zs[0][1] != 0)
+            values.append(relative[:, own])
+            width = relative.shape[1] // n_heads if relative.shape[1] % n_heads == 0 else None
+        return ValueMaps(W_OV=torch.stack(ov), values=values, value_width=width if values is not None else None)
+
+    return prober.in_blocks(probe)
 
 
 def causal_changes(prober: Prober, x: Tensor) -> tuple[float, float]:
