@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from headlab.cli import analyze as _analyze
+from headlab.cli import bench as _bench
 from headlab.cli import audit as _audit
 from headlab.cli import params as _params
 from headlab.cli import report as _report
@@ -51,6 +52,7 @@ def _root(
 app.command("report")(_report.report)
 app.command("params")(_params.params)
 app.command("analyze")(_analyze.analyze)
+app.command("bench")(_bench.bench)
 app.command("audit")(_audit.audit)
 app.command("view")(_view.view)
 

@@ -1,0 +1,27 @@
+"""``headlab bench``: the performance suite, every peer timed side by side in one run.
+
+    timing.py      interleaved rounds, medians, quartiles; CUDA events on the GPU
+    plan.py        sizes and budgets per device, full or --quick
+    ceilings.py    the machine described; its matmul FLOP/s and copy bandwidth measured
+    layer.py       forward and forward + backward vs raw floor, nn.MultiheadAttention, HF BertAttention;
+                   grouped-query vs its floor
+    inspection.py  one head's pattern, every head's pattern, head outputs vs the plain forward
+    decode.py      decoding tokens/s with the kv cache vs a raw floor
+    capture.py     capture vs the plain Hugging Face forward; accumulators; importance
+    records.py     Comparison, Area, SuiteResult (JSON round trip)
+    results.py     benchmarks/RESULTS.md and RESULTS.json
+    suite.py       run_suite
+"""
+
+from headlab.bench.ceilings import Ceilings, describe_machine, measure_ceilings
+from headlab.bench.plan import Plan, plan_for
+from headlab.bench.records import Area, Comparison, SuiteResult
+from headlab.bench.results import read_results, to_markdown, write_results
+from headlab.bench.suite import check_device, run_plan, run_suite
+from headlab.bench.timing import Timing, time_interleaved
+
+__all__ = [
+    "Area", "Ceilings", "Comparison", "Plan", "SuiteResult", "Timing", "check_device", "describe_machine",
+    "measure_ceilings", "plan_for", "read_results", "run_plan", "run_suite", "time_interleaved", "to_markdown",
+    "write_results",
+]

@@ -1,0 +1,238 @@
+"""Capture and analysis on a real checkpoint: throughput against the plain Hugging Face forward.
+
+All on the default model (all-MiniLM-L6-v2 through ``headlab.models.load``) and the bundled
+corpus; one call is one pass over the corpus, tokenization included.
+
+- capture: every head's pattern into a consumer that keeps nothing, against transformers'
+  own model (not swapped, sdpa) run as a user runs it (corpus order, fixed-size batches), and
+  with capture's own length-bucketed batches (the same padded tokens), and against
+  transformers' eager attention returning every pattern (``output_attentions=True``).
+- analysis: each accumulator of ``headlab analyze`` on top of the same capture pass.
+- importance: gradient importance (Michel et al. 2019) against exhaustive single-head
+  ablation on the paraphrase pairs, with the Spearman correlation of the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from headlab.bench.plan import Plan
+from headlab.bench.records import Area, Comparison
+from headlab.bench.timing import Timing, synchronize, time_interleaved
+
+__all__ = ["ANALYSIS_GOAL", "CAPTURE_GOAL", "IMPORTANCE_GOAL", "bench_analysis", "bench_capture", "bench_importance"]
+
+CAPTURE_GOAL = 1.0  # capture of every pattern / plain HF forward time (≥ 1.0× its tokens/s)
+ANALYSIS_GOAL = 1.30  # every accumulator as analyze runs them / capture alone
+IMPORTANCE_GOAL = 0.05  # gradient / exhaustive ablation time (≥ 20× faster)
+
+
+class _Discard:
+    """A consumer that keeps nothing (capture's own cost)."""
+
+    def update(self, batch: object) -> None:
+        pass
+
+
+def bench_capture(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambda _: None) -> Area:
+    """Capture of every head's pattern against the plain Hugging Face forward.
+
+    Args:
+        plan: device, dtype, corpus slice, batch size and rounds.
+        loaded: ``headlab.load()``'s result on the plan's device and dtype.
+        tick: progress.
+
+    Returns:
+        The "capture" area.
+    """
+    from transformers import AutoModel
+
+    from headlab.capture import (
+        capture, collate, load_corpus, model_max_length, naive_batches, padding_stats, plan_batches, tokenize_corpus,
+    )
+
+    texts = list(load_corpus().texts)[: plan.corpus_items]
+    tokenizer, device = loaded.tokenizer, plan.device
+    max_length = model_max_length(loaded.model, tokenizer)
+    lengths = tokenize_corpus(tokenizer, texts, max_length=max_length).lengths
+    naive = naive_batches(len(texts), batch_size=plan.hf_batch_size)
+    planned = plan_batches(lengths)  # capture's defaults
+    n_heads = sum(m.config.n_heads for m in _layers(loaded))
+    hf = {impl: AutoModel.from_pretrained(loaded.source, attn_implementation=impl, dtype=plan.torch_dtype,
+                                          use_safetensors=True).to(device).eval() for impl in ("sdpa", "eager")}
+
+    def hf_pass(model: torch.nn.Module, batches: list[list[int]], **kwargs: object) -> Callable[[], None]:
+        def run() -> None:
+            with torch.inference_mode():
+                for indices in batches:
+                    inputs = tokenizer([texts[i] for i in indices], padding="longest", truncation=True,
+                                       max_length=max_length, return_tensors="pt").to(device)
+                    model(**inputs, **kwargs)
+        return run
+
+    def swapped_pass() -> None:
+        tokenized = tokenize_corpus(tokenizer, texts, max_length=max_length)
+        with torch.inference_mode():
+            for indices in planned:
+                batch = collate(tokenized, indices, device=device)
+                loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+
+    def capture_pass() -> None:
+        capture(loaded, corpus=texts, consumers=[_Discard()], max_length=max_length, progress=False)
+
+    tick(f"capture: {len(texts)} items")
+    t = time_interleaved({
+        "hf naive": hf_pass(hf["sdpa"], naive), "hf planned": hf_pass(hf["sdpa"], planned),
+        "hf planned again": hf_pass(hf["sdpa"], planned), "capture": capture_pass, "swapped": swapped_pass,
+        "hf eager attentions": hf_pass(hf["eager"], planned, output_attentions=True),
+    }, rounds=plan.capture_rounds, min_block_s=1e-6, warmup=0, device=device)
+    tokens = sum(lengths)
+
+    def batching(batches: list[list[int]], label: str) -> dict[str, Any]:
+        return {f"{label} batches": len(batches), f"{label} padding": padding_stats(lengths, batches).ratio}
+
+    case = f"{len(texts)} items · {tokens} tokens · {n_heads} heads"
+    capture_label = f"capture, all {n_heads} heads' patterns"
+    same = f"same batches as capture (length-bucketed, {len(planned)})"
+    area = Area("capture", "Capture: every pattern of a real model vs the plain Hugging Face forward", (
+        f"{_model_name(loaded)}, {plan.dtype} on {plan.device}, over the bundled corpus; one call = one pass, "
+        f"tokenization included; {_rounds(plan.capture_rounds)}, median. Padding = padded / real tokens. "
+        f"The plain forward as a user runs it: corpus order, batches of {plan.hf_batch_size}, each padded to its "
+        "longest item."))
+    area.rows = [
+        Comparison(case, "A/A: HF forward (timing noise)", "HF forward, " + same, t["hf planned again"],
+                   t["hf planned"], tokens=tokens),
+        Comparison(case, capture_label, f"HF forward (sdpa), corpus order, batches of {plan.hf_batch_size}",
+                   t["capture"], t["hf naive"], goal=CAPTURE_GOAL, tokens=tokens,
+                   details=batching(planned, "capture") | batching(naive, "peer")),
+        Comparison(case, capture_label, "HF forward (sdpa), " + same, t["capture"], t["hf planned"],
+                   goal=CAPTURE_GOAL, tokens=tokens, details=batching(planned, "capture")),
+        Comparison(case, capture_label, "HF eager, output_attentions=True, " + same, t["capture"],
+                   t["hf eager attentions"], tokens=tokens),
+        Comparison(case, "headlab-swapped model, no tap", "HF forward (sdpa), " + same, t["swapped"],
+                   t["hf planned"], tokens=tokens),
+    ]
+    return area
+
+
+def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambda _: None) -> Area:
+    """The accumulators of ``headlab analyze`` against the capture pass alone.
+
+    Args:
+        plan: corpus slice and rounds.
+        loaded: ``headlab.load()``'s result.
+        tick: progress.
+
+    Returns:
+        The "analysis" area; syntax is left out (with a note) when spaCy or its pipeline is missing.
+    """
+    from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
+    from headlab.analysis.analyze import SIMILARITY_ROWS_PER_BATCH
+    from headlab.capture import capture, load_corpus
+
+    texts = list(load_corpus().texts)[: plan.analysis_items]
+    area = Area("analysis", "Analysis: accumulators on top of capture", (
+        f"Every contender is the same capture pass (all heads' patterns, default batches) over {len(texts)} corpus "
+        f"items with different consumers; {_rounds(plan.analysis_rounds)}, median. Dependency parses are "
+        "made once before timing (parsing is spaCy's cost, not the accumulator's)."))
+    consumers: dict[str, Callable[[], list[Any]]] = {
+        "capture only": lambda: [_Discard()],
+        "surface statistics": lambda: [SurfaceStats()],
+        "taxonomy": lambda: [TaxonomyStats()],
+        f"similarity ({SIMILARITY_ROWS_PER_BATCH} rows per batch)": lambda: [
+            HeadSimilarity(rows_per_batch=SIMILARITY_ROWS_PER_BATCH)],
+    }
+    parses = _parses(texts, area)
+    if parses is not None:
+        from headlab.analysis import SyntaxAccuracy
+
+        consumers["syntax"] = lambda: [SyntaxAccuracy(parses)]
+    consumers["all, as analyze runs them"] = lambda: [
+        SurfaceStats(), TaxonomyStats(), HeadSimilarity(rows_per_batch=SIMILARITY_ROWS_PER_BATCH),
+        *([] if parses is None else [SyntaxAccuracy(parses)])]
+    tokens: list[int] = []
+
+    def run(make: Callable[[], list[Any]]) -> Callable[[], None]:
+        def once() -> None:
+            tokens.append(capture(loaded, corpus=texts, consumers=make(), progress=False).tokens)
+        return once
+
+    tick(f"analysis: {len(texts)} items")
+    t = time_interleaved({name: run(make) for name, make in consumers.items()}, rounds=plan.analysis_rounds,
+                         min_block_s=1e-6, warmup=0, device=plan.device)
+    case = f"{len(texts)} items · {tokens[0]} tokens"
+    for name in list(consumers)[1:]:
+        area.rows.append(Comparison(case, name, "capture only", t[name], t["capture only"], tokens=tokens[0],
+                                    goal=ANALYSIS_GOAL if name.startswith("all") else None))
+    return area
+
+
+def _parses(texts: Sequence[str], area: Area) -> list[Any] | None:
+    try:
+        from headlab.analysis.syntax import load_pipeline, parse_texts
+
+        load_pipeline()
+        return parse_texts(texts)
+    except (ImportError, OSError) as err:
+        area.notes.append(f"syntax left out: {err}")
+        return None
+
+
+def bench_importance(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambda _: None) -> Area:
+    """Gradient importance against exhaustive single-head ablation, one timed run each.
+
+    Args:
+        plan: device and number of pairs.
+        loaded: ``headlab.load()``'s result.
+        tick: progress.
+
+    Returns:
+        The "importance" area; the row's details hold the Spearman correlations.
+    """
+    import numpy as np
+
+    from headlab.analysis import ablation_importance, gradient_importance, pair_batches, paraphrase_loss, spearman
+    from headlab.data.pairs import load_pairs
+
+    pairs = load_pairs(labels=("paraphrase",))[: plan.importance_pairs]
+    batches = pair_batches(loaded.tokenizer, pairs, device=plan.device)
+    n_heads = sum(m.config.n_heads for m in _layers(loaded))
+    tick(f"importance: {len(pairs)} pairs")
+    gradient_importance(loaded, batches[:1], paraphrase_loss)  # warm-up (the first backward allocates)
+    gradient = gradient_importance(loaded, batches, paraphrase_loss)
+    synchronize(plan.device)
+    ablation = ablation_importance(loaded, batches, paraphrase_loss)
+    synchronize(plan.device)
+    area = Area("importance", "Importance: gradient vs exhaustive ablation", (
+        f"{len(pairs)} paraphrase pairs ({len(batches)} batches), the contrastive loss the model was trained with; "
+        f"one timed run each (their own wall time). Exhaustive ablation runs one forward per head and batch "
+        f"({n_heads} heads)."))
+    area.rows.append(Comparison(
+        f"{len(pairs)} pairs · {n_heads} heads", "gradient importance (Michel et al.)", "exact single-head ablation",
+        Timing((gradient.seconds,)), Timing((ablation.seconds,)), goal=IMPORTANCE_GOAL,
+        details={"spearman |gradient| vs |ablation|": spearman(gradient.raw, np.abs(ablation.raw)),
+                 "spearman gradient vs signed ablation": spearman(gradient.raw, ablation.raw)}))
+    return area
+
+
+def _rounds(n: int) -> str:
+    return "1 round" if n == 1 else f"{n} interleaved rounds"
+
+
+def _model_name(loaded: Any) -> str:
+    from headlab.models.loading import DEFAULT_PACKAGE, default_model_path
+
+    layers = _layers(loaded)
+    shape = f"{len(layers)} layers × {layers[0].config.n_heads} heads"
+    if loaded.source == str(default_model_path()):
+        return f"the default model ({DEFAULT_PACKAGE}, {shape})"
+    return f"{loaded.source} ({shape})"
+
+
+def _layers(loaded: Any) -> list[Any]:
+    from headlab.models import attention_layers
+
+    return attention_layers(loaded)

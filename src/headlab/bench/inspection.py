@@ -1,0 +1,87 @@
+"""What inspecting heads costs: one head's pattern, every head's pattern, every head's output.
+
+Axis legend: x ``(batch, pos, d_model)``; patterns ``(batch, head, query_pos, key_pos)``.
+
+Each is timed against headlab's plain forward in the same group, and against what
+``torch.nn.MultiheadAttention`` offers instead: ``need_weights=True`` (the head-averaged
+pattern; the only way it shows anything of one head) and ``average_attn_weights=False``
+(every head's pattern). Goal: when one head's pattern is wanted, headlab is at least twice
+as fast as nn.MultiheadAttention with need_weights=True at 1k positions and above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from headlab.bench.layer import case_name, layer_flops, standard_pair
+from headlab.bench.plan import Plan
+from headlab.bench.records import Area, Comparison
+from headlab.bench.timing import time_interleaved
+
+__all__ = ["ONE_HEAD_GOAL", "ONE_HEAD_VS_WEIGHTS_GOAL", "ONE_HEAD_VS_WEIGHTS_FROM", "bench_inspection"]
+
+ONE_HEAD_GOAL = 1.15  # forward + one head's pattern / plain forward
+ONE_HEAD_VS_WEIGHTS_GOAL = 0.5  # forward + one head's pattern / nn.MHA need_weights=True …
+ONE_HEAD_VS_WEIGHTS_FROM = 1024  # … at this many positions and above
+
+
+def bench_inspection(plan: Plan, *, tick: Callable[[str], None] = lambda _: None) -> Area:
+    """Inspection costs at every ``plan.layer_shapes``.
+
+    Args:
+        plan: sizes, device, dtype and rounds.
+        tick: called with a label as each case starts (progress).
+
+    Returns:
+        The "inspection" area.
+    """
+    area = Area("inspection", "Inspection: patterns and head outputs", (
+        f"{plan.dtype} on {plan.device}, inference. Every contender is timed in one interleaved group per case "
+        f"({plan.rounds} rounds, median). The patterns of a few heads are computed beside the fused kernel for those "
+        "heads only; every head's pattern takes the explicit path (the softmax is paid for anyway)."))
+    mha, layer = standard_pair(plan)
+    mha.eval(), layer.eval()
+    for batch, pos in plan.layer_shapes:
+        case = case_name(batch, pos, layer.config)
+        tick(f"inspection {case}")
+        x = torch.randn(batch, pos, plan.d_model, device=plan.device, dtype=plan.torch_dtype)
+        with torch.inference_mode():
+            _check(case, layer, mha, x)
+            t = time_interleaved({
+                "forward": lambda: layer(x),
+                "one pattern": lambda: layer(x, return_patterns=[0]),
+                "all patterns": lambda: layer(x, return_patterns=True),
+                "head outputs": lambda: layer(x, return_head_outputs=True),
+                "mha weights": lambda: mha(x, x, x, need_weights=True),
+                "mha all weights": lambda: mha(x, x, x, need_weights=True, average_attn_weights=False),
+            }, rounds=plan.rounds, min_block_s=plan.min_block_s, device=plan.device)
+        flops = layer_flops(layer.config, batch=batch, pos=pos)
+        area.rows += [
+            Comparison(case, "forward + one head's pattern", "headlab forward", t["one pattern"], t["forward"],
+                       goal=ONE_HEAD_GOAL, flops=flops),
+            Comparison(case, "forward + one head's pattern", "nn.MHA need_weights=True (head average)",
+                       t["one pattern"], t["mha weights"], flops=flops,
+                       goal=ONE_HEAD_VS_WEIGHTS_GOAL if pos >= ONE_HEAD_VS_WEIGHTS_FROM else None),
+            Comparison(case, "forward + every head's pattern", "headlab forward", t["all patterns"], t["forward"],
+                       flops=flops),
+            Comparison(case, "forward + every head's pattern", "nn.MHA average_attn_weights=False",
+                       t["all patterns"], t["mha all weights"], flops=flops),
+            Comparison(case, "forward + every head's output", "headlab forward", t["head outputs"], t["forward"],
+                       flops=flops),
+        ]
+    return area
+
+
+def _check(case: str, layer: torch.nn.Module, mha: torch.nn.Module, x: torch.Tensor) -> None:
+    """The patterns timed are the patterns nn.MultiheadAttention gives (so the timings compare like with like)."""
+    tol = 1e-4 if x.dtype in (torch.float32, torch.float64) else 3e-2
+    ours = layer(x, return_patterns=True).patterns
+    theirs = mha(x, x, x, need_weights=True, average_attn_weights=False)[1]
+    one = layer(x, return_patterns=[0]).patterns
+    for name, got, want in (("every head's pattern", ours, theirs), ("one head's pattern", one, theirs[:, :1])):
+        try:
+            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+        except AssertionError as err:
+            raise RuntimeError(f"{case}: headlab's {name} differs from nn.MultiheadAttention's: {err}") from None

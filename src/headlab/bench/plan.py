@@ -1,0 +1,121 @@
+"""What the suite measures on which device: sizes, rounds and budgets, full or ``--quick``.
+
+CPU runs float32 at 128, 1k and 2k positions; CUDA runs bfloat16 and adds 4k positions
+(the GPU goal is stated there). Batches shrink as positions grow so that every case is a
+few thousand tokens. ``--quick`` keeps every benchmark but drops the longest positions and
+takes fewer rounds and a slice of the corpus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Plan", "plan_for"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes and budgets of one run of the suite.
+
+    Attributes:
+        device: "cpu" or "cuda".
+        dtype: name of the torch dtype every layer and model runs in.
+        d_model, n_heads: the layer benchmarks' width and heads (BERT-base: 768, 12).
+        layer_shapes: ``(batch, positions)`` of the layer and inspection cases.
+        gqa_kv_heads: key/value heads of the grouped-query cases (1 = multi-query).
+        gqa_shape: ``(batch, positions)`` of the grouped-query cases.
+        decode_context: cached positions before decoding starts.
+        decode_steps: tokens decoded one by one per timed call.
+        rounds: interleaved rounds of the layer, inspection and decoding groups.
+        min_block_s: shortest timed block of calls in those groups.
+        corpus_items: items of the bundled corpus for capture (None: all).
+        capture_rounds: rounds of the capture group (each call is a pass over the corpus).
+        hf_batch_size: items per batch of the plain Hugging Face forward (corpus order).
+        analysis_items: corpus items for the accumulator group (None: all).
+        analysis_rounds: rounds of the accumulator group.
+        importance_pairs: paraphrase pairs for importance (None: all).
+        matmul_size: n of the n × n matmul that measures the FLOP/s ceiling.
+        copy_mib: MiB copied to measure the memory bandwidth ceiling.
+        ceiling_goal_positions: positions at which the forward must reach ``ceiling_goal``.
+        ceiling_goal: fraction of the matmul ceiling the attention forward must reach there.
+    """
+
+    device: str
+    dtype: str
+    d_model: int
+    n_heads: int
+    layer_shapes: tuple[tuple[int, int], ...]
+    gqa_kv_heads: tuple[int, ...]
+    gqa_shape: tuple[int, int]
+    decode_context: int
+    decode_steps: int
+    rounds: int
+    min_block_s: float
+    corpus_items: int | None
+    capture_rounds: int
+    hf_batch_size: int
+    analysis_items: int | None
+    analysis_rounds: int
+    importance_pairs: int | None
+    matmul_size: int
+    copy_mib: int
+    ceiling_goal_positions: int | None = None
+    ceiling_goal: float | None = None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype as a ``torch.dtype``."""
+        return getattr(torch, self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns: the fields as a JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The inverse of ``to_dict``."""
+        data = dict(data)
+        data["layer_shapes"] = tuple(tuple(s) for s in data["layer_shapes"])
+        data["gqa_kv_heads"] = tuple(data["gqa_kv_heads"])
+        data["gqa_shape"] = tuple(data["gqa_shape"])
+        return cls(**data)
+
+
+def plan_for(device: str, *, quick: bool) -> Plan:
+    """The suite's plan for a device.
+
+    Args:
+        device: "cpu" or "cuda".
+        quick: the smoke-run budget (under 2 minutes on a 2-core CPU).
+
+    Returns:
+        The plan.
+
+    Raises:
+        ValueError: an unknown device.
+    """
+    if device == "cpu":
+        return Plan(
+            device="cpu", dtype="float32", d_model=768, n_heads=12,
+            layer_shapes=((16, 128), (2, 1024)) if quick else ((16, 128), (2, 1024), (1, 2048)),
+            gqa_kv_heads=(4, 1), gqa_shape=(2, 1024), decode_context=256 if quick else 512, decode_steps=16,
+            rounds=3 if quick else 7, min_block_s=0.05 if quick else 0.2,
+            corpus_items=96 if quick else None, capture_rounds=2 if quick else 3, hf_batch_size=32,
+            analysis_items=48 if quick else None, analysis_rounds=1 if quick else 2,
+            importance_pairs=24 if quick else None, matmul_size=1024 if quick else 2048, copy_mib=64 if quick else 256,
+        )
+    if device == "cuda":
+        return Plan(
+            device="cuda", dtype="bfloat16", d_model=768, n_heads=12,
+            layer_shapes=((64, 128), (2, 4096)) if quick else ((64, 128), (8, 1024), (4, 2048), (2, 4096)),
+            gqa_kv_heads=(4, 1), gqa_shape=(2, 4096), decode_context=2048, decode_steps=32,
+            rounds=5 if quick else 15, min_block_s=0.05 if quick else 0.2,
+            corpus_items=None, capture_rounds=3 if quick else 7, hf_batch_size=32,
+            analysis_items=None, analysis_rounds=2 if quick else 3,
+            importance_pairs=None, matmul_size=8192, copy_mib=1024,
+            ceiling_goal_positions=4096, ceiling_goal=0.5,
+        )
+    raise ValueError(f"device={device!r}; expected 'cpu' or 'cuda'")

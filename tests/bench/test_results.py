@@ -1,0 +1,86 @@
+"""RESULTS.md and RESULTS.json: the writer round trip, one entry per device, plain statements."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from headlab.bench import read_results, to_markdown, write_results
+from headlab.bench.results import TABLE_HEADERS, format_seconds, json_path, table_rows
+from tests.bench.test_records import _run
+
+
+def test_write_then_read_gives_the_run_back(tmp_path: Path) -> None:
+    run = _run()
+    markdown, source = write_results(run, tmp_path / "out" / "RESULTS.md")
+    assert source == tmp_path / "out" / "RESULTS.json" == json_path(markdown)
+    assert read_results(markdown) == {"cpu": run}
+    assert read_results(source) == {"cpu": run}
+
+
+def test_markdown_describes_the_machine_ceilings_goals_and_every_row(tmp_path: Path) -> None:
+    run = _run()
+    text = write_results(run, tmp_path / "RESULTS.md")[0].read_text(encoding="utf-8")
+    assert "| cpu | test |" in text
+    assert f"{run.ceilings.matmul_flops_per_s / 1e9:,.1f} GFLOP/s" in text
+    assert "Goals: 1 of 2 met." in text and "missed (layer)" in text
+    assert "headlab bench --quick" in text and "a note" in text
+    for area in run.areas:
+        for cells in table_rows(area, run.ceilings.matmul_flops_per_s):
+            assert "| " + " | ".join(cells) + " |" in text
+
+
+def test_without_a_gpu_run_the_file_says_plainly_why(tmp_path: Path) -> None:
+    run = _run()
+    run.machine["cuda available"] = "no"
+    text = to_markdown({"cpu": run})
+    assert "No GPU table: no CUDA device was available" in text
+    run.machine["cuda available"] = "yes"
+    assert "No GPU (CUDA) table: the suite has not been run with `--device cuda`" in to_markdown({"cpu": run})
+
+
+def test_a_run_replaces_only_its_own_device(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    cpu = _run()
+    gpu = dataclasses.replace(cpu, plan=dataclasses.replace(cpu.plan, device="cuda", dtype="bfloat16"),
+                              command="headlab bench --device cuda")
+    write_results(cpu, path)
+    write_results(gpu, path)
+    newer = dataclasses.replace(cpu, seconds=99.0)
+    write_results(newer, path)
+    assert read_results(path) == {"cpu": newer, "cuda": gpu}
+    text = path.read_text(encoding="utf-8")
+    assert "## CPU, float32" in text and "## GPU (CUDA), bfloat16" in text and "No GPU" not in text
+
+
+def test_a_foreign_json_file_is_refused_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "RESULTS.json").write_text(json.dumps({"something": "else"}))
+    with pytest.raises(ValueError, match="not a headlab bench results file"):
+        write_results(_run(), tmp_path / "RESULTS.md")
+    (tmp_path / "RESULTS.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        read_results(tmp_path / "RESULTS.md")
+
+
+def test_no_file_means_no_runs(tmp_path: Path) -> None:
+    assert read_results(tmp_path / "RESULTS.md") == {}
+
+
+def test_table_cells() -> None:
+    run = _run()
+    ceiling = run.ceilings.matmul_flops_per_s
+    first, second = table_rows(run.areas[0], ceiling)
+    assert len(first) == len(TABLE_HEADERS)
+    cell = dict(zip(TABLE_HEADERS, first))
+    assert (cell["ratio"], cell["goal"], cell["met"]) == ("1.000", "≤ 1.05", "yes")
+    assert cell["rate"] == f"0.0 GFLOP/s ({2e6 / 1.0 / ceiling:.0%} of ceiling)"
+    cell = dict(zip(TABLE_HEADERS, second))
+    assert (cell["met"], cell["rate"], cell["details"]) == ("no", "25 vs 50 tokens/s", "padding 1.500")
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(5e-4, "500 µs"), (0.0123, "12.3 ms"), (2.5, "2.5 s")])
+def test_format_seconds(seconds: float, text: str) -> None:
+    assert format_seconds(seconds) == text
