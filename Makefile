@@ -9,10 +9,11 @@ STAMP  := $(VENV)/.headlab-installed
 TORCH  := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help install report test test-all bench clean distclean
+.PHONY: help install report report-full test test-all bench clean distclean
 
 help:
-	@echo "make report    build the HTML report into report/index.html"
+	@echo "make report    build the HTML report into report/index.html (reduced budgets: a few minutes)"
+	@echo "make report-full  the same with full experiment and analysis budgets (much longer)"
 	@echo "make test      run the test suite (without tests marked slow)"
 	@echo "make test-all  run every test, slow ones included"
 	@echo "make bench     run the layer benchmarks"
@@ -23,11 +24,17 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH)
 	$(BIN)/pip install -e ".[all]"
+	# The browser tests drive Debian's chromium; browsers cannot be downloaded here.
+	test -x /usr/bin/chromium || (sudo apt-get update && sudo apt-get install -y chromium) \
+		|| (apt-get update && apt-get install -y chromium)
 	touch $@
 
 install: $(STAMP)
 
 report: $(STAMP)
+	$(BIN)/headlab report --quick
+
+report-full: $(STAMP)
 	$(BIN)/headlab report
 
 test: $(STAMP)

@@ -25,6 +25,7 @@ def _fail(ctx: ReportContext) -> str:
     raise RuntimeError("section exploded")
 
 
+@pytest.mark.slow  # every default section with quick budgets: minutes on 2 cores (`make report` runs the same)
 @pytest.mark.skipif(not _HAS_INTEROP, reason="headlab.interop.torch_mha is not importable yet (parity_suite missing)")
 def test_report_quick_with_default_sections_exits_0_and_writes_index(tmp_path: Path) -> None:
     out = tmp_path / "rep"
@@ -84,3 +85,37 @@ def test_importing_the_cli_does_not_import_torch() -> None:
     code = "import sys; import headlab.cli; print(sorted(m for m in ('torch', 'headlab.report') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"importing headlab.cli loaded {out.strip()}"
+
+
+def test_model_and_text_reach_the_sections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one\ntwo\n")
+    seen: list[tuple[str | None, Path | None]] = []
+
+    def render(ctx: ReportContext) -> str:
+        seen.append((ctx.model, ctx.text))
+        return "<p>fine</p>"
+
+    monkeypatch.setattr(registry, "DEFAULT_SECTIONS", [Section("fine", "Fine section", render)])
+    out = tmp_path / "rep"
+    result = runner.invoke(app, ["report", "some/model", "--text", str(corpus), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen == [("some/model", corpus)]
+    page = (out / "index.html").read_text()
+    assert f"headlab report some/model --out {out} --seed 0 --text {corpus}" in page
+
+
+def test_a_missing_corpus_file_is_a_usage_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["report", "--text", str(tmp_path / "missing.txt"), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())
+
+
+def test_serve_serves_the_report_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import headlab.report.viewer.serve as serve_module
+
+    calls = []
+    monkeypatch.setattr(serve_module, "serve", lambda path, *, port, announce: calls.append((path, port)))
+    monkeypatch.setattr(registry, "DEFAULT_SECTIONS", [Section("fine", "Fine", lambda ctx: "<p>ok</p>")])
+    result = runner.invoke(app, ["report", "--out", str(tmp_path / "rep"), "--serve"])
+    assert result.exit_code == 0, result.output
+    assert calls == [(tmp_path / "rep", 0)]

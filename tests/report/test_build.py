@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headlab.report.sections as registry
-from headlab.report import ReportContext, Section, build_report
+from headlab.report import Part, ReportContext, Section, build_report
 
 
 def _ok(section_id: str, marker: str) -> Section:
@@ -98,7 +98,8 @@ def test_page_is_self_contained(tmp_path: Path) -> None:
     assert html.startswith("<!DOCTYPE html>")
     assert "<style>" in html
     assert not re.search(r'(src|href)="(https?:)?//', html), "page must not load anything from the network"
-    assert "<script" not in html and "<link" not in html
+    assert "<script" not in html
+    assert re.findall(r"<link[^>]*>", html) == ['<link rel="icon" href="data:,">']
 
 
 def test_default_sections_come_from_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,3 +132,69 @@ def test_assets_cannot_leave_the_report_folder(tmp_path: Path, relpath: str) -> 
     ctx = ReportContext(out_dir=tmp_path / "r", assets_dir=tmp_path / "r" / "assets", seed=0, quick=False)
     with pytest.raises(ValueError, match="inside the report folder"):
         ctx.write_file(relpath, "x")
+
+
+def test_parts_group_sections_number_them_and_link_across(tmp_path: Path) -> None:
+    sections = [
+        Part("q1", "First question?", "Why it <matters>.", sections=(_ok("a", "A"), Section("b", "B", _boom)),
+             see_also=("c",)),
+        Part("q2", "Unmeasured question?", "Nothing yet.", sections=()),
+        _ok("c", "C"),
+    ]
+    result = build_report(tmp_path, sections=sections, progress=False)
+    html = result.index.read_text()
+    assert [s.id for s in result.sections] == ["a", "b", "c"] and [s.ok for s in result.sections] == [True, False, True]
+    toc = re.search(r'<nav class="toc">(.*?)</nav>', html, re.DOTALL).group(1)
+    assert re.findall(r'href="#([^"]+)"', toc) == ["q1", "a", "b", "q2", "c", "provenance"]
+    part = html[html.index('id="q1"'):html.index('id="q2"')]
+    assert 'id="a"' in part and 'id="b"' in part and "kaboom in section" in part
+    assert "Why it &lt;matters&gt;." in part
+    assert '<a href="#c">3 Title c</a>' in part  # see-also links carry the target's number and title
+    assert ">1.1<" in part and ">1.2<" in part
+    assert "No section of this build measures this yet." in html[html.index('id="q2"'):]
+
+
+def test_part_ids_and_references_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'a'"):
+        build_report(tmp_path, sections=[Part("a", "A", "", sections=(_ok("a", "x"),))], progress=False)
+    with pytest.raises(ValueError, match="refers to \\['nowhere'\\]"):
+        build_report(tmp_path, sections=[Part("p", "P", "", sections=(), see_also=("nowhere",))], progress=False)
+    with pytest.raises(ValueError, match="part id"):
+        Part("Bad Id", "t", "", sections=())
+
+
+def test_model_and_text_reach_the_sections_and_the_provenance(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one line\nanother line\n")
+    seen = []
+
+    def record(ctx: ReportContext) -> str:
+        seen.append((ctx.model, ctx.text))
+        return "<p>seen</p>"
+
+    result = build_report(tmp_path / "out", sections=[Section("rec", "Rec", record)], model="some/model",
+                          text=corpus, progress=False)
+    assert seen == [("some/model", corpus)]
+    footer = result.index.read_text()
+    assert "some/model" in footer and f"{corpus} (2 items)" in footer
+    assert "not loaded: no section needed it" in footer
+    assert result.provenance["corpus"] == f"{corpus} (2 items)"
+
+
+def test_memo_computes_once_per_report(tmp_path: Path) -> None:
+    calls = []
+
+    def compute() -> int:
+        calls.append(1)
+        return 41 + len(calls)
+
+    def first(ctx: ReportContext) -> str:
+        assert ctx.memoized("value") is None
+        return f"<p>{ctx.memo('value', compute)}</p>"
+
+    def second(ctx: ReportContext) -> str:
+        return f"<p>{ctx.memo('value', compute)} {ctx.memoized('value')}</p>"
+
+    html = build_report(tmp_path, sections=[Section("one", "One", first), Section("two", "Two", second)],
+                        progress=False).index.read_text()
+    assert calls == [1] and "<p>42 42</p>" in html

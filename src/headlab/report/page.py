@@ -195,6 +195,7 @@ def render_page(
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'  # no favicon request: a served report logs no 404
         f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>"
         f"<header><h1>{escape(title)}</h1><p>{escape(status)} · generated {escape(provenance.utc_time)}"
         f" · seed {escape(provenance.seed)}{' · quick mode' if provenance.quick else ''}</p>"

@@ -95,7 +95,7 @@ def viewer_document(data: ViewerData, *, title: str | None = None) -> str:
                   "header h1{font-size:1.35rem;margin:0 0 .15rem}header p{margin:0 0 .8rem;color:#59636e;font-size:.9rem}"
                   "footer{margin-top:1rem;color:#59636e;font-size:.8rem}")
     policy = (f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)} {_sha256(page_style)}; "
-              "img-src 'none'; connect-src 'none'; base-uri 'none'; form-action 'none'")
+              "img-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")  # data: for the icon
     title = title if title is not None else f"headlab view: {data.name}"
     n = sum(item.pieces.n for item in data.items)
     subtitle = (f"{len(data.heads)} heads of {data.name} on {len(data.items)} text"
@@ -105,6 +105,7 @@ def viewer_document(data: ViewerData, *, title: str | None = None) -> str:
         '<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{escape(policy)}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'  # no favicon request: a served page logs no 404
         f"<title>{escape(title)}</title><style>{page_style}</style><style>{style}</style></head><body><main>"
         f"<header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p></header>"
         f"{viewer_fragment(data, element_id='viewer')}"

@@ -66,6 +66,10 @@
     return x.toFixed(2);
   }
 
+  function fmtWeight(x) {
+    return x >= 0.01 ? x.toFixed(2) : x.toPrecision(2);
+  }
+
   function cssVar(node, name, fallback) {
     var v = getComputedStyle(node).getPropertyValue(name).trim();
     return v || fallback;
@@ -95,6 +99,8 @@
     this.renderId = 0;
     this.build();
     this.render();
+    var self = this;
+    window.addEventListener("resize", function () { if (self.current) self.drawMatrix(); });
   }
 
   Viewer.prototype.levelData = function () {
@@ -152,7 +158,7 @@
         o.value = String(i);
         self.itemSelect.appendChild(o);
       });
-      this.itemSelect.addEventListener("change", function () { self.item = +self.itemSelect.value; self.clearFocus(true); self.render(); });
+      this.itemSelect.addEventListener("change", function () { self.switchTo(+self.itemSelect.value, self.level); });
       pick.appendChild(this.itemSelect);
       controls.appendChild(pick);
     }
@@ -165,8 +171,7 @@
       b.type = "button";
       b.dataset.level = name;
       b.addEventListener("click", function () {
-        if (b.disabled) return;
-        self.level = name; self.clearFocus(true); self.render();
+        if (!b.disabled) self.switchTo(self.item, name);
       });
       seg.appendChild(b);
       self.levelButtons[name] = b;
@@ -274,6 +279,15 @@
     right.appendChild(matBox);
     main.appendChild(right);
     root.appendChild(main);
+  };
+
+  Viewer.prototype.switchTo = function (item, level) {
+    // another text or level: the open pattern and its positions no longer apply
+    this.current = null;
+    this.clearFocus(true);
+    this.item = item;
+    this.level = level;
+    this.render();
   };
 
   Viewer.prototype.select = function (index) {
@@ -460,7 +474,7 @@
       s.style.backgroundColor = a > 0.004 ? "rgba(" + BLUE.join(",") + "," + (0.08 + 0.72 * a).toFixed(3) + ")" : "";
       s.style.boxShadow = b > 0.004 ? "inset 0 -4px 0 rgba(" + ORANGE.join(",") + "," + (0.15 + 0.85 * b).toFixed(3) + ")" : "";
       s.classList.toggle("hv-focused", j === pos);
-      s.title = "weight from the hovered token: " + to[j].toFixed(3) + "\nweight to the hovered token: " + from[j].toFixed(3);
+      s.title = "weight from the hovered token: " + fmtWeight(to[j]) + "\nweight to the hovered token: " + fmtWeight(from[j]);
     }
     this.focusLine.textContent = "";
     var who = el("strong", null, "\u201C" + lv.labels[pos] + "\u201D");
@@ -479,7 +493,7 @@
     var shown = order.slice(0, 4).filter(function (i) { return values[i] > 0; });
     if (!shown.length) span.appendChild(el("span", "hv-muted", "nothing (no later token sees it)"));
     shown.forEach(function (i, k) {
-      var chip = el("span", "hv-chip " + cls, lv.labels[i] + " " + values[i].toFixed(2));
+      var chip = el("span", "hv-chip " + cls, lv.labels[i] + " " + fmtWeight(values[i]));
       span.appendChild(chip);
       if (k < shown.length - 1) span.appendChild(document.createTextNode(" "));
     });
@@ -520,10 +534,13 @@
   };
 
   Viewer.prototype.matrixLayout = function () {
-    var n = this.current.n, labels = n <= 48;
-    var cell = labels ? Math.max(9, Math.min(26, Math.floor(460 / n))) : 0;
-    var grid = labels ? cell * n : Math.min(560, Math.max(320, n));
+    // as wide as the panel allows (at most 760 px); token labels on both axes when a cell can hold them
+    var n = this.current.n, panel = this.canvas.parentElement;
+    var room = Math.max(240, Math.min(760, (panel ? panel.clientWidth : 600) - 24));
+    var labels = (room - 86) / n >= 10;
     var margin = labels ? 86 : 8;
+    var cell = labels ? Math.min(26, Math.floor((room - margin) / n)) : 0;
+    var grid = labels ? cell * n : room - margin;
     return { n: n, labels: labels, grid: grid, margin: margin, size: grid + margin + 4 };
   };
 
@@ -608,7 +625,7 @@
     var lv = this.levelData();
     this.hoverCell = [q, k];
     this.matrixStatus.textContent = "\u201C" + lv.labels[q] + "\u201D (" + q + ") \u2192 \u201C" + lv.labels[k] + "\u201D (" + k + "): " +
-      this.current.value(q, k).toFixed(4);
+      fmtWeight(this.current.value(q, k));
     this.drawMatrix();
     this.hoverCell = null;
   };

@@ -1,0 +1,90 @@
+"""`headlab view` through typer's CliRunner, on a tiny random BERT saved to disk (no download)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from headlab.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    from tests.interop.hf_models import build, config
+    from tests.report.viewer.tiny import _tokenizer
+
+    tokenizer = _tokenizer()
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    cfg = config("bert", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, max_position_embeddings=64)
+    build(transformers.BertModel, cfg).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _payload(page: Path) -> dict:
+    return json.loads(re.search(r'id="viewer-data">(.*?)</script>', page.read_text()).group(1))
+
+
+def test_writes_a_standalone_page_and_prints_the_roles(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "v.html"
+    result = runner.invoke(app, ["view", str(checkpoint), "the cat sat on the mat", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    payload = _payload(out)
+    assert payload["items"][0]["text"] == "the cat sat on the mat" and len(payload["heads"]) == 8
+    assert payload["name"] == checkpoint.name
+    assert "Roles of 8 heads" in result.output and f"wrote {out}" in result.output.replace("\n", "")
+
+
+def test_text_from_a_file_and_a_head_selection(checkpoint: Path, tmp_path: Path) -> None:
+    text = tmp_path / "in.txt"
+    text.write_text("a big red dog\nran on the mat\n", encoding="utf-8")
+    out = tmp_path / "sub" / "v.html"
+    result = runner.invoke(app, ["view", str(checkpoint), "--text", str(text), "--out", str(out), "--layers", "1",
+                                 "--heads", "0,2"])
+    assert result.exit_code == 0, result.output
+    payload = _payload(out)
+    assert payload["heads"] == [[1, 0], [1, 2]]
+    assert payload["items"][0]["text"] == "a big red dog\nran on the mat\n"  # the whole file is one text
+
+
+def test_truncation_is_printed(checkpoint: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["view", str(checkpoint), " ".join(["cat"] * 80), "--out", str(tmp_path / "v.html")])
+    assert result.exit_code == 0, result.output
+    assert "note: text 0 has 82 pieces; only the first 64" in result.output.replace("\n", " ")
+
+
+def test_serve_serves_the_written_file(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import headlab.report.viewer.serve as serve_module
+
+    calls = []
+    monkeypatch.setattr(serve_module, "serve", lambda path, *, port, announce: calls.append((path, port)))
+    out = tmp_path / "v.html"
+    result = runner.invoke(app, ["view", str(checkpoint), "the cat", "--out", str(out), "--serve", "--port", "8123"])
+    assert result.exit_code == 0, result.output
+    assert calls == [(out, 8123)]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["view"], "give the text to view"),
+    (["view", "a", "b", "c"], "expected [MODEL] TEXT, got 3 arguments"),
+    (["view", "m", "x", "--text", "in.txt"], "with --text, give at most a MODEL"),
+    (["view", "--text", "/no/such/file.txt"], "no such file"),
+    (["view", "x", "--layers", "a,b"], "expected comma-separated ints"),
+    (["view", "x", "--port", "70000"], "less than or equal to 65535"),
+])
+def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
+
+
+def test_a_layer_the_model_lacks_is_a_clear_error(checkpoint: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["view", str(checkpoint), "the cat", "--layers", "7", "--out", str(tmp_path / "v.html")])
+    assert result.exit_code == 2 and "7" in result.output and "error" in result.output

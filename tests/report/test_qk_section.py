@@ -1,0 +1,44 @@
+"""The W_QK section: ranks and spectra read from the factors, checked against the formed matrix."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+import torch
+
+from headlab.models import attention_layers
+from headlab.report.sections.qk import QKSpectra, measure, plot_spectra, render_qk
+from tests.report.viewer.tiny import tiny
+
+
+def test_measure_reads_every_head_and_the_formed_matrix_agrees() -> None:
+    model = tiny("bert")
+    spectra = measure(model)
+    layers = attention_layers(model)
+    assert spectra.d_model == 32 and spectra.d_head == [8, 8]
+    assert [s.shape for s in spectra.singular] == [(4, 8), (4, 8)]
+    assert all((r == 8).all() for r in spectra.ranks)
+    with torch.no_grad():
+        w = layers[1].W_Q[3].double() @ layers[1].W_K[3].double().T  # (d_model, d_model)
+    np.testing.assert_allclose(spectra.singular[1][3], torch.linalg.svdvals(w).numpy()[:8], rtol=1e-5)
+    assert spectra.dense_check.shape == (32,) and spectra.dense_check[8:].max() < 1e-5 * spectra.dense_check[0]
+
+
+def test_effective_rank_counts_the_values_needed_for_the_energy() -> None:
+    s = np.array([[3.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])  # energies 9+1+1+1 and 4 × 1
+    spectra = QKSpectra(d_model=8, d_head=[4], singular=[s], ranks=[np.array([4, 4])], dense_check=np.ones(8))
+    np.testing.assert_array_equal(spectra.effective_ranks(0.75)[0], [1, 3])
+    np.testing.assert_array_equal(spectra.effective_ranks(0.9)[0], [3, 4])
+
+
+def test_render_states_the_measured_numbers() -> None:
+    spectra = measure(tiny("bert"))
+    text = html.unescape(render_qk(spectra, name="tiny", plot_href="assets/qk.svg"))
+    assert "every head's W_QK is a 32 × 32 matrix" in text and "All 8 heads reach that bound." in text
+    assert "costs 512 parameters; as one full bilinear form it would cost 1,024, 2.0× as many" in text
+    assert 'src="assets/qk.svg"' in text
+    assert len(re.findall(r"<tr><td>\d</td>", text)) == 2
+    svg = plot_spectra(spectra)
+    assert svg == plot_spectra(spectra) and b"<svg" in svg
