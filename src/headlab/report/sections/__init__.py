@@ -9,7 +9,7 @@ section: write ``sections/<name>.py`` exposing ``SECTION`` (a
 from __future__ import annotations
 
 from headlab.report.section import Part, Section
-from headlab.report.sections import analysis, params, parity, qk, viewer
+from headlab.report.sections import analysis, audit, bench, params, parity, qk, viewer
 
 __all__ = ["DEFAULT_SECTIONS"]
 
@@ -19,7 +19,7 @@ DEFAULT_SECTIONS: list[Section | Part] = [
         "A widely copied tutorial layer cuts the input into one slice per head and sends every slice through "
         "the same small projection. In the standard layer each head has its own slice of every projection "
         "and reads the whole input. Which is which can be told from what the running module computes.",
-        sections=(), see_also=("params",),
+        sections=(audit.SECTION,), see_also=("params",),
     ),
     Part(
         "q001", "Do more heads mean more parameters, or different outputs?",
@@ -55,7 +55,8 @@ DEFAULT_SECTIONS: list[Section | Part] = [
     ),
     Part(
         "checks", "Correctness and speed",
-        "headlab's layer against torch.nn.MultiheadAttention on the same weights and inputs.",
-        sections=(parity.SECTION,),
+        "headlab's layer against torch.nn.MultiheadAttention on the same weights and inputs, then the latest "
+        "benchmark of headlab against its peers.",
+        sections=(parity.SECTION, bench.SECTION),
     ),
 ]

@@ -177,6 +177,8 @@
       self.levelButtons[name] = b;
     });
     controls.appendChild(seg);
+    this.levelHint = el("span", "hv-muted hv-hint");
+    controls.appendChild(this.levelHint);
     var colour = el("label", "hv-control");
     colour.appendChild(el("span", null, "Colour "));
     this.colourSelect = el("select");
@@ -309,6 +311,7 @@
     this.levelButtons.words.disabled = !item.words;
     this.levelButtons.words.title = item.words ? "words: attention to a word sums its pieces, from a word averages them" :
       "every word of this text is a single piece";
+    this.levelHint.textContent = item.words ? "" : "(every word here is one piece)";
     if (!item.words) this.level = "pieces";
     Object.keys(this.levelButtons).forEach(function (k) {
       self.levelButtons[k].setAttribute("aria-pressed", String(k === self.level));
