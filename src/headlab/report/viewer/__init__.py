@@ -4,7 +4,7 @@
     data.py       view_data: capture a model on texts → ViewerData (patterns, labels, head statistics)
     page.py       the standalone page and the report fragment
     serve.py      a local HTTP server bound to 127.0.0.1 that serves one file or one folder
-    static/       viewer.js and viewer.css (package data), the browser side
+    static/       the browser side (package data): five script parts joined into viewer.js, viewer.css
 """
 
 from headlab.report.viewer.data import MAX_ENTRIES, HeadInfo, Level, ViewerData, ViewerItem, view_data

@@ -19,25 +19,28 @@ from headlab.report.html import Html, escape
 from headlab.report.viewer.data import ViewerData
 from headlab.report.viewer.encoding import script_json
 
-__all__ = ["ASSETS", "asset_text", "viewer_document", "viewer_fragment", "write_assets"]
+__all__ = ["ASSETS", "SCRIPT_PARTS", "asset_text", "viewer_document", "viewer_fragment", "write_assets"]
 
+SCRIPT_PARTS = ("util.js", "ui.js", "tokens.js", "canvas.js", "mount.js")  # static/, joined in this order
 ASSETS = ("viewer.js", "viewer.css")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
 def asset_text(name: str) -> str:
-    """The text of a packaged viewer asset (``viewer.js`` or ``viewer.css``).
+    """The text of a viewer asset: ``viewer.css``, or ``viewer.js``, the script parts joined in order.
 
     Raises:
         ValueError: ``name`` is not one of ``ASSETS``.
     """
     if name not in ASSETS:
         raise ValueError(f"unknown viewer asset {name!r}; expected one of {ASSETS}")
-    return resources.files("headlab.report.viewer").joinpath("static", name).read_text(encoding="utf-8")
+    static = resources.files("headlab.report.viewer").joinpath("static")
+    parts = SCRIPT_PARTS if name == "viewer.js" else (name,)
+    return "\n".join(static.joinpath(part).read_text(encoding="utf-8") for part in parts)
 
 
 def write_assets(folder: Path) -> dict[str, Path]:
-    """Copy the viewer's script and style into ``folder`` (created if missing).
+    """Write the viewer's script and style into ``folder`` (created if missing).
 
     Returns:
         ``{asset name: written path}``.
