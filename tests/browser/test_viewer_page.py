@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from headlab.capture import pattern_to_words
 from headlab.report.viewer import ViewerData, view_data, viewer_document
@@ -167,11 +166,11 @@ def test_two_thousand_tokens(tab: Tab, tmp_path: Path) -> None:
     tab.assert_clean()
 
 
-@pytest.mark.parametrize("level", ["pieces"])
-def test_a_text_whose_words_are_single_pieces_disables_the_word_switch(tab: Tab, tmp_path: Path, level: str) -> None:
+def test_a_text_whose_words_are_single_pieces_disables_the_word_switch(tab: Tab, tmp_path: Path) -> None:
     data = view_data(tiny("bert"), "the cat sat")
     assert data.items[0].words is None
     _open(tab, data, tmp_path / "view.html")
     assert tab.page.is_disabled(".hv-seg button[data-level='words']")
-    assert tab.page.get_attribute(".hv", "data-level") == level
+    assert tab.page.get_attribute(".hv", "data-level") == "pieces"
+    assert tab.page.inner_text(".hv-hint") == "(every word here is one piece)"
     tab.assert_clean()

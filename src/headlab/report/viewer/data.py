@@ -15,6 +15,7 @@ on the viewed texts themselves.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,8 +93,6 @@ class Level:
         return len(self.labels)
 
     def to_dict(self) -> dict[str, Any]:
-        import base64
-
         return {"name": self.name, "n": self.n, "labels": self.labels, "gaps": self.gaps, "tail": self.tail,
                 "special": self.special, "pieces": self.pieces, "patterns": [p.to_dict() for p in self.patterns],
                 "thumbSize": self.thumb_size, "thumbs": base64.b64encode(self.thumbs).decode("ascii")}
@@ -292,17 +291,21 @@ def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offs
         is_special[unit] = False
         held = spans[unit]
         spans[unit] = [start, end] if held is None else [min(held[0], start), max(held[1], end)]
-    special_label = {unit: token for token, sp, unit in zip(tokens, special, units) if sp}
+    own_tokens: list[list[str]] = [[] for _ in range(n)]
+    for token, unit in zip(tokens, units):
+        own_tokens[unit].append(token)
     labels, gaps, cursor = [], [], 0
     for unit in range(n):
         span = spans[unit]
         if span is None:  # a special token: no characters of its own
-            labels.append(special_label.get(unit, ""))
+            labels.append("".join(own_tokens[unit]))
             gaps.append("")
             continue
         start, end = span
         gaps.append(text[cursor:start] if start >= cursor else "")
-        labels.append(text[max(start, cursor):end] if end > cursor else text[start:end])
+        # a piece inside characters already shown (bytes of one character) repeats them; a piece
+        # without characters shows its token string, so that no position is invisible
+        labels.append(text[max(start, cursor):end] if end > cursor else text[start:end] or "".join(own_tokens[unit]))
         cursor = max(cursor, end)
     size, thumbs = thumbnails(patterns)
     return Level(name=name, labels=labels, gaps=gaps, tail=text[cursor:], special=is_special, pieces=counts,
