@@ -19,7 +19,7 @@ def _flat(output: str) -> str:
     return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
 
 
-AREAS = ["layer", "inspection", "decode", "capture", "analysis", "importance"]
+AREAS = ["layer", "inspection", "decode", "capture", "analysis", "importance", "pruning"]
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +62,12 @@ def test_rows_cover_the_peers_the_issue_names(ran: tuple[dict, Path]) -> None:
     assert any("multi-query" in r["contender"] for r in rows["layer"])
     contenders = {r["contender"] for r in rows["inspection"]}
     assert contenders == {"forward + one head's pattern", "forward + every head's pattern",
-                          "forward + every head's output"}
+                          "forward + every head's output", "raw floor, no pattern (the bound)"}
     assert all(r["contender_tokens_per_s"] > 0 for r in rows["decode"] + rows["capture"])
     assert any("corpus order" in r["peer"] for r in rows["capture"])
     assert [r["contender"] for r in rows["analysis"]][-1] == "all, as analyze runs them"
     assert -1.0 <= rows["importance"][0]["details"]["spearman |gradient| vs |ablation|"] <= 1.0
+    assert {r["contender"] for r in rows["pruning"]} >= {"headlab, half the heads pruned", "headlab, all heads"}
 
 
 def test_flop_rows_carry_the_ceiling_fraction(ran: tuple[dict, Path]) -> None:

@@ -8,6 +8,7 @@
     inspection.py  one head's pattern, every head's pattern, head outputs vs the plain forward
     decode.py      decoding tokens/s with the kv cache vs a raw floor
     capture.py     capture vs the plain Hugging Face forward; accumulators; importance
+    pruning.py     half the heads pruned vs the full, masked and plain models
     records.py     Comparison, Area, SuiteResult (JSON round trip)
     results.py     benchmarks/RESULTS.md and RESULTS.json
     suite.py       run_suite

@@ -1,7 +1,7 @@
 """``run_suite``: every benchmark in one run, as ratios to peers timed in the same groups.
 
-Order: the machine's ceilings, the layer, inspection, decoding, then capture, analysis and
-importance on the default model. Each area's contenders are timed in interleaved rounds
+Order: the machine's ceilings, the layer, inspection, decoding, then capture, analysis,
+importance and pruning on the default model. Each area's contenders are timed in interleaved rounds
 (``headlab.bench.timing``); the machine is described at the start (and its load average at
 the end, to show whether it was quiet).
 """
@@ -22,12 +22,13 @@ from headlab.bench.decode import bench_decode
 from headlab.bench.inspection import bench_inspection
 from headlab.bench.layer import bench_layer
 from headlab.bench.plan import Plan, plan_for
+from headlab.bench.pruning import bench_pruning
 from headlab.bench.records import Area, SuiteResult
 
 __all__ = ["check_device", "run_plan", "run_suite"]
 
 _MODEL_AREAS = (("capture", "Capture", bench_capture), ("analysis", "Analysis", bench_analysis),
-                ("importance", "Importance", bench_importance))
+                ("importance", "Importance", bench_importance), ("pruning", "Pruning", bench_pruning))
 
 
 def check_device(device: str) -> None:
