@@ -28,8 +28,8 @@ from headlab.models import LoadedModel, attention_modules
 
 __all__ = [
     "BROAD", "DUPLICATE_TOKEN", "INDUCTION", "NEXT_TOKEN", "PREVIOUS_TOKEN", "PUNCTUATION", "SELF", "SINK",
-    "ProbeScores", "duplicate_token_scores", "induction_scores", "label_heads", "probe_patterns",
-    "repeated_tokens", "role_labels",
+    "ProbeScores", "duplicate_token_score", "duplicate_token_scores", "induction_score", "induction_scores",
+    "label_heads", "previous_token_score", "probe_patterns", "repeated_tokens", "role_labels",
 ]
 
 PREVIOUS_TOKEN = 0.5  # to_prev > this: a previous-token head
@@ -155,6 +155,15 @@ def _causal_modules(net: nn.Module) -> list:
             f"{type(net).__name__} are not causal (bidirectional heads can read the second copy directly)"
         )
     return modules
+
+
+def previous_token_score(patterns: Tensor) -> Tensor:
+    """``(head,)``: mean attention from each position i ≥ 1 to i − 1, over batch and positions.
+
+    Args:
+        patterns: ``(batch, head, pos, pos)`` of self-attention over any sequences.
+    """
+    return patterns.diagonal(offset=-1, dim1=-2, dim2=-1).double().mean(dim=(0, 2))
 
 
 def duplicate_token_score(patterns: Tensor, length: int) -> Tensor:

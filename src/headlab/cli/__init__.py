@@ -13,6 +13,7 @@ import typer
 
 from headlab.cli import analyze as _analyze
 from headlab.cli import bench as _bench
+from headlab.cli import experiment as _experiment
 from headlab.cli import audit as _audit
 from headlab.cli import params as _params
 from headlab.cli import report as _report
@@ -55,6 +56,7 @@ app.command("analyze")(_analyze.analyze)
 app.command("bench")(_bench.bench)
 app.command("audit")(_audit.audit)
 app.command("view")(_view.view)
+app.command("experiment")(_experiment.experiment)
 
 
 def main() -> None:

@@ -1,0 +1,186 @@
+"""How many heads? Vaswani et al. 2017, Table 3 (A), in miniature, and Bhojanapalli et al. 2020.
+
+The one wide layer of a ``TinyTransformer`` is trained on ``MixTask`` (two relations at once)
+with 1 to 16 heads, over several seeds, two ways:
+    d_model  d_model fixed at D_MODEL, d_head = d_model / n_heads: the heads split one budget,
+             so more heads means narrower heads (Vaswani et al.: too few and too many both hurt).
+    d_head   d_head fixed at D_HEAD whatever the number of heads: the layer grows with the heads,
+             and no head is squeezed below D_HEAD (Bhojanapalli et al.'s fix for the low-rank
+             bottleneck of narrow heads).
+Reported per setting and number of heads: the layer's parameters and FLOPs, the final accuracy
+(mean ± std over seeds) and the steps to 90% accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.figures import png
+from headlab.experiments.progress import StepBar
+from headlab.experiments.seeds import Spread, seeds_from
+from headlab.experiments.tasks import MixTask
+from headlab.experiments.train import ConfigRun, train_config
+from headlab.layer import AttentionConfig
+
+__all__ = ["HEADS", "SETTINGS", "HeadsCountResult", "HeadsCountRow", "config_for", "plot_heads_count",
+           "run_heads_count"]
+
+HEADS = (1, 2, 4, 8, 16)
+SETTINGS = ("d_model", "d_head")
+D_MODEL, D_HEAD, LR, N_SEEDS, TARGET_ACCURACY = 32, 8, 1e-2, 3, 0.9
+STEPS, QUICK_STEPS, EVAL_EVERY = 300, 120, 20
+
+
+def config_for(setting: str, n_heads: int) -> AttentionConfig:
+    """The layer with ``n_heads`` heads under ``setting`` (``"d_model"`` or ``"d_head"`` fixed).
+
+    Raises:
+        ValueError: an unknown setting, or n_heads that does not divide D_MODEL in the d_model setting.
+    """
+    if setting == "d_model":
+        return AttentionConfig(d_model=D_MODEL, n_heads=n_heads)
+    if setting == "d_head":
+        return AttentionConfig(d_model=D_MODEL, n_heads=n_heads, d_head=D_HEAD)
+    raise ValueError(f"unknown setting {setting!r}; expected one of {', '.join(SETTINGS)}")
+
+
+@dataclass
+class HeadsCountRow:
+    """One number of heads under one setting, over seeds.
+
+    Attributes:
+        parameters, flops: the attention layer's (``headlab.layer.accounting``; FLOPs over one sequence).
+        accuracy: final accuracy over seeds.
+        steps_to_90: per seed, the first evaluated step with accuracy ≥ 0.9, or None if never.
+    """
+
+    setting: str
+    n_heads: int
+    d_head: int
+    parameters: int
+    flops: int
+    accuracy: Spread
+    steps_to_90: list[int | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["accuracy"] = self.accuracy.to_dict()
+        return out
+
+
+@dataclass
+class HeadsCountResult:
+    """The heads-count experiment (``--json`` schema: docs/experiments.md).
+
+    Attributes:
+        rows: one per (setting, n_heads), heads ascending within a setting.
+        best_heads: setting → the number of heads with the highest mean accuracy.
+        runs: every training run.
+    """
+
+    seed: int
+    steps: int
+    seeds: list[int]
+    task: dict[str, Any]
+    d_model: int
+    d_head: int
+    rows: list[HeadsCountRow]
+    best_heads: dict[str, int]
+    runs: list[ConfigRun]
+
+    def row(self, setting: str, n_heads: int) -> HeadsCountRow:
+        return next(r for r in self.rows if (r.setting, r.n_heads) == (setting, n_heads))
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """One row per (setting, n_heads), as (headers, rows) of text."""
+        headers = ["fixed", "heads", "d_head", "parameters", "FLOPs", "accuracy", "steps to 90%"]
+        rows = []
+        for r in self.rows:
+            got = [s for s in r.steps_to_90 if s is not None]
+            steps = f"{sum(got) / len(got):.0f} ({len(got)}/{len(r.steps_to_90)})" if got else \
+                f"not reached (0/{len(r.steps_to_90)})"
+            rows.append([r.setting, str(r.n_heads), str(r.d_head), f"{r.parameters:,}", f"{r.flops:,}",
+                         str(r.accuracy), steps])
+        return headers, rows
+
+    def sentences(self) -> list[str]:
+        """What the runs show, in sentences generated from the numbers."""
+        out = []
+        for setting in SETTINGS:
+            rows = [self.row(setting, h) for h in HEADS]
+            best = self.row(setting, self.best_heads[setting])
+            listed = ", ".join(f"{r.n_heads}: {r.accuracy.mean:.2f}" for r in rows)
+            size = (f"d_model = {self.d_model} (d_head from {rows[0].d_head} down to {rows[-1].d_head})"
+                    if setting == "d_model" else
+                    f"d_head = {self.d_head} (parameters from {rows[0].parameters:,} to {rows[-1].parameters:,})")
+            out.append(f"With {size}, mean final accuracy by number of heads was {listed}; the best was "
+                       f"{best.n_heads} heads ({best.accuracy}, {len(self.seeds)} seeds).")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("rows", "runs")}
+        out["rows"] = [r.to_dict() for r in self.rows]
+        out["runs"] = [r.to_dict() for r in self.runs]
+        out["experiment"] = "heads-count"
+        return out
+
+
+def run_heads_count(*, seed: int = 0, steps: int | None = None, quick: bool = False,
+                    progress: bool = False) -> HeadsCountResult:
+    """Train the layer with 1, 2, 4, 8 and 16 heads at fixed d_model and at fixed d_head, over 3 seeds.
+
+    Args:
+        seed: the first of the 3 consecutive seeds (each seeds the weights and the data).
+        steps: optimiser steps per run (default 300; 120 with ``quick``).
+        quick: the small version.
+        progress: show a progress bar on stderr.
+
+    Returns:
+        A ``HeadsCountResult``.
+
+    Raises:
+        ValueError: a bad seed or number of steps.
+    """
+    seed = check_seed(seed)
+    steps = resolve_steps(steps, default=STEPS, quick_default=QUICK_STEPS, quick=quick)
+    seeds, task = seeds_from(seed, N_SEEDS), MixTask()
+    rows, runs = [], []
+    with StepBar(enabled=progress, total=len(SETTINGS) * len(HEADS) * len(seeds) * steps,
+                 description="heads-count") as bar:
+        for setting in SETTINGS:
+            for n_heads in HEADS:
+                config = config_for(setting, n_heads)
+                group = [train_config(task, config, label=f"{n_heads} heads (fixed {setting})", seed=s, steps=steps,
+                                      lr=LR, eval_every=EVAL_EVERY, bar=bar) for s in seeds]
+                runs += group
+                rows.append(HeadsCountRow(
+                    setting=setting, n_heads=n_heads, d_head=config.d_head, parameters=group[0].parameters,
+                    flops=group[0].flops, accuracy=Spread.of([r.final_accuracy for r in group]),
+                    steps_to_90=[r.history.steps_to(TARGET_ACCURACY) for r in group]))
+    best = {s: max((r for r in rows if r.setting == s), key=lambda r: r.accuracy.mean).n_heads for s in SETTINGS}
+    return HeadsCountResult(seed=seed, steps=steps, seeds=seeds, task={"name": task.name, **asdict(task)},
+                            d_model=D_MODEL, d_head=D_HEAD, rows=rows, best_heads=best, runs=runs)
+
+
+def plot_heads_count(result: HeadsCountResult) -> bytes:
+    """Final accuracy (mean ± std over seeds) against the number of heads, one line per setting, as PNG bytes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    labels = {"d_model": f"d_model = {result.d_model} fixed (d_head = d_model / h)",
+              "d_head": f"d_head = {result.d_head} fixed (width h · d_head)"}
+    for setting in SETTINGS:
+        rows = [result.row(setting, h) for h in HEADS]
+        ax.errorbar(HEADS, [r.accuracy.mean for r in rows], yerr=[r.accuracy.std for r in rows], marker="o",
+                    capsize=3, label=labels[setting])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(HEADS, [str(h) for h in HEADS])
+    ax.set(xlabel="number of heads", ylabel=f"final accuracy ({len(result.seeds)} seeds)", ylim=(0, 1.05),
+           title=f"task {result.task['name']}, {result.steps} steps, seeds {result.seeds[0]}–{result.seeds[-1]}")
+    ax.axhline(TARGET_ACCURACY, color="grey", linewidth=0.8, linestyle=":")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return png(fig)

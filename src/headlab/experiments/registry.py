@@ -1,0 +1,77 @@
+"""The experiments by name: what ``headlab experiment NAME`` and the report run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from headlab.experiments.heads_count import plot_heads_count, run_heads_count
+from headlab.experiments.heads_vs_one import plot_heads_vs_one, run_heads_vs_one
+from headlab.experiments.induction import plot_induction, run_induction
+from headlab.experiments.symmetry import plot_symmetry, run_symmetry
+from headlab.experiments.variants import plot_variants, run_variants
+
+__all__ = ["EXPERIMENTS", "Experiment", "ExperimentResult", "get_experiment"]
+
+
+class ExperimentResult(Protocol):
+    """What every experiment's result offers."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (docs/experiments.md)."""
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """The claims as (headers, rows) of text."""
+
+    def sentences(self) -> list[str]:
+        """The measured answer, in sentences generated from the numbers."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment.
+
+    Attributes:
+        name: its name on the command line.
+        title: a heading.
+        question: the question it settles (and the seed thread that asks it).
+        run: ``run(*, seed, steps, quick, progress) -> result``.
+        plot: ``plot(result) -> PNG bytes``.
+    """
+
+    name: str
+    title: str
+    question: str
+    run: Callable[..., ExperimentResult]
+    plot: Callable[[Any], bytes]
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
+    Experiment("symmetry", "Identical heads stay identical",
+               "What makes each head learn something different? (thread 004)", run_symmetry, plot_symmetry),
+    Experiment("heads-vs-one", "8 heads vs 1 head with the same weights",
+               "Is 8-head attention 1-head attention with the same weights? Do more heads change the output? "
+               "(threads 003, 001)", run_heads_vs_one, plot_heads_vs_one),
+    Experiment("variants", "Layer variants trained side by side",
+               "Narrow, wide, shared, bilinear, collaborative, grouped-query, multi-query, single head: which "
+               "learn what, at equal width and at equal parameters? (threads 000, 002, 004)",
+               run_variants, plot_variants),
+    Experiment("heads-count", "How many heads",
+               "Accuracy against the number of heads at fixed d_model and at fixed d_head "
+               "(Vaswani et al. 2017 Table 3 A; Bhojanapalli et al. 2020)", run_heads_count, plot_heads_count),
+    Experiment("induction", "Heads that specialise: induction heads",
+               "Do heads specialise? A previous-token head and an induction head forming in a 2-layer model "
+               "(thread 004; Olsson et al. 2022)", run_induction, plot_induction),
+)}
+
+
+def get_experiment(name: str) -> Experiment:
+    """The experiment called ``name``.
+
+    Raises:
+        ValueError: no experiment has that name (the message lists the names).
+    """
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; expected one of: {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[name]

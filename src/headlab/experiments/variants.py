@@ -1,0 +1,233 @@
+"""Layer variants side by side (../seeds threads 000, 002, 004): which layouts learn what.
+
+Every variant of ``headlab.layer.variants`` that the threads ask about, plus a single head,
+is trained as the one layer of a ``TinyTransformer`` on the synthetic tasks, over several
+seeds, under two budgets:
+    d_model     every variant at the same width (D_MODEL, N_HEADS heads; single-head: 1 head).
+    parameters  each variant at the width (a multiple of N_HEADS) whose attention layer's
+                parameter count is closest to the wide layer's at D_MODEL.
+``RecallTask`` needs one relation (match a key, copy its value); ``MixTask`` needs two at the
+same position at once (match a key, and read the previous position). Reported per variant,
+budget and task: the layer's parameters and FLOPs (``headlab.layer.accounting``), the final
+accuracy (mean ± std over seeds) and the steps to 90% accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.figures import png
+from headlab.experiments.progress import StepBar
+from headlab.experiments.seeds import Spread, seeds_from
+from headlab.experiments.tasks import MixTask, RecallTask, Task
+from headlab.experiments.train import ConfigRun, train_config
+from headlab.layer import AttentionConfig
+from headlab.layer.accounting import account
+from headlab.layer.variants import variant_config
+
+__all__ = ["BUDGETS", "NAMES", "VariantSummary", "VariantsResult", "config_for", "plot_variants", "run_variants"]
+
+NAMES = ("wide", "narrow", "shared", "bilinear", "collaborative", "grouped-query", "multi-query", "single-head")
+BUDGETS = ("d_model", "parameters")
+D_MODEL, N_HEADS, LR, N_SEEDS, TARGET_ACCURACY = 32, 8, 1e-2, 3, 0.9
+STEPS, QUICK_STEPS, EVAL_EVERY = 300, 120, 20
+WIDTHS = range(N_HEADS, 4 * D_MODEL + 1, N_HEADS)  # widths searched when matching the parameter count
+
+
+def _preset(name: str, d_model: int) -> AttentionConfig:
+    if name == "single-head":
+        return variant_config("wide", d_model=d_model, n_heads=1)
+    return variant_config(name, d_model=d_model, n_heads=N_HEADS)
+
+
+def config_for(name: str, budget: str) -> AttentionConfig:
+    """The layer config of variant ``name`` under ``budget``.
+
+    Raises:
+        ValueError: an unknown variant or budget (the valid ones are listed).
+    """
+    if name not in NAMES:
+        raise ValueError(f"unknown variant {name!r}; expected one of {', '.join(NAMES)}")
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; expected one of {', '.join(BUDGETS)}")
+    if budget == "d_model":
+        return _preset(name, D_MODEL)
+    target = account(_preset("wide", D_MODEL)).total_parameters
+    # The closest count; on a tie the narrower layer.
+    return min((_preset(name, d) for d in WIDTHS), key=lambda c: (abs(account(c).total_parameters - target), c.d_model))
+
+
+@dataclass
+class VariantSummary:
+    """One variant under one budget on one task, over seeds.
+
+    Attributes:
+        parameters, flops: the attention layer's (FLOPs over one sequence of the task).
+        accuracy: final accuracy over seeds.
+        steps_to_90: per seed, the first evaluated step with accuracy ≥ 0.9, or None if never.
+        mean_steps_to_90: mean over the seeds that got there, or None if none did.
+    """
+
+    variant: str
+    budget: str
+    task: str
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    parameters: int
+    flops: int
+    accuracy: Spread
+    steps_to_90: list[int | None]
+    mean_steps_to_90: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["accuracy"] = self.accuracy.to_dict()
+        return out
+
+
+@dataclass
+class VariantsResult:
+    """The variants experiment (``--json`` schema: docs/experiments.md).
+
+    Attributes:
+        target_parameters: the wide layer's parameter count at D_MODEL (the matched budget).
+        summaries: one per (task, budget, variant).
+        ranking: ``"<task>/<budget>"`` → variants by mean final accuracy, best first.
+        runs: every training run (a config that both budgets share is trained once).
+    """
+
+    seed: int
+    steps: int
+    seeds: list[int]
+    tasks: list[dict[str, Any]]
+    target_parameters: int
+    summaries: list[VariantSummary]
+    ranking: dict[str, list[str]]
+    runs: list[ConfigRun]
+
+    def summary(self, task: str, budget: str, variant: str) -> VariantSummary:
+        return next(s for s in self.summaries if (s.task, s.budget, s.variant) == (task, budget, variant))
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """One row per (task, budget, variant), as (headers, rows) of text."""
+        headers = ["task", "matched", "variant", "d_model", "heads (kv)", "d_head", "parameters", "FLOPs",
+                   "accuracy", "steps to 90%"]
+        rows = [[s.task, s.budget, s.variant, str(s.d_model), f"{s.n_heads} ({s.n_kv_heads})", str(s.d_head),
+                 f"{s.parameters:,}", f"{s.flops:,}", str(s.accuracy), _steps(s)] for s in self.summaries]
+        return headers, rows
+
+    def sentences(self) -> list[str]:
+        """What the runs show, in sentences generated from the numbers."""
+        out = []
+        for key, order in self.ranking.items():
+            task, budget = key.split("/")
+            best, worst = self.summary(task, budget, order[0]), self.summary(task, budget, order[-1])
+            out.append(f"On {task}, at matched {budget}, {best.variant} reached the highest final accuracy "
+                       f"({best.accuracy}, {len(self.seeds)} seeds, {best.parameters:,} parameters) and "
+                       f"{worst.variant} the lowest ({worst.accuracy}, {worst.parameters:,} parameters).")
+        for task in (t["name"] for t in self.tasks):
+            wide, single = self.summary(task, "d_model", "wide"), self.summary(task, "d_model", "single-head")
+            gap = wide.accuracy.mean - single.accuracy.mean
+            spread = wide.accuracy.std + single.accuracy.std
+            verdict = ("above" if gap > spread else "below" if -gap > spread else "within the seeds' spread of")
+            out.append(f"On {task}, {N_HEADS} wide heads ({wide.accuracy}) ended {verdict} one head of the same "
+                       f"width and parameter count ({single.accuracy}).")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("summaries", "runs")}
+        out["summaries"] = [s.to_dict() for s in self.summaries]
+        out["runs"] = [r.to_dict() for r in self.runs]
+        out["experiment"] = "variants"
+        return out
+
+
+def _steps(s: VariantSummary) -> str:
+    reached = sum(x is not None for x in s.steps_to_90)
+    if s.mean_steps_to_90 is None:
+        return f"not reached (0/{len(s.steps_to_90)})"
+    return f"{s.mean_steps_to_90:.0f} ({reached}/{len(s.steps_to_90)})"
+
+
+def _summarise(name: str, budget: str, config: AttentionConfig, runs: list[ConfigRun]) -> VariantSummary:
+    reached = [r.history.steps_to(TARGET_ACCURACY) for r in runs]
+    got = [s for s in reached if s is not None]
+    return VariantSummary(
+        variant=name, budget=budget, task=runs[0].task, d_model=config.d_model, n_heads=config.n_heads,
+        n_kv_heads=config.n_kv_heads, d_head=config.d_head, parameters=runs[0].parameters, flops=runs[0].flops,
+        accuracy=Spread.of([r.final_accuracy for r in runs]), steps_to_90=reached,
+        mean_steps_to_90=sum(got) / len(got) if got else None,
+    )
+
+
+def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False,
+                 progress: bool = False) -> VariantsResult:
+    """Train every variant under both budgets on the tasks, over 3 seeds.
+
+    Args:
+        seed: the first of the 3 consecutive seeds (each seeds the weights and the data).
+        steps: optimiser steps per run (default 300; 120 with ``quick``).
+        quick: the small version: the mix task only.
+        progress: show a progress bar on stderr.
+
+    Returns:
+        A ``VariantsResult``.
+
+    Raises:
+        ValueError: a bad seed or number of steps.
+    """
+    seed = check_seed(seed)
+    steps = resolve_steps(steps, default=STEPS, quick_default=QUICK_STEPS, quick=quick)
+    seeds = seeds_from(seed, N_SEEDS)
+    tasks: list[Task] = [MixTask()] if quick else [RecallTask(), MixTask()]
+    configs = {(budget, name): config_for(name, budget) for budget in BUDGETS for name in NAMES}
+    unique = {}  # a config two budgets share (e.g. wide) is trained once
+    for (budget, name), config in configs.items():
+        unique.setdefault(config, name)
+    summaries, runs = [], []
+    with StepBar(enabled=progress, total=len(tasks) * len(unique) * len(seeds) * steps, description="variants") as bar:
+        for task in tasks:
+            trained = {config: [train_config(task, config, label=name, seed=s, steps=steps, lr=LR,
+                                             eval_every=EVAL_EVERY, bar=bar) for s in seeds]
+                       for config, name in unique.items()}
+            runs += [run for group in trained.values() for run in group]
+            summaries += [_summarise(name, budget, config, trained[config])
+                          for (budget, name), config in configs.items()]
+    ranking = {}
+    for task in tasks:
+        for budget in BUDGETS:
+            rows = [s for s in summaries if (s.task, s.budget) == (task.name, budget)]
+            ranking[f"{task.name}/{budget}"] = [s.variant for s in sorted(rows, key=lambda s: -s.accuracy.mean)]
+    return VariantsResult(
+        seed=seed, steps=steps, seeds=seeds, tasks=[{"name": t.name, **asdict(t)} for t in tasks],
+        target_parameters=account(_preset("wide", D_MODEL)).total_parameters, summaries=summaries,
+        ranking=ranking, runs=runs,
+    )
+
+
+def plot_variants(result: VariantsResult) -> bytes:
+    """Final accuracy (mean ± std over seeds) by variant, one panel per task, both budgets, as PNG bytes."""
+    from matplotlib.figure import Figure
+
+    tasks = [t["name"] for t in result.tasks]
+    fig = Figure(figsize=(5.5 * len(tasks), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    width = 0.4
+    for ax, task in zip(axes, tasks):
+        for i, budget in enumerate(BUDGETS):
+            rows = [result.summary(task, budget, name) for name in NAMES]
+            xs = [j + (i - 0.5) * width for j in range(len(NAMES))]
+            ax.bar(xs, [r.accuracy.mean for r in rows], width, yerr=[r.accuracy.std for r in rows], capsize=3,
+                   label=f"matched {budget}")
+        ax.set_xticks(range(len(NAMES)), NAMES, rotation=35, ha="right")
+        ax.set(ylim=(0, 1.05), ylabel=f"final accuracy ({len(result.seeds)} seeds)", title=f"task: {task}")
+        ax.axhline(TARGET_ACCURACY, color="grey", linewidth=0.8, linestyle=":")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize="small", loc="lower left")
+    fig.suptitle(f"Variants after {result.steps} steps (d_model {D_MODEL} or {result.target_parameters:,} "
+                 f"attention parameters; seeds {result.seeds[0]}–{result.seeds[-1]})")
+    return png(fig)
