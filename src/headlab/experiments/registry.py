@@ -34,35 +34,29 @@ class Experiment:
 
     Attributes:
         name: its name on the command line.
-        title: a heading.
         question: the question it settles (and the seed thread that asks it).
         run: ``run(*, seed, steps, quick, progress) -> result``.
         plot: ``plot(result) -> PNG bytes``.
     """
 
     name: str
-    title: str
     question: str
     run: Callable[..., ExperimentResult]
     plot: Callable[[Any], bytes]
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    Experiment("symmetry", "Identical heads stay identical",
-               "What makes each head learn something different? (thread 004)", run_symmetry, plot_symmetry),
-    Experiment("heads-vs-one", "8 heads vs 1 head with the same weights",
-               "Is 8-head attention 1-head attention with the same weights? Do more heads change the output? "
-               "(threads 003, 001)", run_heads_vs_one, plot_heads_vs_one),
-    Experiment("variants", "Layer variants trained side by side",
-               "Narrow, wide, shared, bilinear, collaborative, grouped-query, multi-query, single head: which "
-               "learn what, at equal width and at equal parameters? (threads 000, 002, 004)",
+    Experiment("symmetry", "What makes each head learn something different? (thread 004)",
+               run_symmetry, plot_symmetry),
+    Experiment("heads-vs-one", "Is 8-head attention 1-head attention with the same weights? Does the number of "
+               "heads change the output? (threads 003, 001)", run_heads_vs_one, plot_heads_vs_one),
+    Experiment("variants", "Narrow, wide, shared, bilinear, collaborative, grouped-query, multi-query, single "
+               "head: which learn what, at equal width and at equal parameters? (threads 000, 002, 004)",
                run_variants, plot_variants),
-    Experiment("heads-count", "How many heads",
-               "Accuracy against the number of heads at fixed d_model and at fixed d_head "
-               "(Vaswani et al. 2017 Table 3 A; Bhojanapalli et al. 2020)", run_heads_count, plot_heads_count),
-    Experiment("induction", "Heads that specialise: induction heads",
-               "Do heads specialise? A previous-token head and an induction head forming in a 2-layer model "
-               "(thread 004; Olsson et al. 2022)", run_induction, plot_induction),
+    Experiment("heads-count", "Accuracy against the number of heads, at fixed d_model and at fixed d_head "
+               "(Vaswani et al. 2017, Table 3 A; Bhojanapalli et al. 2020)", run_heads_count, plot_heads_count),
+    Experiment("induction", "Do heads specialise? A previous-token head and an induction head forming in a "
+               "2-layer model (thread 004; Olsson et al. 2022)", run_induction, plot_induction),
 )}
 
 

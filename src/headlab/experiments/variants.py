@@ -27,7 +27,8 @@ from headlab.layer import AttentionConfig
 from headlab.layer.accounting import account
 from headlab.layer.variants import variant_config
 
-__all__ = ["BUDGETS", "NAMES", "VariantSummary", "VariantsResult", "config_for", "plot_variants", "run_variants"]
+__all__ = ["BUDGETS", "NAMES", "VariantSummary", "VariantsResult", "config_for", "plot_variants", "run_variants",
+           "variant_at"]
 
 NAMES = ("wide", "narrow", "shared", "bilinear", "collaborative", "grouped-query", "multi-query", "single-head")
 BUDGETS = ("d_model", "parameters")
@@ -36,7 +37,14 @@ STEPS, QUICK_STEPS, EVAL_EVERY = 300, 120, 20
 WIDTHS = range(N_HEADS, 4 * D_MODEL + 1, N_HEADS)  # widths searched when matching the parameter count
 
 
-def _preset(name: str, d_model: int) -> AttentionConfig:
+def variant_at(name: str, *, d_model: int) -> AttentionConfig:
+    """Variant ``name`` at width ``d_model`` with N_HEADS heads (single-head: 1 head of the wide layer).
+
+    Raises:
+        ValueError: an unknown variant, or one that cannot be built at this width.
+    """
+    if name not in NAMES:
+        raise ValueError(f"unknown variant {name!r}; expected one of {', '.join(NAMES)}")
     if name == "single-head":
         return variant_config("wide", d_model=d_model, n_heads=1)
     return variant_config(name, d_model=d_model, n_heads=N_HEADS)
@@ -48,15 +56,14 @@ def config_for(name: str, budget: str) -> AttentionConfig:
     Raises:
         ValueError: an unknown variant or budget (the valid ones are listed).
     """
-    if name not in NAMES:
-        raise ValueError(f"unknown variant {name!r}; expected one of {', '.join(NAMES)}")
     if budget not in BUDGETS:
         raise ValueError(f"unknown budget {budget!r}; expected one of {', '.join(BUDGETS)}")
     if budget == "d_model":
-        return _preset(name, D_MODEL)
-    target = account(_preset("wide", D_MODEL)).total_parameters
+        return variant_at(name, d_model=D_MODEL)
+    target = account(variant_at("wide", d_model=D_MODEL)).total_parameters
     # The closest count; on a tie the narrower layer.
-    return min((_preset(name, d) for d in WIDTHS), key=lambda c: (abs(account(c).total_parameters - target), c.d_model))
+    return min((variant_at(name, d_model=d) for d in WIDTHS),
+               key=lambda c: (abs(account(c).total_parameters - target), c.d_model))
 
 
 @dataclass
@@ -134,8 +141,8 @@ class VariantsResult:
             gap = wide.accuracy.mean - single.accuracy.mean
             spread = wide.accuracy.std + single.accuracy.std
             verdict = ("above" if gap > spread else "below" if -gap > spread else "within the seeds' spread of")
-            out.append(f"On {task}, {N_HEADS} wide heads ({wide.accuracy}) ended {verdict} one head of the same "
-                       f"width and parameter count ({single.accuracy}).")
+            out.append(f"On {task}, {N_HEADS} wide heads ({wide.accuracy}) ended {verdict} single-head, one head "
+                       f"of the same width and parameter count ({single.accuracy}).")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,7 +211,7 @@ def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False
             ranking[f"{task.name}/{budget}"] = [s.variant for s in sorted(rows, key=lambda s: -s.accuracy.mean)]
     return VariantsResult(
         seed=seed, steps=steps, seeds=seeds, tasks=[{"name": t.name, **asdict(t)} for t in tasks],
-        target_parameters=account(_preset("wide", D_MODEL)).total_parameters, summaries=summaries,
+        target_parameters=account(variant_at("wide", d_model=D_MODEL)).total_parameters, summaries=summaries,
         ranking=ranking, runs=runs,
     )
 
