@@ -99,10 +99,9 @@ class WideProjection(Projection):
         c = self.config
         batch, q_len, k_len = query.shape[0], query.shape[1], key.shape[1]
         if self.in_proj_weight is not None and query is key and key is value:
-            # Self-attention: one multiply for q, k and v.
-            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
-            q_end, k_end = self.sizes[0], self.sizes[0] + self.sizes[1]
-            q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
+            # Self-attention: one multiply for q, k and v. One split, not three slices: its backward
+            # is one concatenation instead of three zero-filled full-width gradients summed.
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split(self.sizes, dim=-1)
         else:
             q = F.linear(query, self.q_weight, self._bias(0))
             k = F.linear(key, self.k_weight, self._bias(1))
