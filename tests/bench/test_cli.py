@@ -29,12 +29,10 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     plan = tiny_plan.__wrapped__()  # the fixture's value, in a module-scoped fixture
     out = tmp_path_factory.mktemp("bench") / "RESULTS.md"
     threads = torch.get_num_threads()
-    # One thread: on a busy machine, tiny ops with several threads wait on descheduled workers.
-    torch.set_num_threads(1)
-    try:
+    try:  # one thread: on a busy machine, tiny ops with several threads wait on descheduled workers
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("headlab.bench.suite.plan_for", lambda device, quick: plan)
-            result = CliRunner().invoke(app, ["bench", "--quick", "--json", "--out", str(out)])
+            result = CliRunner().invoke(app, ["bench", "--quick", "--threads", "1", "--json", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
@@ -44,7 +42,8 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 def test_json_has_every_area_and_ratios_of_the_medians(ran: tuple[dict, Path]) -> None:
     document, _ = ran
     assert [a["name"] for a in document["areas"]] == AREAS
-    assert document["command"] == f"headlab bench --device cpu --quick --json --out {ran[1]}"
+    assert document["command"] == f"headlab bench --device cpu --quick --threads 1 --json --out {ran[1]}"
+    assert document["machine"]["torch threads"] == "1"
     for area in document["areas"]:
         assert area["rows"], area
         for row in area["rows"]:

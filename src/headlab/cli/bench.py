@@ -16,9 +16,20 @@ SHOWN = ("case", "contender", "peer", "ratio", "goal", "met", "rate", "noise")  
 
 
 def bench(
-    device: Annotated[str, typer.Option("--device", help="cpu (float32) or cuda (bfloat16, adds 4k positions).")] = "cpu",
-    quick: Annotated[bool, typer.Option("--quick", help="Smoke-run budget: fewer rounds and sizes, a corpus slice.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document with every ratio on stdout.")] = False,
+    device: Annotated[
+        str, typer.Option("--device", help="cpu (float32) or cuda (bfloat16, adds 4k positions).")
+    ] = "cpu",
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Smoke-run budget: fewer rounds and sizes, a corpus slice.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document with every ratio on stdout.")
+    ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option("--threads", min=1, help="torch CPU threads for the run (default: torch's choice). On a "
+                     "shared machine, fewer threads than free cores keep workers from waiting on each other."),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", help="Markdown results file to regenerate (e.g. benchmarks/RESULTS.md); the JSON "
@@ -43,7 +54,12 @@ def bench(
         check_device(device)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--device") from None
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)  # recorded in RESULTS.md's machine table
     command = " ".join(["headlab bench", f"--device {device}", *(["--quick"] if quick else []),
+                        *([f"--threads {threads}"] if threads is not None else []),
                         *(["--json"] if as_json else []), *([f"--out {out}"] if out is not None else [])])
     result = run_suite(device=device, quick=quick, progress=True, command=command)
     ceiling = result.ceilings.matmul_flops_per_s
