@@ -114,8 +114,8 @@ def bench_capture(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lamb
             f"model without taps takes {untapped.ratio:.2f}×: the difference is the patterns themselves. The sdpa "
             f"kernel never forms them; capture writes {floats:,} pattern entries "
             f"({floats * torch.finfo(plan.torch_dtype).bits / 8 / 2**30:.2f} GiB) per pass and softmaxes them. "
-            "That is the price of the patterns, not of headlab; transformers' own way to get them (eager, "
-            "output_attentions=True) is the row below.")
+            "That is the price of the patterns, not of headlab; transformers' own way to get them is in the table "
+            "(eager, output_attentions=True).")
     area.rows = [
         Comparison(case, "A/A: HF forward (timing noise)", "HF forward, " + same, t["hf planned again"],
                    t["hf planned"], tokens=tokens),
