@@ -54,7 +54,8 @@ def _run() -> SuiteResult:
             _row(1.0, 2.0)]
     return SuiteResult(plan=plan, quick=True, command="headlab bench --quick", started="2026-01-01T00:00:00+00:00",
                        seconds=12.0, machine={"cpu": "test"}, ceilings=ceilings,
-                       areas=[Area("layer", "Layer", "what ran", rows[:2], notes=["a note"]), Area("decode", "D", "d", rows[2:])])
+                       areas=[Area("layer", "Layer", "what ran", rows[:2], notes=["a note"]),
+                              Area("decode", "D", "d", rows[2:])])
 
 
 def test_ceilings_rates() -> None:

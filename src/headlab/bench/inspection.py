@@ -67,8 +67,8 @@ def bench_inspection(plan: Plan, *, tick: Callable[[str], None] = lambda _: None
                            t["floor"], t["mha weights"], flops=flops)
         if vs_weights.met() is False and bound.ratio > ONE_HEAD_VS_WEIGHTS_GOAL:
             area.notes.append(
-                f"{case}: the goal of {ONE_HEAD_VS_WEIGHTS_GOAL:.2f}× nn.MHA need_weights=True is out of reach here for "
-                f"any implementation that computes the layer: the raw floor alone, which forms no pattern, takes "
+                f"{case}: the goal of {ONE_HEAD_VS_WEIGHTS_GOAL:.2f}× nn.MHA need_weights=True is out of reach here "
+                f"for any implementation that computes the layer: the raw floor alone, which forms no pattern, takes "
                 f"{bound.ratio:.2f}× its time. need_weights=True only adds the explicit softmax over query × key "
                 "positions, which is small next to the projections until positions grow.")
         area.rows += [

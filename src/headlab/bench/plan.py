@@ -2,8 +2,8 @@
 
 CPU runs float32 at 128, 1k and 2k positions; CUDA runs bfloat16 and adds 4k positions
 (the GPU goal is stated there). Batches shrink as positions grow so that every case is a
-few thousand tokens. ``--quick`` keeps every benchmark but drops the longest positions and
-takes fewer rounds and a slice of the corpus.
+few thousand tokens. ``--quick`` keeps every benchmark but drops the longest positions, halves
+the batches and takes fewer rounds and a slice of the corpus.
 """
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ def plan_for(device: str, *, quick: bool) -> Plan:
     if device == "cpu":
         return Plan(
             device="cpu", dtype="float32", d_model=768, n_heads=12,
-            layer_shapes=((16, 128), (2, 1024)) if quick else ((16, 128), (2, 1024), (1, 2048)),
-            gqa_kv_heads=(4, 1), gqa_shape=(2, 1024), decode_context=256 if quick else 512, decode_steps=16,
-            rounds=3 if quick else 7, min_block_s=0.05 if quick else 0.2,
-            corpus_items=64 if quick else None, capture_rounds=2 if quick else 3, hf_batch_size=32,
+            layer_shapes=((8, 128), (1, 1024)) if quick else ((16, 128), (2, 1024), (1, 2048)),
+            gqa_kv_heads=(4, 1), gqa_shape=(1, 1024) if quick else (2, 1024), decode_context=256 if quick else 512,
+            decode_steps=16, rounds=3 if quick else 7, min_block_s=0.05 if quick else 0.2,
+            corpus_items=48 if quick else None, capture_rounds=2 if quick else 3, hf_batch_size=32,
             analysis_items=32 if quick else None, analysis_rounds=1 if quick else 2,
             importance_pairs=16 if quick else None, matmul_size=1024 if quick else 2048, copy_mib=64 if quick else 256,
         )

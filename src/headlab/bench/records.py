@@ -120,6 +120,7 @@ class Area:
         description: what was run, generated from the plan.
         rows: the comparisons, in the order measured.
         notes: parts skipped and why, and findings worth stating.
+        seconds: wall time of the area (set by the suite).
     """
 
     name: str
@@ -127,17 +128,19 @@ class Area:
     description: str
     rows: list[Comparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Returns: the fields as a JSON-ready dict."""
         return {"name": self.name, "title": self.title, "description": self.description,
-                "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
+                "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes), "seconds": self.seconds}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Area:
         """The inverse of ``to_dict``."""
         return cls(name=data["name"], title=data["title"], description=data["description"],
-                   rows=[Comparison.from_dict(r) for r in data["rows"]], notes=list(data["notes"]))
+                   rows=[Comparison.from_dict(r) for r in data["rows"]], notes=list(data["notes"]),
+                   seconds=float(data["seconds"]))
 
 
 @dataclass

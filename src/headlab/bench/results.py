@@ -113,7 +113,7 @@ def _run_markdown(result: SuiteResult) -> list[str]:
         lines.append(f"- missed ({area}): {row.contender} vs {row.peer}, {row.case}: ratio {row.ratio:.3f} "
                      f"(goal {_goal(row)})")
     for area in result.areas:
-        lines += ["", f"### {area.title}", "", area.description, ""]
+        lines += ["", f"### {area.title}", "", f"{area.description} Run time {area.seconds:.0f} s.", ""]
         if area.rows:
             lines += _markdown_table(TABLE_HEADERS, table_rows(area, ceiling))
         lines += [f"\n{note}" for note in area.notes]

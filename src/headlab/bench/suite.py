@@ -83,19 +83,27 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
         areas = []
         for bench in (bench_layer, bench_inspection, bench_decode):
             bar.advance()
-            areas.append(bench(plan, tick=bar.tick))
+            areas.append(_timed(lambda: bench(plan, tick=bar.tick)))
         loaded, reason = _load_default_model(plan)
         for name, title, bench_model in _MODEL_AREAS:
             bar.advance()
             if loaded is None:
                 areas.append(Area(name, title, "Not run.", notes=[f"skipped: {reason}"]))
             else:
-                areas.append(bench_model(plan, loaded, tick=bar.tick))
+                areas.append(_timed(lambda: bench_model(plan, loaded, tick=bar.tick)))
         bar.advance()
     if hasattr(os, "getloadavg"):
         machine["load average at end (1, 5, 15 min)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return SuiteResult(plan=plan, quick=quick, command=command, started=started,
                        seconds=time.perf_counter() - start, machine=machine, ceilings=ceilings, areas=areas)
+
+
+def _timed(run: Callable[[], Area]) -> Area:
+    """Run one area and record its wall time on it."""
+    start = time.perf_counter()
+    area = run()
+    area.seconds = time.perf_counter() - start
+    return area
 
 
 def _load_default_model(plan: Plan) -> tuple[Any | None, str]:

@@ -64,7 +64,8 @@ class Timing:
         bad = [s for s in self.samples if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0)]
         if bad:
             raise ValueError(f"timing samples must be positive finite seconds, got {bad[:3]}")
-        if isinstance(self.calls_per_round, bool) or not isinstance(self.calls_per_round, int) or self.calls_per_round < 1:
+        calls = self.calls_per_round
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
             raise ValueError(f"calls_per_round={self.calls_per_round!r}; expected a positive int")
 
     @property
