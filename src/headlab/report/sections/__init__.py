@@ -9,7 +9,7 @@ section: write ``sections/<name>.py`` exposing ``SECTION`` (a
 from __future__ import annotations
 
 from headlab.report.section import Part, Section
-from headlab.report.sections import analysis, audit, bench, params, parity, qk, viewer
+from headlab.report.sections import analysis, audit, bench, experiments, params, parity, qk, viewer
 
 __all__ = ["DEFAULT_SECTIONS"]
 
@@ -24,28 +24,31 @@ DEFAULT_SECTIONS: list[Section | Part] = [
     Part(
         "q001", "Do more heads mean more parameters, or different outputs?",
         "torch.nn.MultiheadAttention has as many parameters with one head as with sixteen. Below: the count "
-        "against the number of heads for every variant, and why it moves or does not.",
-        sections=(params.SECTION,),
+        "against the number of heads for every variant and why it moves or does not, then what the number of "
+        "heads does to a small trained model's accuracy.",
+        sections=(params.SECTION, experiments.HEADS_COUNT), see_also=("experiment-heads-vs-one",),
     ),
     Part(
         "q002", "Why keep W_Q and W_K apart instead of learning one W_QK?",
         "A head's scores are x W_Q (x W_K)ᵀ = x W_QK xᵀ. One full W_QK per head is a bilinear form that "
-        "could be learned directly; the two factors are cheaper but cap its rank at d_head. Below: what each "
-        "form costs, and the rank of W_QK measured in a pretrained model.",
-        sections=(qk.SECTION,), see_also=("params",),
+        "could be learned directly; the two factors are cheaper but cap its rank at d_head. Below: the rank "
+        "of W_QK measured in a pretrained model and what each form costs; a bilinear layer trained beside the "
+        "others is in the variants experiment.",
+        sections=(qk.SECTION,), see_also=("params", "experiment-variants"),
     ),
     Part(
         "q003", "Is 8-head attention the same tensor as 1-head attention with the same weights?",
         "The same projections can be read as eight heads of width d_model/8 or one head of width d_model. "
-        "The softmax is taken per head, so the two differ unless the softmax saturates; below, the "
-        "difference against the scale of the logits, and in the gradients.",
-        sections=(),
+        "The softmax is taken per head; below, the difference between the two readings against the scale of "
+        "the logits, in the outputs and in the gradients.",
+        sections=(experiments.HEADS_VS_ONE,),
     ),
     Part(
         "q004", "What makes each head learn something different?",
         "Every head of a layer is built the same way. Below: what gradient descent does with heads that start "
-        "identical, variants trained side by side, and what the heads of a pretrained model turn out to do.",
-        sections=(), see_also=("analysis",),
+        "identical, layer variants trained side by side, and a previous-token head and an induction head "
+        "forming during training; what the heads of a pretrained model turn out to do is in the analysis.",
+        sections=(experiments.SYMMETRY, experiments.VARIANTS, experiments.INDUCTION), see_also=("analysis",),
     ),
     Part(
         "heads", "The heads of the report's model",
