@@ -7,17 +7,7 @@ from typing import Annotated
 
 import typer
 
-
-def _indices(text: str | None, name: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"{name}={text!r}: expected comma-separated ints, e.g. 0,3,5") from None
-    if not values or min(values) < 0:
-        raise typer.BadParameter(f"{name}={text!r}: expected non-negative ints")
-    return values
+from headlab.cli.options import int_list
 
 
 def analyze(
@@ -40,7 +30,8 @@ def analyze(
     import headlab
     from headlab.analysis.analyze import analyze as run_analysis
 
-    layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
+    layer_list = None if layers is None else int_list(layers, option="--layers")
+    head_list = None if heads is None else int_list(heads, option="--heads")
     console = Console(stderr=as_json)
     loaded = headlab.load(model)
     try:

@@ -12,22 +12,9 @@ from typing import Annotated
 
 import typer
 
+from headlab.cli.options import int_list
+
 DEFAULT_HEADS = "1,2,4,8,16"
-
-
-def _parse_heads(text: str) -> list[int]:
-    heads = []
-    for part in text.split(","):
-        part = part.strip()
-        if not (part.isascii() and part.isdigit()) or int(part) < 1:
-            raise typer.BadParameter(
-                f"{part!r} is not a positive int (got {text!r}; expected e.g. {DEFAULT_HEADS})",
-                param_hint="--heads",
-            )
-        if int(part) in heads:
-            raise typer.BadParameter(f"{part} is listed more than once (got {text!r})", param_hint="--heads")
-        heads.append(int(part))
-    return heads
 
 
 def _parse_variants(text: str | None) -> list[str] | None:
@@ -86,7 +73,7 @@ def params(
 
     from headlab.layer.variants import sweep
 
-    head_list, names = _parse_heads(heads), _parse_variants(variants)
+    head_list, names = int_list(heads, option="--heads", minimum=1, example=DEFAULT_HEADS), _parse_variants(variants)
     try:
         result = sweep(d_model=d_model, heads=head_list, variants=names, seq_len=seq)
     except ValueError as exc:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from headlab.cli.analyze import _indices
+from headlab.cli.options import int_list
 
 
 def _model_and_text(args: list[str], text_file: Path | None) -> tuple[str | None, str]:
@@ -54,7 +54,8 @@ def view(
     from headlab.report.viewer import view_data, viewer_document
 
     model, text = _model_and_text(list(args or []), text_file)
-    layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
+    layer_list = None if layers is None else int_list(layers, option="--layers")
+    head_list = None if heads is None else int_list(heads, option="--heads")
     console = Console()
     loaded = headlab.load(model)
     try:

@@ -1,0 +1,34 @@
+"""Option parsing shared by the commands: comma-separated integer lists (``--layers 0,3,5``)."""
+
+from __future__ import annotations
+
+import typer
+
+__all__ = ["int_list"]
+
+
+def int_list(text: str, *, option: str, minimum: int = 0, example: str = "0,3,5") -> list[int]:
+    """Parse ``"0,3,5"`` into ``[0, 3, 5]``.
+
+    Args:
+        text: the option's value.
+        option: the option's name, for the message (``"--layers"``).
+        minimum: the smallest value allowed (0: non-negative, 1: positive).
+        example: a valid value, shown in the message.
+
+    Raises:
+        typer.BadParameter: an item is not an int ≥ ``minimum``, or is listed twice; the message
+            names the item, the whole value and what was expected.
+    """
+    kind = "a positive int" if minimum == 1 else f"an int ≥ {minimum}"
+    values: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        digits = part[1:] if part.startswith("-") else part
+        if not (digits.isascii() and digits.isdigit()) or int(part) < minimum:
+            raise typer.BadParameter(f"{part!r} is not {kind} (got {option}={text!r}; expected e.g. {example})",
+                                     param_hint=option)
+        if int(part) in values:
+            raise typer.BadParameter(f"{part} is listed more than once (got {option}={text!r})", param_hint=option)
+        values.append(int(part))
+    return values
