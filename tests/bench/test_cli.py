@@ -102,3 +102,9 @@ def test_unknown_device_is_a_usage_error() -> None:
 
 def test_tiny_plan_is_a_plan(tiny_plan: Plan) -> None:
     assert tiny_plan.layer_shapes and tiny_plan.device == "cpu"
+
+
+def test_an_out_file_that_cannot_be_updated_is_refused_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "RESULTS.json").write_text('{"format": "something else"}')
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "RESULTS.md")])
+    assert result.exit_code == 2 and "not a headlab bench results file" in _flat(result.output)

@@ -38,7 +38,8 @@ def bench(
 ) -> None:
     """Time headlab against nn.MultiheadAttention, Hugging Face and the raw floor, with the machine's ceilings.
 
-    Exits with status 2 on a bad --device, or --device cuda where CUDA is not available.
+    Exits with status 2 on a bad --device, --device cuda where CUDA is not available, or an --out whose
+    JSON file is not a headlab bench results file (checked before the run).
     """
     import json
 
@@ -46,7 +47,7 @@ def bench(
     from rich.markup import escape
     from rich.table import Table
 
-    from headlab.bench import check_device, run_suite, write_results
+    from headlab.bench import check_device, read_results, run_suite, write_results
     from headlab.bench.results import TABLE_HEADERS, table_rows
 
     console = Console(stderr=as_json)
@@ -54,6 +55,11 @@ def bench(
         check_device(device)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--device") from None
+    if out is not None:  # refuse a results file that cannot be updated before the run, not after it
+        try:
+            read_results(out)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--out") from None
     import torch
 
     if threads is not None:
