@@ -47,13 +47,8 @@ def report(
     console.print(summary)
     console.print(f"Report written to {escape(str(result.index))}")
     if serve:
-        from headlab.report.viewer.serve import serve as serve_path
+        from headlab.cli.serving import serve_until_interrupted
 
-        try:
-            serve_path(out, port=port,
-                       announce=lambda url: console.print(f"serving {escape(url)} (this machine only; Ctrl-C stops)"))
-        except OSError as err:
-            console.print(f"[red]error:[/red] cannot serve on 127.0.0.1:{port}: {escape(str(err))}")
-            raise typer.Exit(code=2) from None
+        serve_until_interrupted(out, port=port, console=console)
     if not result.ok:
         raise typer.Exit(code=1)

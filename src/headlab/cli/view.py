@@ -83,11 +83,6 @@ def view(
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     console.print(f"wrote {escape(str(out))} ({out.stat().st_size / 1e6:.1f} MB)")
     if serve:
-        from headlab.report.viewer.serve import serve as serve_path
+        from headlab.cli.serving import serve_until_interrupted
 
-        try:
-            serve_path(out, port=port,
-                       announce=lambda url: console.print(f"serving {escape(url)} (this machine only; Ctrl-C stops)"))
-        except OSError as err:
-            console.print(f"[red]error:[/red] cannot serve on 127.0.0.1:{port}: {escape(str(err))}")
-            raise typer.Exit(code=2) from None
+        serve_until_interrupted(out, port=port, console=console)
