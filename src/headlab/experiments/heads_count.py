@@ -19,7 +19,7 @@ from typing import Any
 from headlab.experiments.budget import check_seed, resolve_steps
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
-from headlab.experiments.seeds import Spread, seeds_from
+from headlab.experiments.seeds import Spread, describe_reached, rank_key, seeds_from
 from headlab.experiments.tasks import MixTask
 from headlab.experiments.train import ConfigRun, train_config
 from headlab.layer import AttentionConfig
@@ -76,7 +76,8 @@ class HeadsCountResult:
 
     Attributes:
         rows: one per (setting, n_heads), heads ascending within a setting.
-        best_heads: setting → the number of heads with the highest mean accuracy.
+        best_heads: setting → the best number of heads: by mean final accuracy (to 0.1%), then by seeds
+            reaching 90%, then by mean steps to 90%.
         runs: every training run.
     """
 
@@ -96,14 +97,8 @@ class HeadsCountResult:
     def table(self) -> tuple[list[str], list[list[str]]]:
         """One row per (setting, n_heads), as (headers, rows) of text."""
         headers = ["fixed", "heads", "d_head", "parameters", "FLOPs", "accuracy", "steps to 90%"]
-        rows = []
-        for r in self.rows:
-            got = [s for s in r.steps_to_90 if s is not None]
-            steps = f"{sum(got) / len(got):.0f} ({len(got)}/{len(r.steps_to_90)})" if got else \
-                f"not reached (0/{len(r.steps_to_90)})"
-            rows.append([r.setting, str(r.n_heads), str(r.d_head), f"{r.parameters:,}", f"{r.flops:,}",
-                         str(r.accuracy), steps])
-        return headers, rows
+        return headers, [[r.setting, str(r.n_heads), str(r.d_head), f"{r.parameters:,}", f"{r.flops:,}",
+                          str(r.accuracy), describe_reached(r.steps_to_90)] for r in self.rows]
 
     def sentences(self) -> list[str]:
         """What the runs show, in sentences generated from the numbers."""
@@ -111,19 +106,21 @@ class HeadsCountResult:
         for setting in SETTINGS:
             rows = [self.row(setting, h) for h in HEADS]
             best = self.row(setting, self.best_heads[setting])
-            listed = ", ".join(f"{r.n_heads}: {r.accuracy.mean:.2f}" for r in rows)
+            listed = "; ".join(f"{r.n_heads}: {r.accuracy.mean:.0%}, " + (
+                "never 90%" if r.steps_to_90.count(None) == len(r.steps_to_90)
+                else f"90% at step {describe_reached(r.steps_to_90)}") for r in rows)
             size = (f"d_model = {self.d_model} (d_head from {rows[0].d_head} down to {rows[-1].d_head})"
                     if setting == "d_model" else
                     f"d_head = {self.d_head} (parameters from {rows[0].parameters:,} to {rows[-1].parameters:,})")
-            out.append(f"With {size}, mean final accuracy by number of heads was {listed}; the best was "
-                       f"{best.n_heads} heads ({best.accuracy}, {len(self.seeds)} seeds).")
+            out.append(f"With {size}, by number of heads, mean final accuracy and the step reaching 90% (mean "
+                       f"over the seeds that did, and how many) were: {listed}. Best, by accuracy and then speed: {best.n_heads} heads "
+                       f"({best.accuracy}, {len(self.seeds)} seeds, {self.steps} steps).")
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("rows", "runs")}
+        out = {"experiment": "heads-count"} | {k: v for k, v in asdict(self).items() if k not in ("rows", "runs")}
         out["rows"] = [r.to_dict() for r in self.rows]
         out["runs"] = [r.to_dict() for r in self.runs]
-        out["experiment"] = "heads-count"
         return out
 
 
@@ -159,7 +156,8 @@ def run_heads_count(*, seed: int = 0, steps: int | None = None, quick: bool = Fa
                     setting=setting, n_heads=n_heads, d_head=config.d_head, parameters=group[0].parameters,
                     flops=group[0].flops, accuracy=Spread.of([r.final_accuracy for r in group]),
                     steps_to_90=[r.history.steps_to(TARGET_ACCURACY) for r in group]))
-    best = {s: max((r for r in rows if r.setting == s), key=lambda r: r.accuracy.mean).n_heads for s in SETTINGS}
+    best = {s: min((r for r in rows if r.setting == s), key=lambda r: rank_key(r.accuracy, r.steps_to_90)).n_heads
+            for s in SETTINGS}
     return HeadsCountResult(seed=seed, steps=steps, seeds=seeds, task={"name": task.name, **asdict(task)},
                             d_model=D_MODEL, d_head=D_HEAD, rows=rows, best_heads=best, runs=runs)
 

@@ -55,8 +55,13 @@ def views(weights: Tensor, n_heads: tuple[int, ...], *, scale: str = "sqrt") -> 
         scale: ``"sqrt"`` for the standard score scale 1/√d_head, ``"linear"`` for 1/d_head.
 
     Returns:
-        One layer per entry of ``n_heads``, in its dtype.
+        One layer per entry of ``n_heads``, in the weights' dtype.
+
+    Raises:
+        ValueError: an unknown scale, or a number of heads that does not divide d_model.
     """
+    if scale not in ("sqrt", "linear"):
+        raise ValueError(f"scale={scale!r} must be 'sqrt' (1/√d_head) or 'linear' (1/d_head)")
     d_model = weights.shape[1]
     layers = []
     for h in n_heads:
@@ -93,9 +98,11 @@ class ScalePoint:
         alpha: the multiplier on W_Q.
         logit_std: std over keys of the 8-head view's scaled logits, averaged over rows.
         output_difference: ‖y₈ − y₁‖ / ‖y₁‖.
-        gradient_difference: ‖∇₈ − ∇₁‖ / ‖∇₁‖, gradients of ⟨y, g⟩ (fixed random g) w.r.t. the fused weights.
+        gradient_difference: ‖∇₈ − ∇₁‖ / ‖∇₁‖, gradients of ⟨y, g⟩ (fixed random g) with respect to
+            the fused weights.
         max_weight_multi, max_weight_single: mean over rows of the largest attention weight.
-        same_key_share: share of (batch, query) rows where every head of both views attends most to one key.
+        same_key_share: share of (batch, query) rows where every head of both views attends most to one
+            key.
     """
 
     alpha: float
@@ -197,47 +204,54 @@ class HeadsVsOneResult:
 
     def sentences(self) -> list[str]:
         """The measured answers to threads 003 and 001, in sentences generated from the numbers."""
-        std, uni = self.as_drawn["standard"], self.as_drawn["uniform"]
-        start = self.coincide_from_alpha
+        std, uni, start = self.as_drawn["standard"], self.as_drawn["uniform"], self.coincide_from_alpha
+        same = std.output_difference < COINCIDE
         out = [
-            f"The same weights read as {N_HEADS} heads and as 1 head are different functions: with headlab's "
-            f"initialisation the outputs differ by {std.output_difference:.0%} (relative) as drawn and by up to "
-            f"{self.max_output_difference['standard']:.0%} over the sweep, and the gradients by "
+            f"The same weights read as {N_HEADS} heads and as 1 head "
+            + ("gave the same output here" if same else "are different functions")
+            + f": with headlab's initialisation the outputs differ by {std.output_difference:.0%} (relative) as "
+            f"drawn and by up to {self.max_output_difference['standard']:.0%} over the sweep, and the gradients by "
             f"{std.gradient_difference:.0%} as drawn. Each head takes its own softmax; one head takes one softmax "
             f"of the sum of the {N_HEADS} heads' logits.",
-            f"Thread 003's check compares uniform-random weights and inputs. Their logits are huge (std "
-            f"{uni.logit_std:,.0f} over keys), the mean largest attention weight is {uni.max_weight_multi:.3f} "
+            f"Thread 003's check compares uniform-random weights and inputs. Their logits have a std of "
+            f"{uni.logit_std:,.0f} over keys, the mean largest attention weight is {uni.max_weight_multi:.3f} "
             f"with {N_HEADS} heads and {uni.max_weight_single:.3f} with 1, and in {uni.same_key_share:.0%} of the "
-            f"rows every head of both views attends most to the same key: the relative difference is {uni.output_difference:.1e}, and torch.equal in float32 returns "
-            f"{self.float32_check_equal}. Scaled down, the same weights give different outputs (up to "
-            f"{self.max_output_difference['uniform']:.1%} at α = {self.max_difference_alpha['uniform']:.0e}), "
-            + (f"and the views coincide (difference < {COINCIDE:g}) only from α = {start['uniform']:.0e} on, "
-               "where the softmax is saturated." if start["uniform"] is not None
-               else "and they never coincide within the sweep."),
+            f"rows every head of both views attends most to the same key: the relative difference is "
+            f"{uni.output_difference:.1e}, and torch.equal in float32 returns {self.float32_check_equal}. Scaled "
+            f"down, the same weights give outputs up to {self.max_output_difference['uniform']:.1%} apart (at "
+            f"α = {self.max_difference_alpha['uniform']:.0e}), "
+            + (f"and the views coincide (difference < {COINCIDE:g}) from α = {start['uniform']:.0e} on, where "
+               f"the mean largest weight is {self._at(start['uniform']).max_weight_multi:.3f}."
+               if start["uniform"] is not None else "and they never coincide within the sweep."),
         ]
         last = self.sweeps["standard"][-1]
         if start["standard"] is None:
             out.append(f"Saturation alone does not make the views agree: with headlab's initialisation, at "
                        f"α = {last.alpha:.0e} (mean max weight {last.max_weight_multi:.3f}) the difference is still "
-                       f"{last.output_difference:.0%}, because saturated heads pick different keys (all heads agree with the "
-                       f"single head in {last.same_key_share:.0%} of the rows).")
+                       f"{last.output_difference:.0%}, and all heads agree with the single head on the top key in "
+                       f"{last.same_key_share:.0%} of the rows.")
         t = self.thread_001
-        heads = ", ".join(map(str, t["random"]))
+        changes = min(t["random"].values()) >= COINCIDE
+        constant = max(t["constant"].values())
         out.append(
-            f"Thread 001: with the same fused weights, the output changes with the number of heads for random "
-            f"weights (relative difference from 1 head: {', '.join(f'{d:.0%}' for d in t['random'].values())} "
-            f"for {heads} heads) and not for all-ones weights (largest difference {max(t['constant'].values()):.1e}). "
-            f"Weights that are the same across heads give every head the same pattern, and splitting them only "
-            f"changes the softmax temperature by √h: invisible once saturated, as all-ones weights are, but "
-            f"{max(t['constant_small'].values()):.1e} with small constant weights, and "
-            f"{max(t['constant_small_linear_scale'].values()):.1e} (float rounding) when the score scale is "
-            f"1/d_head instead of 1/√d_head.")
+            f"Thread 001: with the same fused weights, the output "
+            + ("changes" if changes else "does not always change")
+            + f" with the number of heads for random weights (relative difference from 1 head: "
+            f"{', '.join(f'{d:.0%}' for d in t['random'].values())} for {', '.join(map(str, t['random']))} heads)"
+            + (" and not" if constant < COINCIDE else " and also")
+            + f" for all-ones weights (largest difference {constant:.1e}). Weights that are the same across heads "
+            f"give every head the same pattern, and splitting them changes only the softmax temperature, by √h: "
+            f"with small constant weights (unsaturated) the difference is {max(t['constant_small'].values()):.1e}, "
+            f"and {max(t['constant_small_linear_scale'].values()):.1e} when the score scale is 1/d_head instead "
+            f"of 1/√d_head.")
         return out
 
+    def _at(self, alpha: float, kind: str = "uniform") -> ScalePoint:
+        return next(p for p in self.sweeps[kind] if p.alpha == alpha)
+
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {"experiment": "heads-vs-one"} | asdict(self)
         out["thread_001"] = {case: {str(h): d for h, d in diffs.items()} for case, diffs in self.thread_001.items()}
-        out["experiment"] = "heads-vs-one"
         return out
 
 

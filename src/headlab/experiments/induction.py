@@ -166,9 +166,7 @@ class InductionResult:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["experiment"] = "induction"
-        return out
+        return {"experiment": "induction"} | asdict(self)
 
 
 def run_induction(*, seed: int = 0, steps: int | None = None, quick: bool = False,

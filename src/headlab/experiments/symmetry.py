@@ -148,7 +148,8 @@ class SymmetryResult:
         return ["claim", "value"], [
             ["identical init: max |head h − head 0| over the run", f"{self.identical_max_head_difference:.3g}"],
             ["identical init: max pattern difference between heads", f"{self.identical_max_pattern_difference:.3g}"],
-            ["random init: closest two heads at the end (relative distance)", f"{self.random_min_pairwise_distance:.3f}"],
+            ["random init: closest two heads at the end (relative distance)",
+             f"{self.random_min_pairwise_distance:.3f}"],
             [f"noise {self.noise:g}: head difference start → end",
              f"{self.noise_initial_difference:.2e} → {self.noise_final_difference:.3g} (×{self.noise_growth:.3g})"],
             ["final accuracy: identical / random / noisy",
@@ -177,9 +178,7 @@ class SymmetryResult:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["experiment"] = "symmetry"
-        return out
+        return {"experiment": "symmetry"} | asdict(self)
 
 
 def run_symmetry(*, seed: int = 0, steps: int | None = None, quick: bool = False,

@@ -20,7 +20,7 @@ from typing import Any
 from headlab.experiments.budget import check_seed, resolve_steps
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
-from headlab.experiments.seeds import Spread, seeds_from
+from headlab.experiments.seeds import Spread, describe_reached, mean_reached, rank_key, seeds_from
 from headlab.experiments.tasks import MixTask, RecallTask, Task
 from headlab.experiments.train import ConfigRun, train_config
 from headlab.layer import AttentionConfig
@@ -103,7 +103,8 @@ class VariantsResult:
     Attributes:
         target_parameters: the wide layer's parameter count at D_MODEL (the matched budget).
         summaries: one per (task, budget, variant).
-        ranking: ``"<task>/<budget>"`` → variants by mean final accuracy, best first.
+        ranking: ``"<task>/<budget>"`` → variants best first: by mean final accuracy (to 0.1%), then by
+            seeds reaching 90%, then by mean steps to 90%.
         runs: every training run (a config that both budgets share is trained once).
     """
 
@@ -124,18 +125,36 @@ class VariantsResult:
         headers = ["task", "matched", "variant", "d_model", "heads (kv)", "d_head", "parameters", "FLOPs",
                    "accuracy", "steps to 90%"]
         rows = [[s.task, s.budget, s.variant, str(s.d_model), f"{s.n_heads} ({s.n_kv_heads})", str(s.d_head),
-                 f"{s.parameters:,}", f"{s.flops:,}", str(s.accuracy), _steps(s)] for s in self.summaries]
+                 f"{s.parameters:,}", f"{s.flops:,}", str(s.accuracy), describe_reached(s.steps_to_90)] for s in self.summaries]
         return headers, rows
 
     def sentences(self) -> list[str]:
         """What the runs show, in sentences generated from the numbers."""
-        out = []
+        out, n = [], len(self.seeds)
         for key, order in self.ranking.items():
             task, budget = key.split("/")
-            best, worst = self.summary(task, budget, order[0]), self.summary(task, budget, order[-1])
-            out.append(f"On {task}, at matched {budget}, {best.variant} reached the highest final accuracy "
-                       f"({best.accuracy}, {len(self.seeds)} seeds, {best.parameters:,} parameters) and "
-                       f"{worst.variant} the lowest ({worst.accuracy}, {worst.parameters:,} parameters).")
+            rows = [self.summary(task, budget, name) for name in order]
+            low, high = min(r.accuracy.mean for r in rows), max(r.accuracy.mean for r in rows)
+            if high - low < 0.01:
+                text = f"every variant ended between {low:.1%} and {high:.1%} accuracy"
+            else:
+                text = (f"{rows[0].variant} ended highest ({rows[0].accuracy}) and {rows[-1].variant} lowest "
+                        f"({rows[-1].accuracy}, {rows[-1].parameters:,} parameters)")
+            every = [r for r in rows if None not in r.steps_to_90]
+            if every:
+                first = min(every, key=lambda r: r.mean_steps_to_90)
+                last = max(every, key=lambda r: r.mean_steps_to_90)
+                text += (f"; of those reaching {TARGET_ACCURACY:.0%} with every seed, {first.variant} got there first "
+                         f"(step {first.mean_steps_to_90:.0f} on average) and {last.variant} last "
+                         f"({last.mean_steps_to_90:.0f})")
+            some = [f"{r.variant} ({sum(s is not None for s in r.steps_to_90)}/{n})" for r in rows
+                    if r not in every and r.mean_steps_to_90 is not None]
+            never = [r.variant for r in rows if r.mean_steps_to_90 is None]
+            if some:
+                text += f"; {TARGET_ACCURACY:.0%} reached by some seeds only: {', '.join(some)}"
+            if never:
+                text += f"; never reaching {TARGET_ACCURACY:.0%}: {', '.join(never)}"
+            out.append(f"On {task}, at matched {budget} ({n} seeds, {self.steps} steps), {text}.")
         for task in (t["name"] for t in self.tasks):
             wide, single = self.summary(task, "d_model", "wide"), self.summary(task, "d_model", "single-head")
             gap = wide.accuracy.mean - single.accuracy.mean
@@ -146,28 +165,19 @@ class VariantsResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("summaries", "runs")}
+        out = {"experiment": "variants"} | {k: v for k, v in asdict(self).items() if k not in ("summaries", "runs")}
         out["summaries"] = [s.to_dict() for s in self.summaries]
         out["runs"] = [r.to_dict() for r in self.runs]
-        out["experiment"] = "variants"
         return out
-
-
-def _steps(s: VariantSummary) -> str:
-    reached = sum(x is not None for x in s.steps_to_90)
-    if s.mean_steps_to_90 is None:
-        return f"not reached (0/{len(s.steps_to_90)})"
-    return f"{s.mean_steps_to_90:.0f} ({reached}/{len(s.steps_to_90)})"
 
 
 def _summarise(name: str, budget: str, config: AttentionConfig, runs: list[ConfigRun]) -> VariantSummary:
     reached = [r.history.steps_to(TARGET_ACCURACY) for r in runs]
-    got = [s for s in reached if s is not None]
     return VariantSummary(
         variant=name, budget=budget, task=runs[0].task, d_model=config.d_model, n_heads=config.n_heads,
         n_kv_heads=config.n_kv_heads, d_head=config.d_head, parameters=runs[0].parameters, flops=runs[0].flops,
         accuracy=Spread.of([r.final_accuracy for r in runs]), steps_to_90=reached,
-        mean_steps_to_90=sum(got) / len(got) if got else None,
+        mean_steps_to_90=mean_reached(reached),
     )
 
 
@@ -208,7 +218,8 @@ def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False
     for task in tasks:
         for budget in BUDGETS:
             rows = [s for s in summaries if (s.task, s.budget) == (task.name, budget)]
-            ranking[f"{task.name}/{budget}"] = [s.variant for s in sorted(rows, key=lambda s: -s.accuracy.mean)]
+            ranking[f"{task.name}/{budget}"] = [
+                s.variant for s in sorted(rows, key=lambda s: rank_key(s.accuracy, s.steps_to_90))]
     return VariantsResult(
         seed=seed, steps=steps, seeds=seeds, tasks=[{"name": t.name, **asdict(t)} for t in tasks],
         target_parameters=account(variant_at("wide", d_model=D_MODEL)).total_parameters, summaries=summaries,
