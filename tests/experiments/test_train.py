@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from headlab.experiments.budget import check_seed, resolve_steps
 from headlab.experiments.model import build_model
-from headlab.experiments.seeds import Spread, seeds_from
 from headlab.experiments.tasks import RecallTask
 from headlab.experiments.train import History, train, train_config
 from headlab.layer import AttentionConfig
@@ -48,26 +46,3 @@ def test_bad_training_arguments(kwargs, match):
     options = {"steps": 1, "seed": 0} | kwargs
     with pytest.raises(ValueError, match=match):
         train(build_model(task, [CONFIG], seed=0), task, **options)
-
-
-def test_budget_and_seed_checks():
-    assert resolve_steps(None, default=10, quick_default=3, quick=False) == 10
-    assert resolve_steps(None, default=10, quick_default=3, quick=True) == 3
-    assert resolve_steps(7, default=10, quick_default=3, quick=True) == 7
-    for bad in (0, -2, True, 2.0):
-        with pytest.raises(ValueError, match="must be a positive int"):
-            resolve_steps(bad, default=10, quick_default=3, quick=False)
-    assert check_seed(0) == 0
-    for bad in (-1, 2**63, "1", False):
-        with pytest.raises(ValueError, match="seed="):
-            check_seed(bad)
-
-
-def test_spread():
-    s = Spread.of([1.0, 2.0, 3.0])
-    assert (s.mean, s.std, str(s)) == (2.0, 1.0, "2.000 ± 1.000")
-    assert Spread.of([0.5]).std == 0.0
-    assert s.to_dict() == {"mean": 2.0, "std": 1.0, "values": [1.0, 2.0, 3.0]}
-    assert seeds_from(5, 3) == [5, 6, 7]
-    with pytest.raises(ValueError, match="at least one value"):
-        Spread.of([])

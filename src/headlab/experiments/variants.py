@@ -125,7 +125,8 @@ class VariantsResult:
         headers = ["task", "matched", "variant", "d_model", "heads (kv)", "d_head", "parameters", "FLOPs",
                    "accuracy", "steps to 90%"]
         rows = [[s.task, s.budget, s.variant, str(s.d_model), f"{s.n_heads} ({s.n_kv_heads})", str(s.d_head),
-                 f"{s.parameters:,}", f"{s.flops:,}", str(s.accuracy), describe_reached(s.steps_to_90)] for s in self.summaries]
+                 f"{s.parameters:,}", f"{s.flops:,}", str(s.accuracy), describe_reached(s.steps_to_90)]
+                for s in self.summaries]
         return headers, rows
 
     def sentences(self) -> list[str]:
@@ -228,24 +229,38 @@ def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False
 
 
 def plot_variants(result: VariantsResult) -> bytes:
-    """Final accuracy (mean ± std over seeds) by variant, one panel per task, both budgets, as PNG bytes."""
+    """Final accuracy (mean ± std over seeds) and steps to 90% by variant, one column per task, both
+    budgets, as PNG bytes."""
     from matplotlib.figure import Figure
 
     tasks = [t["name"] for t in result.tasks]
-    fig = Figure(figsize=(5.5 * len(tasks), 4.2), layout="constrained")
-    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    fig = Figure(figsize=(max(7.0, 5.5 * len(tasks)), 7.5), layout="constrained")
+    axes = fig.subplots(2, len(tasks), squeeze=False)
     width = 0.4
-    for ax, task in zip(axes, tasks):
+    for column, task in enumerate(tasks):
+        acc_ax, steps_ax = axes[0][column], axes[1][column]
         for i, budget in enumerate(BUDGETS):
             rows = [result.summary(task, budget, name) for name in NAMES]
             xs = [j + (i - 0.5) * width for j in range(len(NAMES))]
-            ax.bar(xs, [r.accuracy.mean for r in rows], width, yerr=[r.accuracy.std for r in rows], capsize=3,
-                   label=f"matched {budget}")
-        ax.set_xticks(range(len(NAMES)), NAMES, rotation=35, ha="right")
-        ax.set(ylim=(0, 1.05), ylabel=f"final accuracy ({len(result.seeds)} seeds)", title=f"task: {task}")
-        ax.axhline(TARGET_ACCURACY, color="grey", linewidth=0.8, linestyle=":")
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize="small", loc="lower left")
-    fig.suptitle(f"Variants after {result.steps} steps (d_model {D_MODEL} or {result.target_parameters:,} "
-                 f"attention parameters; seeds {result.seeds[0]}–{result.seeds[-1]})")
+            acc_ax.bar(xs, [r.accuracy.mean for r in rows], width, yerr=[r.accuracy.std for r in rows], capsize=3,
+                       label=f"matched {budget}")
+            steps = [r.mean_steps_to_90 or 0.0 for r in rows]
+            bars = steps_ax.bar(xs, steps, width, label=f"matched {budget}")
+            for bar, r in zip(bars, rows):
+                got = sum(s is not None for s in r.steps_to_90)
+                if got < len(r.steps_to_90):  # never, or not with every seed: say how many got there
+                    steps_ax.annotate(f"{got}/{len(r.steps_to_90)}", (bar.get_x() + bar.get_width() / 2,
+                                      bar.get_height()), ha="center", fontsize="x-small", xytext=(0, 2),
+                                      textcoords="offset points")
+        acc_ax.set(ylim=(0, 1.25), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0], ylabel=f"final accuracy ({len(result.seeds)} seeds)", title=f"task: {task}")
+        acc_ax.axhline(TARGET_ACCURACY, color="grey", linewidth=0.8, linestyle=":")
+        steps_ax.set_ylim(0, 1.25 * max([s.mean_steps_to_90 or 0.0 for s in result.summaries] + [1.0]))
+        steps_ax.set(ylabel="step reaching 90% (mean over seeds that did)",
+                     title=f"speed (k/{len(result.seeds)}: seeds that reached 90%, if not all)")
+        for ax in (acc_ax, steps_ax):
+            ax.set_xticks(range(len(NAMES)), NAMES, rotation=35, ha="right")
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.legend(fontsize="small", loc="upper right", ncols=2)
+    fig.suptitle(f"Variants after {result.steps} steps, seeds {result.seeds[0]}–{result.seeds[-1]}\n"
+                 f"(matched: d_model {D_MODEL}, or {result.target_parameters:,} attention parameters)")
     return png(fig)

@@ -1,0 +1,26 @@
+"""Seeds and numbers of steps: defaults, quick defaults, refusals that name the value."""
+
+from __future__ import annotations
+
+import pytest
+
+from headlab.experiments.budget import check_seed, resolve_steps
+
+
+def test_steps_default_quick_and_given():
+    assert resolve_steps(None, default=10, quick_default=3, quick=False) == 10
+    assert resolve_steps(None, default=10, quick_default=3, quick=True) == 3
+    assert resolve_steps(7, default=10, quick_default=3, quick=True) == 7
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 2.0])
+def test_bad_steps(bad):
+    with pytest.raises(ValueError, match=f"steps={bad!r} must be a positive int"):
+        resolve_steps(bad, default=10, quick_default=3, quick=False)
+
+
+def test_seeds():
+    assert check_seed(0) == 0 and check_seed(2**63 - 1) == 2**63 - 1
+    for bad in (-1, 2**63, "1", False):
+        with pytest.raises(ValueError, match="seed=.* must be an int in \\[0, 2\\*\\*63\\)"):
+            check_seed(bad)
