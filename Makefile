@@ -9,14 +9,15 @@ STAMP  := $(VENV)/.headlab-installed
 TORCH  := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help install report report-full test test-all bench clean distclean
+.PHONY: help install report report-full test test-all bench readme clean distclean
 
 help:
 	@echo "make report    build the HTML report into report/index.html (reduced budgets: a few minutes)"
 	@echo "make report-full  the same with full experiment and analysis budgets (much longer)"
 	@echo "make test      run the test suite (without tests marked slow)"
 	@echo "make test-all  run every test, slow ones included"
-	@echo "make bench     run the layer benchmarks"
+	@echo "make bench     run the benchmark suite and regenerate benchmarks/RESULTS.md"
+	@echo "make readme    regenerate the README sentences written by the analysis"
 	@echo "make clean     remove build, test and report outputs (keeps .venv)"
 	@echo "make distclean clean, and remove .venv"
 
@@ -44,7 +45,10 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -m ""
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_layer.py
+	$(BIN)/headlab bench --out benchmarks/RESULTS.md
+
+readme: $(STAMP)
+	$(BIN)/python tests/test_readme.py
 
 clean:
 	rm -rf report/ test-artifacts/ build/ dist/ .pytest_cache/ .hypothesis/
