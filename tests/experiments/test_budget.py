@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 
 
 def test_steps_default_quick_and_given():
@@ -24,3 +25,17 @@ def test_seeds():
     for bad in (-1, 2**63, "1", False):
         with pytest.raises(ValueError, match="seed=.* must be an int in \\[0, 2\\*\\*63\\)"):
             check_seed(bad)
+
+
+def test_single_thread_is_scoped():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with single_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), single_thread():
+            raise RuntimeError("restored even on error")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -1,8 +1,30 @@
-"""The arguments every experiment takes: a seed and a number of steps (default, or quick default)."""
+"""How every experiment runs: its seed, its number of steps (default, or quick default), one thread."""
 
 from __future__ import annotations
 
-__all__ = ["check_seed", "resolve_steps"]
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["check_seed", "resolve_steps", "single_thread"]
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the body with one intra-op torch thread, restoring the caller's setting afterwards.
+
+    The experiments' models are tiny: a second thread gains little on an idle CPU and, when the
+    CPU is shared, threads waiting for each other can make a run many times slower. And the
+    number of threads changes the order of some float reductions, so with it fixed a seed gives
+    the same numbers on machines with different numbers of cores.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def check_seed(seed: object) -> int:

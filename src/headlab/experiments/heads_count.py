@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
 from headlab.experiments.seeds import Spread, describe_reached, mean_reached, rank_key, seeds_from
@@ -30,7 +30,7 @@ __all__ = ["HEADS", "SETTINGS", "HeadsCountResult", "HeadsCountRow", "config_for
 HEADS = (1, 2, 4, 8, 16)
 SETTINGS = ("d_model", "d_head")
 D_MODEL, D_HEAD, LR, N_SEEDS, TARGET_ACCURACY = 32, 8, 1e-2, 3, 0.9
-STEPS, QUICK_STEPS, EVAL_EVERY = 300, 120, 20
+STEPS, QUICK_STEPS, EVAL_EVERY = 300, 100, 20
 
 
 def config_for(setting: str, n_heads: int) -> AttentionConfig:
@@ -125,13 +125,14 @@ class HeadsCountResult:
         return out
 
 
+@single_thread()
 def run_heads_count(*, seed: int = 0, steps: int | None = None, quick: bool = False,
                     progress: bool = False) -> HeadsCountResult:
     """Train the layer with 1, 2, 4, 8 and 16 heads at fixed d_model and at fixed d_head, over 3 seeds.
 
     Args:
         seed: the first of the 3 consecutive seeds (each seeds the weights and the data).
-        steps: optimiser steps per run (default 300; 120 with ``quick``).
+        steps: optimiser steps per run (default 300; 100 with ``quick``).
         quick: the small version.
         progress: show a progress bar on stderr.
 

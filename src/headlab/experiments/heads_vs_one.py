@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
 from headlab.layer import AttentionConfig, MultiHeadAttention
@@ -270,6 +270,7 @@ def _thread_001(generator: torch.Generator) -> dict[str, dict[int, float]]:
     return out
 
 
+@single_thread()
 def run_heads_vs_one(*, seed: int = 0, steps: int | None = None, quick: bool = False,
                      progress: bool = False) -> HeadsVsOneResult:
     """Sweep the logit scale for the 8-head and 1-head views of the same weights.

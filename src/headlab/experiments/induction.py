@@ -25,7 +25,7 @@ import torch
 from headlab.analysis.roles import (
     INDUCTION, PREVIOUS_TOKEN, duplicate_token_score, induction_score, previous_token_score, repeated_tokens,
 )
-from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.model import TinyTransformer, build_model
 from headlab.experiments.progress import StepBar
@@ -169,6 +169,7 @@ class InductionResult:
         return {"experiment": "induction"} | asdict(self)
 
 
+@single_thread()
 def run_induction(*, seed: int = 0, steps: int | None = None, quick: bool = False,
                   progress: bool = False) -> InductionResult:
     """Train the 2-layer attention-only model on repeated spans and watch its heads specialise.

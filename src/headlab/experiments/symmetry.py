@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.model import TinyTransformer, build_model
 from headlab.experiments.progress import StepBar
@@ -181,6 +181,7 @@ class SymmetryResult:
         return {"experiment": "symmetry"} | asdict(self)
 
 
+@single_thread()
 def run_symmetry(*, seed: int = 0, steps: int | None = None, quick: bool = False,
                  progress: bool = False) -> SymmetryResult:
     """Train the same model from identical, random and slightly perturbed identical heads.

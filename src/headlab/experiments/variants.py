@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from headlab.experiments.budget import check_seed, resolve_steps
+from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
 from headlab.experiments.seeds import Spread, describe_reached, mean_reached, rank_key, seeds_from
@@ -182,6 +182,7 @@ def _summarise(name: str, budget: str, config: AttentionConfig, runs: list[Confi
     )
 
 
+@single_thread()
 def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False,
                  progress: bool = False) -> VariantsResult:
     """Train every variant under both budgets on the tasks, over 3 seeds.
@@ -252,7 +253,8 @@ def plot_variants(result: VariantsResult) -> bytes:
                     steps_ax.annotate(f"{got}/{len(r.steps_to_90)}", (bar.get_x() + bar.get_width() / 2,
                                       bar.get_height()), ha="center", fontsize="x-small", xytext=(0, 2),
                                       textcoords="offset points")
-        acc_ax.set(ylim=(0, 1.25), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0], ylabel=f"final accuracy ({len(result.seeds)} seeds)", title=f"task: {task}")
+        acc_ax.set(ylim=(0, 1.25), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0], title=f"task: {task}",
+                   ylabel=f"final accuracy ({len(result.seeds)} seeds)")
         acc_ax.axhline(TARGET_ACCURACY, color="grey", linewidth=0.8, linestyle=":")
         steps_ax.set_ylim(0, 1.25 * max([s.mean_steps_to_90 or 0.0 for s in result.summaries] + [1.0]))
         steps_ax.set(ylabel="step reaching 90% (mean over seeds that did)",
