@@ -158,23 +158,29 @@ class SymmetryResult:
 
     def sentences(self) -> list[str]:
         """The measured answer to thread 004, in sentences generated from the numbers."""
-        acc, diff = self.final_accuracy, self.identical_max_head_difference
-        stayed = "exactly equal" if diff == 0 else f"equal up to {diff:.1e} (float rounding)"
-        if diff > 1e-6:
-            stayed = f"{diff:.1e} apart: the symmetry did not hold to float rounding"
+        acc, diff, random = self.final_accuracy, self.identical_max_head_difference, self.run("random")
+        if diff == 0:
+            stayed = "exactly equal"
+        elif diff <= 1e-6:
+            stayed = f"equal up to {diff:.1e} (float rounding)"
+        else:
+            stayed = f"up to {diff:.1e} apart: the symmetry did not hold to float rounding"
         grew = (f"grew from {self.noise_initial_difference:.1e} to {self.noise_final_difference:.2g} "
                 f"(×{self.noise_growth:.0f})" if self.noise_growth > 1 else
                 f"did not grow ({self.noise_initial_difference:.1e} to {self.noise_final_difference:.1e})")
+        first = (f"Initialised as copies of head 0, the {self.n_heads} heads were still {stayed} after {self.steps} "
+                 f"steps, and their patterns differed by at most {self.identical_max_pattern_difference:.1e}")
+        if diff <= 1e-6:
+            first += (": permuting heads leaves the loss unchanged, so identical heads get identical gradients and "
+                      f"identical Adam updates. The layer stayed one head repeated {self.n_heads} times")
         return [
-            f"Initialised as copies of head 0, the {self.n_heads} heads were still {stayed} after {self.steps} steps, "
-            f"and their patterns differed by at most {self.identical_max_pattern_difference:.1e}: permuting heads "
-            "leaves the loss unchanged, so identical heads get identical gradients and identical Adam updates. "
-            f"The layer stayed one head repeated {self.n_heads} times and reached {acc['identical']:.0%} accuracy "
-            f"on the {self.task['name']} task.",
-            f"From the standard random initialisation the heads started apart and ended apart (the closest two "
-            f"at a relative distance of {self.random_min_pairwise_distance:.2f}), reaching {acc['random']:.0%}.",
-            f"Noise of std {self.noise:g} on the identical heads breaks the symmetry: the largest head difference "
-            f"{grew}, and the model reached {acc['noisy']:.0%}.",
+            first + f", and reached {acc['identical']:.0%} accuracy on the {self.task['name']} task.",
+            f"From the standard random initialisation the closest two heads were at a relative distance of "
+            f"{random.min_pairwise_distance[0]:.2f} at the start and {self.random_min_pairwise_distance:.2f} at the "
+            f"end, and the model reached {acc['random']:.0%}.",
+            f"Noise of std {self.noise:g} on the identical heads "
+            + ("breaks the symmetry: " if self.noise_growth > 1 else "did not break the symmetry here: ")
+            + f"the largest head difference {grew}, and the model reached {acc['noisy']:.0%}.",
         ]
 
     def to_dict(self) -> dict[str, Any]:

@@ -136,7 +136,9 @@ class VariantsResult:
             task, budget = key.split("/")
             rows = [self.summary(task, budget, name) for name in order]
             low, high = min(r.accuracy.mean for r in rows), max(r.accuracy.mean for r in rows)
-            if high - low < 0.01:
+            if f"{low:.1%}" == f"{high:.1%}":
+                text = f"every variant ended at {low:.1%} accuracy"
+            elif high - low < 0.01:
                 text = f"every variant ended between {low:.1%} and {high:.1%} accuracy"
             else:
                 text = (f"{rows[0].variant} ended highest ({rows[0].accuracy}) and {rows[-1].variant} lowest "
