@@ -65,6 +65,14 @@ def _check(name: str, value: object, low: int) -> None:
         raise ValueError(f"{name}={value!r} must be an int ≥ {low}")
 
 
+def _check_context(task: RecallTask | MixTask) -> None:
+    """The context fields of a key-value task are positive ints with enough distinct keys."""
+    for field in ("n_keys", "n_values", "n_pairs", "n_queries"):
+        _check(field, getattr(task, field), 1)
+    if task.n_pairs > task.n_keys:
+        raise ValueError(f"n_pairs={task.n_pairs} distinct keys need n_keys ≥ n_pairs, got n_keys={task.n_keys}")
+
+
 def _context(n_keys: int, n_values: int, n_pairs: int, n_queries: int, batch_size: int,
              generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
     """Distinct keys with random values for the context, and query keys drawn from the context.
@@ -97,10 +105,7 @@ class RecallTask:
     name: str = "recall"
 
     def __post_init__(self) -> None:
-        for field in ("n_keys", "n_values", "n_pairs", "n_queries"):
-            _check(field, getattr(self, field), 1)
-        if self.n_pairs > self.n_keys:
-            raise ValueError(f"n_pairs={self.n_pairs} distinct keys need n_keys ≥ n_pairs, got n_keys={self.n_keys}")
+        _check_context(self)
 
     @property
     def vocab_sizes(self) -> tuple[int, ...]:
@@ -141,10 +146,7 @@ class MixTask:
     name: str = "mix"
 
     def __post_init__(self) -> None:
-        for field in ("n_keys", "n_values", "n_pairs", "n_queries"):
-            _check(field, getattr(self, field), 1)
-        if self.n_pairs > self.n_keys:
-            raise ValueError(f"n_pairs={self.n_pairs} distinct keys need n_keys ≥ n_pairs, got n_keys={self.n_keys}")
+        _check_context(self)
 
     @property
     def vocab_sizes(self) -> tuple[int, ...]:
