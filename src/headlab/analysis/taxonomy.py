@@ -79,6 +79,8 @@ def segments(batch: CaptureBatch) -> tuple[Tensor, Tensor]:
 class _BatchKeys:
     """What every layer of one batch shares: key-column masks and the chance level of ``block``.
 
+    Built from the batch and its ``segments(batch)[0]`` (computed once per batch by the caller).
+
     Attributes:
         columns: ``(batch, k, 1 + n_segments)`` float, column 0 the special tokens, column 1 + s the
             content tokens of segment s; one matmul with a pattern gives each row's mass on each.
@@ -89,11 +91,11 @@ class _BatchKeys:
         block_uniform: ``(batch, 1, q)`` float64, ``block`` for uniform attention.
     """
 
-    def __init__(self, batch: CaptureBatch, *, causal: bool, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, batch: CaptureBatch, segment: Tensor, *, causal: bool, dtype: torch.dtype,
+                 device: torch.device) -> None:
         real = batch.attention_mask.bool().to(device)
         special = batch.special_tokens_mask.bool().to(device) & real
         content = real & ~special
-        segment, _ = segments(batch)
         segment = segment.to(device)
         n_pos = real.shape[1]
         one_hot = torch.nn.functional.one_hot(segment, int(segment.max()) + 1) & content[..., None]
@@ -191,7 +193,7 @@ class TaxonomyStats(PerHeadMeans):
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns)."""
         real = batch.attention_mask.bool()
-        _, n_content = segments(batch)
+        segment, n_content = segments(batch)  # once per batch, shared by every layer
         block_rows = real & ~batch.special_tokens_mask.bool() & (n_content >= 2).to(real.device)[:, None]
         weights = {"queries": real, "block_queries": block_rows}
         counts = {"queries": int(real.sum()), "block_queries": int(block_rows.sum()), "items": len(batch)}
@@ -200,7 +202,8 @@ class TaxonomyStats(PerHeadMeans):
             if taken.patterns is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('patterns',)")
             if keys is None:
-                keys = _BatchKeys(batch, causal=self.causal, dtype=taken.patterns.dtype, device=taken.patterns.device)
+                keys = _BatchKeys(batch, segment, causal=self.causal, dtype=taken.patterns.dtype,
+                                  device=taken.patterns.device)
             stats = _item_statistics(taken.patterns, keys)
             sums = {}
             for name in _STATS:
