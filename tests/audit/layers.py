@@ -120,3 +120,50 @@ class BlockCausal(nn.Module):
         scores = scores.masked_fill(self.mask[:, :, :n, :n] == 0, float("-inf"))
         z = torch.softmax(scores, dim=-1) @ v
         return self.out(z.transpose(1, 2).reshape(b, n, d))
+
+
+class PerHeadWeights(nn.Module):
+    """Per-head (d_head, d_head) maps on the input's slices: no parameter shape is the input width."""
+
+    def __init__(self, n_heads: int = 4, d_head: int = 8) -> None:
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_head
+        self.W = nn.Parameter(torch.randn(3, n_heads, d_head, d_head) / d_head**0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        assert x.shape[-1] == self.n_heads * self.d_head, "wrong input width"
+        b, n, _ = x.shape
+        q, k, v = (x.view(b, n, self.n_heads, self.d_head).transpose(1, 2) @ w for w in self.W)
+        z = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v  # (b, head, n, d_head)
+        return z.transpose(1, 2).reshape(b, n, -1)
+
+
+def make_per_head(width: int = 32) -> PerHeadWeights:
+    """A factory: PerHeadWeights for an input ``width`` wide, heads of 8."""
+    return PerHeadWeights(n_heads=width // 8)
+
+
+class NeedsPositions(nn.Module):
+    """A forward that needs an argument besides the inputs (its position table)."""
+
+    def __init__(self, d_model: int = 8) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        q, k, v = self.qkv(x + positions).chunk(3, dim=-1)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+class ConfigAttention(nn.Module):
+    """``__init__(self, config)`` reading ``config.width`` and ``config.heads``, nanoGPT style."""
+
+    def __init__(self, config) -> None:  # noqa: ANN001 — unannotated on purpose
+        super().__init__()
+        self.heads = config.heads
+        self.qkv = nn.Linear(config.width, 3 * config.width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        return (torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v).transpose(1, 2).reshape(b, n, d)

@@ -79,10 +79,87 @@ def test_module_failures_exit_1_with_a_message_not_a_traceback(target: str, args
     assert "Traceback" not in result.output and result.stdout == ""
 
 
-def test_a_wrong_call_for_the_module_exits_1() -> None:
-    result = _run(f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--call", "self")
-    assert result.exit_code == 1
-    assert "forward(x) raised TypeError" in _flat(result.output)
+@pytest.mark.parametrize(("target", "args", "fix"), [
+    (f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", ["--call", "self"],
+     "to fix: leave out call='self' (drop --call) to let the audit find how to call it"),
+    (f"{LAYERS}:PerHeadWeights", [], "to fix: if its input width is none of 8, 4, 3, pass it (--d-model N)"),
+    (f"{LAYERS}:NeedsPositions", [], "build, in Python, a module whose forward supplies them (--factory "
+                                     "module:function)"),
+])
+def test_a_module_that_cannot_be_called_gets_one_line_naming_the_fix(target: str, args: list[str], fix: str) -> None:
+    result = _run(target, *args)
+    assert result.exit_code == 1, result.output
+    assert result.output.count("\n") == 1 and result.output.startswith("error: could not audit ")
+    assert result.output.rstrip().endswith(fix), result.output
+
+
+def test_the_fixes_named_work() -> None:
+    width = _run(f"{LAYERS}:PerHeadWeights", "--d-model", "32", "--json")
+    assert width.exit_code == 0, width.output
+    assert (json.loads(width.stdout)["n_heads"], json.loads(width.stdout)["reads"]) == (4, "narrow")
+    factory = _run(f"{LAYERS}:PerHeadWeights", "--factory", "layers:make_per_head", "--init", '{"width": 16}',
+                   "--d-model", "16", "--json")
+    assert factory.exit_code == 0, factory.output
+    assert (json.loads(factory.stdout)["d_model"], json.loads(factory.stdout)["n_heads"]) == (16, 2)
+
+
+def test_config_object_constructors_are_built_from_nested_init() -> None:
+    llama = _run(f"{EXAMPLES / 'llama_rotary.py'}:Attention", "--init",
+                 '{"args": {"dim": 32, "n_heads": 4, "n_kv_heads": 1}}', "--json")  # a ModelArgs dataclass
+    assert llama.exit_code == 0, llama.output
+    doc = json.loads(llama.stdout)
+    assert (doc["d_model"], doc["n_heads"], doc["n_kv_heads"], doc["computed_in"]) == (32, 4, 1, "float32")
+    plain = _run(f"{LAYERS}:ConfigAttention", "--init", '{"config": {"width": 16, "heads": 2}}', "--json")
+    assert plain.exit_code == 0, plain.output  # unannotated: a SimpleNamespace
+    assert json.loads(plain.stdout)["n_heads"] == 2
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    ([f"{EXAMPLES / 'llama_rotary.py'}:Attention"],
+     ["Attention(args) needs args, a ModelArgs: give its fields as a nested JSON object, e.g. --init "
+      '\'{"args": {"dim": 64, "n_heads": 4, "n_kv_heads": 2}}\'', "--factory module:function"]),
+    ([f"{LAYERS}:ConfigAttention"],
+     ['an object such as \'{"config": {"FIELD": VALUE}}\' becomes a types.SimpleNamespace', "--factory"]),
+    ([f"{LAYERS}:ConfigAttention", "--init", '{"config": {"width": 16}}'],
+     ['ConfigAttention reads config.heads, which --init does not give: add "heads" to the "config" object']),
+    ([f"{LAYERS}:PerHeadWeights", "--factory", "layers:nope"],
+     ["--factory 'layers:nope': layers defines no function 'nope'; functions in it: make_per_head"]),
+    ([f"{LAYERS}:PerHeadWeights", "--factory", "nocolon"], ["--factory 'nocolon' is not module:function"]),
+])
+def test_constructor_problems_exit_2_naming_what_to_give(args: list[str], fragments: list[str]) -> None:
+    result = _run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+
+
+@pytest.mark.parametrize(("args", "kind", "code"), [
+    ([f"{LAYERS}:Raises"], "raised", 1),
+    ([f"{LAYERS}:TwoAttentions"], "several-attention", 1),
+    ([f"{LAYERS}:ConfigAttention"], "bad-argument", 2),
+    ([f"{LAYERS}:Raises", "--call", "sideways"], "bad-argument", 2),
+    (["nothing-here"], "bad-argument", 2),
+])
+def test_json_prints_an_error_object_on_failure(args: list[str], kind: str, code: int) -> None:
+    result = _run(*args, "--json")
+    assert result.exit_code == code, result.output
+    error = json.loads(result.stdout)["error"]
+    assert (error["kind"], error["exit_status"]) == (kind, code) and "\n" not in error["message"]
+
+
+def test_per_head_numbers_are_never_broken_at_80_columns() -> None:
+    from headlab.audit.tables import head_table
+
+    result = runner.invoke(app, ["audit", f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention"],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    torch.manual_seed(0)
+    _, rows = head_table(audit(SliceSharedAttention()))
+    for token in {t for row in rows for cell in row for t in cell.split() if any(c.isdigit() for c in t)}:
+        assert any(token in line for line in lines), f"{token!r} is broken across lines"
 
 
 @pytest.mark.parametrize(("args", "fragments"), [

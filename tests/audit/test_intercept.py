@@ -110,17 +110,17 @@ def test_an_override_replaces_the_pattern_in_the_modules_own_layout() -> None:
     def forward() -> torch.Tensor:
         return torch.einsum("bqhk,bhkd->bhqd", torch.softmax(scores, dim=-1), v)
 
-    def one_hot_on_key_2(p: torch.Tensor) -> torch.Tensor:
+    def one_hot_on_key_2(p: torch.Tensor, first_head: int) -> torch.Tensor:
         out = torch.zeros_like(p)
         out[..., 2] = 1.0
         return out
 
-    with AttentionInterceptor(override=Override(0, one_hot_on_key_2, query_axis=1)) as seen:
+    with AttentionInterceptor(override=Override({0: 1}, one_hot_on_key_2)) as seen:
         z = forward()
     torch.testing.assert_close(z, v[:, :, 2:3].expand(1, 2, 5, 3))  # every query reads key 2 only
     assert seen.calls[0].canonical_pattern(1)[:, :, 2].eq(1).all()
     untouched = forward()
-    with AttentionInterceptor(override=Override(1, one_hot_on_key_2, query_axis=1)):  # no second call: no change
+    with AttentionInterceptor(override=Override({1: 1}, one_hot_on_key_2)):  # no second call: no change
         z = forward()
     torch.testing.assert_close(z, untouched, rtol=0, atol=0)
 

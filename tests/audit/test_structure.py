@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from headlab.audit.structure import (
-    Reads, basis, classify_reads, kv_groups, max_relative_difference, numerical_rank, own_rows, read_dims,
-    same_subspace,
+    Reads, basis, classify_reads, kv_groups, max_relative_difference, own_rows, read_dims, same_subspace, spectrum,
 )
 
 
@@ -42,7 +41,7 @@ def test_read_dims_is_relative_to_the_largest_row() -> None:
 def test_rank_and_basis() -> None:
     a = torch.randn(6, 2, dtype=torch.float64)
     m = a @ torch.randn(2, 5, dtype=torch.float64)
-    assert numerical_rank(m, rtol=1e-9) == 2 and numerical_rank(torch.zeros(3, 3), rtol=1e-9) == 0
+    assert spectrum(m, rtol=1e-9).rank == 2 and spectrum(torch.zeros(3, 3), rtol=1e-9).rank == 0
     b = basis(m, rtol=1e-9)
     assert b.shape == (6, 2) and same_subspace(b, basis(a, rtol=1e-9), tol=1e-9)
     assert not same_subspace(b, basis(torch.randn(6, 2, dtype=torch.float64), rtol=1e-9), tol=1e-3)

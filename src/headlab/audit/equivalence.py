@@ -43,6 +43,9 @@ class Recovered:
         w: ``(head, d_model)``.
         W_OV: ``(head, d_model, d_model)``.
         output_bias: ``(d_model,)``: the output on an all-zero input.
+        key_sides: per head, a thin ``(d_model, r)`` matrix with the column space (and Gram
+            matrix) of [W_QKᵀ | w]: the subspace its keys read (``structure.Spectrum.thin``).
+        value_sides: per head, a thin ``(d_model, r)`` matrix with the column space of W_OV.
         groups: key/value groups of heads.
         reads: per head, what its queries read (its slice, for narrow layouts).
         causal: causal masking.
@@ -55,6 +58,8 @@ class Recovered:
     w: Tensor
     W_OV: Tensor
     output_bias: Tensor
+    key_sides: list[Tensor]
+    value_sides: list[Tensor]
     groups: list[list[int]]
     reads: list[Reads]
     causal: bool
@@ -71,12 +76,12 @@ def _pad(m: Tensor, cols: int) -> Tensor:
 
 
 def _key_basis(W_QK: Tensor, w: Tensor, rtol: float) -> Tensor:
-    """Orthonormal basis ``(d, r)`` of the key-side subspace of [W_QKᵀ | w] for one or more heads."""
-    return basis(torch.cat([W_QK.reshape(-1, W_QK.shape[-1]).T, w.reshape(-1, w.shape[-1]).T], dim=1), rtol=rtol)
+    """Orthonormal basis ``(d, r)`` of the key-side subspace of [W_QKᵀ | w] of one head's block."""
+    return basis(torch.cat([W_QK.T, w[:, None]], dim=1), rtol=rtol)
 
 
 def _value_basis(W_OV: Tensor, rtol: float) -> Tensor:
-    """Orthonormal basis ``(d, r)`` of the input-side subspace of W_OV ``(…, d, d_model)``, heads stacked."""
+    """Orthonormal basis ``(d, r)`` of the input-side subspace of W_OV ``(…, d, d_model)``, blocks stacked."""
     return basis(W_OV.transpose(-1, -2).reshape(-1, W_OV.shape[-2]).T, rtol=rtol)
 
 
@@ -93,8 +98,8 @@ def _wide(r: Recovered) -> MultiHeadAttention:
     for g, group in enumerate(r.groups):
         for h in group:
             kv_head_of[h] = g
-    keys = [_key_basis(r.W_QK[group], r.w[group], r.rtol) for group in r.groups]
-    values = [_value_basis(r.W_OV[group], r.rtol) for group in r.groups]
+    keys = [basis(torch.cat([r.key_sides[h] for h in group], dim=1), rtol=r.rtol) for group in r.groups]
+    values = [basis(torch.cat([r.value_sides[h] for h in group], dim=1), rtol=r.rtol) for group in r.groups]
     layer = _layer(r, d_head=max(k.shape[1] for k in keys), d_head_v=max(v.shape[1] for v in values),
                    n_kv_heads=len(r.groups), kv_head_of=tuple(kv_head_of))
     c, scale = layer.config, layer.config.softmax_scale
@@ -130,7 +135,7 @@ def _sliced(r: Recovered, *, shared: bool) -> MultiHeadAttention:
 
 
 def _bilinear(r: Recovered) -> MultiHeadAttention:
-    values = [_value_basis(m, r.rtol) for m in r.W_OV]
+    values = [basis(side, rtol=r.rtol) for side in r.value_sides]
     layer = _layer(r, d_head=1, d_head_v=max(v.shape[1] for v in values), projection="bilinear")
     c, scale = layer.config, layer.config.softmax_scale
     layer.projection.qk_weight.copy_(r.W_QK / scale)

@@ -11,7 +11,8 @@ raised: its constructor or forward raised.
 no-attention: it ran but computed no softmax, scaled_dot_product_attention or
     multi_head_attention_forward over the probe positions.
 wrong-output: it returned something other than a tensor shaped like its query input.
-several-attention: one forward computed more than one attention over the probe positions.
+several-attention: one forward computed stacked attention layers (a later attention call reads
+    what an earlier one computed); calls that are one layer's heads are not this.
 unsupported: it uses an attention option the audit cannot follow (named in the message).
 """
 

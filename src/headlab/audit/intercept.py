@@ -15,9 +15,12 @@ called. Three kinds of call are attention:
   be watched from inside (torch runs it only once no mode is active), hence the decomposition.
 
 Each attention computation becomes an ``AttentionCall``. An ``Override`` may replace the
-pattern of one call (its order in the forward) before the values are weighted: the probes use
-it to make one head attend where they choose and to silence the others. Dropout is never
-applied (audits run modules in eval mode).
+patterns of chosen calls (by their order in the forward) before the values are weighted: the
+probes use it to make one head attend where they choose and to silence the others, also when a
+layer computes its heads in several calls (a loop over heads, a list of head modules). Every
+call is also handed to a ``headlab.audit.lineage.Lineage``, which follows what depends on the
+inputs: the steps before the scores and after the pattern, and the precision computed in.
+Dropout is never applied (audits run modules in eval mode).
 
 Axis legend: the canonical form of scores and patterns is ``(head, query_pos, key_pos)`` for a
 batch of one, the heads flattened in the order the module lays them out.
@@ -26,7 +29,7 @@ batch of one, the heads flattened in the order the module lays them out.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from headlab.audit.errors import AuditError
+from headlab.audit.lineage import Lineage, tensors_in
 
 __all__ = ["AttentionCall", "AttentionInterceptor", "Override", "from_canonical", "to_canonical"]
 
@@ -70,6 +74,8 @@ class AttentionCall:
         q_width: width of the queries where the call shows them (scaled_dot_product_attention,
             multi_head_attention_forward), else None.
         kv_heads: key/value heads the call received (before grouped-query expansion), where shown.
+        score_steps: the steps between the inputs and the scores that are not bilinear
+            (``headlab.audit.lineage``).
     """
 
     source: str
@@ -81,6 +87,7 @@ class AttentionCall:
     z_query_axis: int | None = None
     q_width: int | None = None
     kv_heads: int | None = None
+    score_steps: frozenset[str] = frozenset()
 
     def canonical_scores(self, query_axis: int | None = None) -> Tensor:
         """``(head, query_pos, key_pos)``; ``query_axis`` is needed for softmax calls."""
@@ -99,18 +106,19 @@ class AttentionCall:
 
 @dataclass(frozen=True)
 class Override:
-    """Replace the pattern of one attention call of a forward.
+    """Replace the patterns of the attention calls that make up the audited layer.
 
     Attributes:
-        index: which attention call (0 = the first the forward computes).
-        replace: canonical pattern ``(head, query_pos, key_pos)`` → the pattern to use instead,
-            same shape.
-        query_axis: the query axis of the call's raw layout (needed for softmax calls).
+        query_axes: the calls to steer, by their order in the forward (0 = the first attention
+            computed), each with the query axis of its raw scores (None where the call fixes it,
+            as the explicit-math calls do).
+        replace: ``(pattern, first_head)`` → the pattern to use instead, same shape; ``pattern`` is
+            the call's canonical ``(head, query_pos, key_pos)`` and ``first_head`` the layer's
+            index of its head 0 (the steered calls' heads are numbered in the order computed).
     """
 
-    index: int
-    replace: Callable[[Tensor], Tensor]
-    query_axis: int | None = None
+    query_axes: dict[int, int | None]
+    replace: Callable[[Tensor, int], Tensor]
 
 
 def to_canonical(t: Tensor, query_axis: int, key_axis: int) -> Tensor:
@@ -126,28 +134,25 @@ def from_canonical(c: Tensor, shape: torch.Size, query_axis: int, key_axis: int)
     return c.reshape(moved).movedim((-2, -1), (q, k))
 
 
-def _tensors(args: tuple, kwargs: dict) -> Iterator[Tensor]:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, Tensor))
-
-
 class AttentionInterceptor(TorchFunctionMode):
     """Records every attention computation of the forwards run inside it.
 
     Args:
-        override: replace the pattern of one attention call, or None to change nothing.
+        override: replace the patterns of chosen attention calls, or None to change nothing.
+        lineage: follows the tensors that depend on the inputs (which the caller marks); None:
+            a lineage of its own that knows no input.
 
     Attributes:
         calls: the attention calls, in the order computed.
+        lineage: the lineage.
     """
 
-    def __init__(self, *, override: Override | None = None) -> None:
+    def __init__(self, *, override: Override | None = None, lineage: Lineage | None = None) -> None:
         super().__init__()
         self.override = override
+        self.lineage = Lineage(positions=()) if lineage is None else lineage
         self.calls: list[AttentionCall] = []
+        self._first_head = 0  # the layer's index of the next steered call's head 0
         self._tracked: list[Tensor] = []  # the last softmax pattern and its same-shape successors
         self._consumer_of: AttentionCall | None = None
 
@@ -160,6 +165,7 @@ class AttentionInterceptor(TorchFunctionMode):
         if func is F.multi_head_attention_forward:
             return self._mha(args, kwargs)
         out = func(*args, **kwargs)
+        self.lineage.record(func, args, kwargs, out)
         if self._tracked and isinstance(out, Tensor):
             self._follow(func, args, kwargs, out)
         return out
@@ -172,15 +178,16 @@ class AttentionInterceptor(TorchFunctionMode):
         if not isinstance(scores, Tensor) or scores.dim() < 2 or not isinstance(dim, int):
             return pattern  # not an attention pattern: nothing to audit
         call = AttentionCall(source=_SOFTMAX[func], scores=scores.detach().clone(), pattern=pattern,
-                             key_axis=dim % scores.dim())
+                             key_axis=dim % scores.dim(), score_steps=self.lineage.steps_of([scores]))
         pattern = self._steer(call, pattern)
+        self.lineage.mark(pattern)  # the values' side starts here: the scores' steps stay behind
         call.pattern = pattern.detach()
         self.calls.append(call)
         self._tracked, self._consumer_of = [pattern], call
         return pattern
 
     def _follow(self, func: Callable[..., Any], args: tuple, kwargs: dict, out: Tensor) -> None:
-        if not any(t is p for t in _tensors(args, kwargs) for p in self._tracked):
+        if not any(t is p for t in tensors_in(args, kwargs) for p in self._tracked):
             return
         if func in _CONTRACTIONS:
             self._consumer_of.z = out.detach()
@@ -204,7 +211,9 @@ class AttentionInterceptor(TorchFunctionMode):
         mask = given.get("attn_mask")
         if mask is not None:  # bool: True takes part in attention; float: added to the scores
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        z, _ = self._attend(SDPA_NAME, scores, v, q_width=q.shape[-1], kv_heads=kv_heads)
+        steps = self.lineage.steps_of([given["query"], given["key"]] + ([mask] if isinstance(mask, Tensor) else []))
+        z, _ = self._attend(SDPA_NAME, scores, v, q_width=q.shape[-1], kv_heads=kv_heads, score_steps=steps)
+        self.lineage.mark(z, self.lineage.steps_of([given["value"]]))
         return z
 
     # --- multi_head_attention_forward, decomposed ---
@@ -223,7 +232,7 @@ class AttentionInterceptor(TorchFunctionMode):
         unbatched = query.dim() == 2
         if unbatched:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
-        q_len, batch, width = query.shape
+        q_len, batch, _ = query.shape
         k_len, n_heads = key.shape[0], a["num_heads"]
         if a["use_separate_proj_weight"]:
             weights = (a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"])
@@ -244,9 +253,15 @@ class AttentionInterceptor(TorchFunctionMode):
             masks.append(mask.reshape(batch, n_heads, q_len, k_len) if mask.dim() == 3 else mask)
         if a["key_padding_mask"] is not None:  # (batch, key_pos)
             masks.append(a["key_padding_mask"].reshape(batch, 1, 1, k_len))
+        if a["is_causal"] and a["attn_mask"] is None:  # torch's own check, kept so that intercepting changes nothing
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
+        if a["is_causal"] and a["key_padding_mask"] is None and not a["need_weights"]:
+            # torch then ignores attn_mask and asks scaled_dot_product_attention for a causal mask
+            masks = [torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).triu(1)]
         for mask in masks:
             scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        z, pattern = self._attend(MHA_NAME, scores, v, q_width=q.shape[-1], kv_heads=n_heads)
+        z, pattern = self._attend(MHA_NAME, scores, v, q_width=q.shape[-1], kv_heads=n_heads,
+                                  score_steps=self.lineage.steps_of([a["query"], a["key"]]))
         out = F.linear(z.permute(2, 0, 1, 3).reshape(q_len, batch, -1), a["out_proj_weight"], a["out_proj_bias"])
         weights_out = None
         if a["need_weights"]:
@@ -254,14 +269,16 @@ class AttentionInterceptor(TorchFunctionMode):
         if unbatched:
             out = out.squeeze(1)
             weights_out = None if weights_out is None else weights_out.squeeze(0)
+        self.lineage.mark(out, self.lineage.steps_of([a["value"]]))
         return out, weights_out
 
     # --- shared by the explicit-math paths ---
-    def _attend(self, source: str, scores: Tensor, v: Tensor, *, q_width: int, kv_heads: int) -> tuple[Tensor, Tensor]:
+    def _attend(self, source: str, scores: Tensor, v: Tensor, *, q_width: int, kv_heads: int,
+                score_steps: frozenset[str]) -> tuple[Tensor, Tensor]:
         """Softmax over the last axis and weighted sum of values, with the override applied."""
         pattern = torch.softmax(scores, dim=-1)
         call = AttentionCall(source=source, scores=scores.detach(), pattern=pattern, key_axis=scores.dim() - 1,
-                             query_axis=scores.dim() - 2, q_width=q_width, kv_heads=kv_heads)
+                             query_axis=scores.dim() - 2, q_width=q_width, kv_heads=kv_heads, score_steps=score_steps)
         pattern = self._steer(call, pattern)
         z = pattern @ v
         call.pattern, call.z, call.z_query_axis = pattern.detach(), z.detach(), z.dim() - 2
@@ -270,11 +287,12 @@ class AttentionInterceptor(TorchFunctionMode):
 
     def _steer(self, call: AttentionCall, pattern: Tensor) -> Tensor:
         o = self.override
-        if o is None or o.index != len(self.calls):
+        if o is None or len(self.calls) not in o.query_axes:
             return pattern
-        query_axis = call._query_axis(o.query_axis)
+        query_axis = call._query_axis(o.query_axes[len(self.calls)])
         canonical = to_canonical(pattern, query_axis, call.key_axis)
-        replaced = o.replace(canonical)
+        replaced = o.replace(canonical, self._first_head)
+        self._first_head += canonical.shape[0]
         if replaced.shape != canonical.shape:
             raise ValueError(f"override returned shape {tuple(replaced.shape)}; expected {tuple(canonical.shape)}")
         return from_canonical(replaced.to(pattern.dtype), pattern.shape, query_axis, call.key_axis)

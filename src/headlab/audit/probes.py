@@ -1,4 +1,4 @@
-"""Probing a running attention module with chosen inputs.
+"""Probing a running attention module with chosen inputs: the maps of each head.
 
 Every probe is one forward of self-attention over a batch of one, read through the
 ``AttentionInterceptor``; the inputs are basis vectors where a map is to be recovered exactly:
@@ -13,11 +13,12 @@ Every probe is one forward of self-attention over a batch of one, read through t
 
 A module that refuses that many positions (a causal-mask buffer of a fixed block size, say) is
 probed with the basis cut into blocks, halving the block until it runs: keys e_K and queries e_Q
-of two blocks per forward, ``[0, e_K, e_Q, 0]``, and ``[0, e_Q]`` for the values.
-- ``bilinear_residual``, ``causal_changes``, ``same_slice_spread``: checks on random inputs.
+of two blocks per forward, ``[0, e_K, e_Q, 0]``, and ``[0, e_Q]`` for the values. A layer that
+computes its heads in several attention calls (a loop over heads, a list of head modules) is read
+as one: the calls' heads are stacked in the order computed. The checks on random inputs are in
+``headlab.audit.checks``.
 
-Exact for linear projections; ``bilinear_residual`` measures how far a module (e.g. one with
-position-dependent scores) is from that. Axis legend: x ``(pos, d_model)``; scores and patterns
+Exact for linear projections. Axis legend: x ``(pos, d_model)``; scores and patterns
 ``(head, query_pos, key_pos)``; z ``(query_pos, every head's value entries)``.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TypeVar
 
 import torch
@@ -34,8 +36,7 @@ from headlab.audit.calling import Detected, run_module
 from headlab.audit.errors import AuditError
 from headlab.audit.intercept import AttentionCall, Override
 
-__all__ = ["Observation", "Prober", "QKForms", "ValueMaps", "bilinear_residual", "causal_changes", "qk_forms",
-           "same_slice_spread", "value_maps"]
+__all__ = ["Observation", "Prober", "QKForms", "ValueMaps", "qk_forms", "value_maps"]
 
 _LAYOUT_LENGTHS = (6, 9)  # two self-attention lengths: the axes whose size follows them are positions
 T = TypeVar("T")
@@ -43,42 +44,79 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Observation:
-    """One probe forward, read in canonical form.
+    """One probe forward, read in canonical form and in the probing dtype.
+
+    Scores, pattern and z are assembled from the layer's calls when first read: a probe that
+    needs only the output (or only the scores) does not pay for copying the rest.
 
     Attributes:
         output: ``(pos, d_model)``.
-        scores: ``(head, pos, pos)``, masks included.
-        pattern: ``(head, pos, pos)`` as handed on to the values.
-        z: ``(pos, n)``: every head's weighted values for each query, or None when not seen.
-        call: the raw attention call.
+        calls: the attention calls that make up the layer, each with the query axes of its
+            scores and of its z (None where the call fixes them or z is not seen).
+        dtype: the probing dtype.
+        source: the torch function that computed the attention (the first call's).
+        q_width: the query width the calls show (the same in each), else None.
+        kv_heads: key/value heads the calls received, where each shows them, else None.
+        score_steps: what keeps the scores from being bilinear (``headlab.audit.lineage``).
+        output_steps: what keeps the output from being linear in the values.
     """
 
     output: Tensor
-    scores: Tensor
-    pattern: Tensor
-    z: Tensor | None
-    call: AttentionCall
+    calls: tuple[tuple[AttentionCall, int | None, int | None], ...]
+    dtype: torch.dtype
+    source: str
+    q_width: int | None
+    kv_heads: int | None
+    score_steps: frozenset[str]
+    output_steps: frozenset[str]
+
+    @cached_property
+    def scores(self) -> Tensor:
+        """``(head, pos, pos)``, masks included."""
+        return torch.cat([c.canonical_scores(axis) for c, axis, _ in self.calls]).to(self.dtype)
+
+    @cached_property
+    def pattern(self) -> Tensor:
+        """``(head, pos, pos)`` as handed on to the values."""
+        return torch.cat([c.canonical_pattern(axis) for c, axis, _ in self.calls]).to(self.dtype)
+
+    @cached_property
+    def z(self) -> Tensor | None:
+        """``(pos, n)``: every head's weighted values for each query, or None when not seen."""
+        n = self.output.shape[0]
+        zs = []
+        for call, _, z_axis in self.calls:
+            axis = call.z_query_axis if call.z_query_axis is not None else z_axis
+            if call.z is None or axis is None:
+                return None
+            zs.append(call.z.movedim(axis, 0).reshape(n, -1))
+        return torch.cat(zs, dim=1).to(self.dtype)
 
 
 class Prober:
-    """Runs one module on chosen inputs and reads its one attention call.
+    """Runs one module on chosen inputs and reads the attention calls that make up its layer.
 
     Args:
         module: the module to probe (a copy, in eval mode).
-        detected: how to call it and which attention call is the attention.
+        detected: how to call it and which attention calls are the layer.
         dtype: dtype of the probe inputs.
         seed: seeds the random inputs.
         on_observe: called after each forward (progress display).
+
+    Attributes:
+        coarsest: the least precise floating dtype any input-dependent tensor took in the
+            forwards so far (``dtype`` when the module never computes in a coarser one).
     """
 
     def __init__(self, module: nn.Module, detected: Detected, *, dtype: torch.dtype, seed: int,
                  on_observe: Callable[[], None] | None = None) -> None:
         self.module, self.caller, self.d_model = module, detected.caller, detected.d_model
-        self.index, self.dtype = detected.attention_index, dtype
+        self.indices, self.dtype = detected.attention_calls, dtype
         self.generator = torch.Generator().manual_seed(seed)
         self.on_observe = on_observe
-        self.query_axis: int | None = None  # of a softmax call's scores
-        self.z_axis: int | None = None  # of a softmax call's weighted values
+        self.coarsest = dtype
+        self.query_axes: dict[int, int | None] = dict.fromkeys(self.indices)  # of a softmax call's scores
+        self.z_axes: dict[int, int | None] = dict.fromkeys(self.indices)  # of a softmax call's weighted values
         self.block = detected.d_model  # basis vectors per probe forward (halved if the module refuses)
         self._find_layout()
 
@@ -109,54 +147,85 @@ class Prober:
         """Zeros ``(length, d_model)``."""
         return torch.zeros(length, self.d_model, dtype=self.dtype)
 
-    def observe(self, x: Tensor, *, override: Callable[[Tensor], Tensor] | None = None) -> Observation:
-        """Run self-attention over ``x`` ``(pos, d_model)``, optionally replacing the canonical pattern."""
-        steer = None if override is None else Override(self.index, override, self.query_axis)
-        out, calls = run_module(self.module, self.caller, x[None], override=steer)
+    def observe(self, x: Tensor, *, override: Callable[[Tensor, int], Tensor] | None = None,
+                **options: object) -> Observation:
+        """Run self-attention over ``x`` ``(pos, d_model)``, optionally replacing the canonical patterns.
+
+        Args:
+            x: the input.
+            override: ``(pattern, first_head)`` → replacement, called once per call of the layer
+                (``headlab.audit.intercept.Override``).
+            options: passed on to the call (a mask, keyword arguments).
+        """
+        steer = None if override is None else Override(self.query_axes, override)
+        forward = run_module(self.module, self.caller, x[None], override=steer, **options)
         if self.on_observe is not None:
             self.on_observe()
-        if len(calls) <= self.index or calls[self.index].scores.shape[calls[self.index].key_axis] != x.shape[0]:
+        self._note(forward.coarsest)
+        n, calls = x.shape[0], forward.calls
+        if len(calls) <= max(self.indices) or any(calls[i].scores.shape[calls[i].key_axis] != n for i in self.indices):
             raise AuditError("no-attention", f"{self.caller.signature} computed no attention over the "
-                             f"{x.shape[0]} positions of a probe, although it did over the detection inputs")
-        call = calls[self.index]
-        z_axis = call.z_query_axis if call.z_query_axis is not None else self.z_axis
-        z = None if call.z is None or z_axis is None else call.z.movedim(z_axis, 0).reshape(x.shape[0], -1)
-        return Observation(output=out[0], scores=call.canonical_scores(self.query_axis),
-                           pattern=call.canonical_pattern(self.query_axis), z=z, call=call)
+                             f"{n} positions of a probe, although it did over the detection inputs")
+        layer = [calls[i] for i in self.indices]
+        widths = {c.q_width for c in layer}
+        kv_heads = [c.kv_heads for c in layer]
+        return Observation(
+            output=forward.output[0].to(self.dtype),
+            calls=tuple((calls[i], self.query_axes[i], self.z_axes[i]) for i in self.indices), dtype=self.dtype,
+            source=layer[0].source, q_width=widths.pop() if len(widths) == 1 else None,
+            kv_heads=None if None in kv_heads else sum(kv_heads),
+            score_steps=frozenset().union(*(c.score_steps for c in layer)), output_steps=forward.output_steps)
 
-    def plain(self, x: Tensor) -> Tensor:
-        """The module's output ``(pos, d_model)`` on ``x`` with nothing intercepted."""
+    def raw(self, x: Tensor, **options: object) -> object:
+        """What the module returns for ``x`` ``(pos, d_model)`` with nothing intercepted.
+
+        Args:
+            x: the input.
+            options: passed on to the call (``Caller.__call__``: a mask, keyword arguments).
+
+        Raises:
+            AuditError: ``raised``: the module raised.
+        """
         q = x[None]
         try:
             with torch.no_grad():
-                raw = self.caller(self.module, q, q, q)
+                return self.caller(self.module, q, q, q, **options)
         except Exception as exc:  # the user's code
             raise AuditError("raised", f"{self.caller.signature} raised {type(exc).__name__}: {exc}") from exc
-        return self.caller.output(raw, q)[0]
+
+    def plain(self, x: Tensor, **options: object) -> Tensor:
+        """The module's output ``(pos, d_model)`` on ``x`` with nothing intercepted (``raw``'s options)."""
+        return self.caller.output(self.raw(x, **options), x[None])[0].to(self.dtype)
+
+    def _note(self, dtype: torch.dtype | None) -> None:
+        if dtype is not None and torch.finfo(dtype).eps > torch.finfo(self.coarsest).eps:
+            self.coarsest = dtype
 
     def _find_layout(self) -> None:
-        """Find the query axes of a softmax call's scores and values: the axes that follow the length."""
-        calls = []
+        """Find the query axes of softmax calls' scores and values: the axes that follow the length."""
+        runs = []
         for length in _LAYOUT_LENGTHS:
-            _, seen = run_module(self.module, self.caller, self.random(length)[None])
-            if len(seen) <= self.index:
+            forward = run_module(self.module, self.caller, self.random(length)[None])
+            self._note(forward.coarsest)
+            if len(forward.calls) <= max(self.indices):
                 raise AuditError("no-attention", f"{self.caller.signature} computed no attention over "
                                  f"{length} positions of self-attention")
-            calls.append(seen[self.index])
-        first, call = calls
-        if call.query_axis is not None:
-            return
-        shapes = (first.scores.shape, call.scores.shape)
-        moving = _moving_axes(*shapes)
-        if moving is None or len(moving) != 2 or call.key_axis not in moving \
-                or shapes[1][call.key_axis] != _LAYOUT_LENGTHS[1]:
-            raise AuditError("unsupported", f"the scores handed to {call.source} have shapes {tuple(shapes[0])} and "
-                             f"{tuple(shapes[1])} for {_LAYOUT_LENGTHS[0]} and {_LAYOUT_LENGTHS[1]} positions; "
-                             "expected one query axis and one key axis that follow the number of positions")
-        self.query_axis = next(axis for axis in moving if axis != call.key_axis)
-        if first.z is not None and call.z is not None:
-            z_moving = _moving_axes(first.z.shape, call.z.shape)
-            self.z_axis = z_moving[0] if z_moving is not None and len(z_moving) == 1 else None
+            runs.append(forward.calls)
+        for i in self.indices:
+            first, call = runs[0][i], runs[1][i]
+            if call.query_axis is not None:
+                continue
+            shapes = (first.scores.shape, call.scores.shape)
+            moving = _moving_axes(*shapes)
+            if moving is None or len(moving) != 2 or call.key_axis not in moving \
+                    or shapes[1][call.key_axis] != _LAYOUT_LENGTHS[1]:
+                raise AuditError("unsupported", f"the scores handed to {call.source} have shapes {tuple(shapes[0])} "
+                                 f"and {tuple(shapes[1])} for {_LAYOUT_LENGTHS[0]} and {_LAYOUT_LENGTHS[1]} positions; "
+                                 "expected one query axis and one key axis that follow the number of positions")
+            self.query_axes[i] = next(axis for axis in moving if axis != call.key_axis)
+            if first.z is not None and call.z is not None:
+                z_moving = _moving_axes(first.z.shape, call.z.shape)
+                self.z_axes[i] = z_moving[0] if z_moving is not None and len(z_moving) == 1 else None
 
 
 def _moving_axes(a: torch.Size, b: torch.Size) -> list[int] | None:
@@ -204,20 +273,6 @@ def qk_forms(prober: Prober) -> QKForms:
     return forms
 
 
-def bilinear_residual(prober: Prober, forms: QKForms, x: Tensor) -> float:
-    """How far the scores on ``x`` are from the recovered forms, relative to the scores' own size.
-
-    Compares s(x_i, x_j) − s(x_i, x_0) observed and predicted on the visible pairs; 0 (to
-    rounding) for linear projections, larger for position-dependent or nonlinear scores.
-    """
-    seen = prober.observe(x)
-    predicted = torch.einsum("id,hde,je->hij", x, forms.W_QK, x) + (x @ forms.w.T).T[:, None, :]
-    visible = seen.pattern > 0
-    observed = torch.where(visible, seen.scores - seen.scores[..., :1], 0.0)
-    predicted = torch.where(visible, predicted - predicted[..., :1], 0.0)
-    return float((observed - predicted).abs().max()) / max(1.0, float(observed.abs().max()))
-
-
 @dataclass(frozen=True)
 class ValueMaps:
     """Each head's value side.
@@ -242,9 +297,10 @@ def value_maps(prober: Prober, n_heads: int) -> ValueMaps:
     def probe(blocks: list[slice]) -> ValueMaps:
         ov, values, width = [], [], None
         for h in range(n_heads):
-            def only_head_h(pattern: Tensor, h: int = h) -> Tensor:
+            def only_head_h(pattern: Tensor, first_head: int, h: int = h) -> Tensor:
                 steered = torch.zeros_like(pattern)
-                steered[h] = torch.eye(pattern.shape[-1], dtype=pattern.dtype)  # each position attends to itself
+                if first_head <= h < first_head + pattern.shape[0]:  # each position attends to itself
+                    steered[h - first_head] = torch.eye(pattern.shape[-1], dtype=pattern.dtype)
                 return steered
 
             outputs, zs = [], []
@@ -263,25 +319,3 @@ def value_maps(prober: Prober, n_heads: int) -> ValueMaps:
         return ValueMaps(W_OV=torch.stack(ov), values=values, value_width=width if values is not None else None)
 
     return prober.in_blocks(probe)
-
-
-def causal_changes(prober: Prober, x: Tensor) -> tuple[float, float]:
-    """Change the last input only: the largest output change before the last position, and at it."""
-    changed = x.clone()
-    changed[-1] = prober.random(1)[0]
-    before, after = prober.plain(x), prober.plain(changed)
-    return float((before[:-1] - after[:-1]).abs().max()), float((before[-1] - after[-1]).abs().max())
-
-
-def same_slice_spread(prober: Prober, n_heads: int, length: int) -> tuple[float, Tensor] | None:
-    """Patterns on an input whose n_heads slices are all the same: largest difference from head 0's.
-
-    Returns:
-        The spread and the patterns ``(head, pos, pos)``, or None when n_heads < 2 or does not
-        divide d_model.
-    """
-    if n_heads < 2 or prober.d_model % n_heads:
-        return None
-    piece = prober.random(length, prober.d_model // n_heads)
-    pattern = prober.observe(piece.repeat(1, n_heads)).pattern
-    return float((pattern - pattern[:1]).abs().max()), pattern

@@ -15,8 +15,7 @@ from torch import Tensor
 from headlab.audit.structure import Reads
 from headlab.layer import MultiHeadAttention
 
-__all__ = ["AuditResult", "Equivalence", "Evidence", "HeadEvidence", "Parameters", "config_text", "head_table",
-           "measurement_table"]
+__all__ = ["AuditResult", "Equivalence", "Evidence", "ForwardOptions", "HeadEvidence", "Parameters", "config_text"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,12 @@ class Evidence:
     Attributes:
         interception_change: max |output while intercepted − output untouched| on a random input.
         bilinear_residual: how far the scores on a random input are from the recovered W_QK, w.
+        score_steps: the steps between the inputs and the scores that are not bilinear
+            (``headlab.audit.lineage``), in sorted order.
+        output_residual: superposition residual of the output at fixed patterns (0: linear).
+        output_steps: the steps between the patterns (or the inputs) and the output that are not linear.
+        bypass_change: max output change with every attention weight set to zero (0: nothing
+            reaches the output around the attention).
         causal_earlier_change: max output change before the last position when only the last
             input changes.
         causal_last_change: the change at the last position itself.
@@ -113,18 +118,56 @@ class Evidence:
             None when n_heads < 2 or n_heads does not divide d_model.
         values_seen: the call shows each head's values (so value sharing could be tested).
         kv_heads_in_call: key/value heads the attention call received, where it shows them.
+        construction_change: max output difference between two constructions with the same
+            seed on one input; None when no second construction was given.
         rtol: the relative tolerance of every test.
     """
 
     interception_change: float
     bilinear_residual: float
+    score_steps: list[str]
+    output_residual: float
+    output_steps: list[str]
+    bypass_change: float
     causal_earlier_change: float
     causal_last_change: float
     above_diagonal: float
     same_slice_spread: float | None
     values_seen: bool
     kv_heads_in_call: int | None
+    construction_change: float | None
     rtol: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ForwardOptions:
+    """What the forward's mask and causal flag do (``headlab.audit.masks``); None where not found.
+
+    Attributes:
+        mask: how the forward takes a mask (``MaskForm.describe``).
+        masked_row: where a query's keys are all masked: ``"nan"``, ``"no attention"`` or
+            ``"attends anyway"``.
+        masked_row_scope: ``"one query"`` (a (query_pos, key_pos) mask) or ``"every query"``
+            (a (batch, key_pos) mask hides every key of the batch item).
+        causal_flag: the keyword of a causal flag, e.g. ``"is_causal"``.
+        causal_flag_mask: where an all-allowed mask was passed with the flag, because the module
+            refuses the flag alone (nn.MultiheadAttention does).
+        causal_with_flag: causal with the flag (weights not requested where that can be said).
+        weights_keyword: the keyword that requests attention weights, e.g. ``"need_weights"``.
+        causal_with_flag_and_weights: causal with the flag and weights requested.
+    """
+
+    mask: str | None
+    masked_row: str | None
+    masked_row_scope: str | None
+    causal_flag: str | None
+    causal_flag_mask: str | None
+    causal_with_flag: bool | None
+    weights_keyword: str | None
+    causal_with_flag_and_weights: bool | None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,11 +187,14 @@ class AuditResult:
     batch_first: bool
     cross_attention: bool
     attention_function: str
+    attention_calls: int
     dtype: str
+    computed_in: str
     d_model: int
     n_heads: int
     n_kv_heads: int
     kv_groups: list[list[int]]
+    kv_sharing: str
     d_head: int
     d_head_v: int
     size_sources: dict[str, str]
@@ -158,6 +204,7 @@ class AuditResult:
     shared_v: bool | None
     causal: bool
     bilinear_scores: bool
+    linear_output: bool
     qk_ranks: list[int]
     ov_ranks: list[int]
     layout: str
@@ -167,6 +214,7 @@ class AuditResult:
     equivalent: Equivalence
     heads: list[HeadEvidence]
     evidence: Evidence
+    options: ForwardOptions
     W_QK: Tensor = field(repr=False, compare=False)
     W_OV: Tensor = field(repr=False, compare=False)
     same_slice_patterns: Tensor | None = field(default=None, repr=False, compare=False)
@@ -227,54 +275,140 @@ def _same(values: list[int]) -> str:
     return str(values[0]) if len(set(values)) == 1 else ", ".join(map(str, values))
 
 
-def _verdict(r: AuditResult) -> list[str]:
-    n, lines = r.n_heads, []
-    heads = "1 head" if n == 1 else f"{n} heads"
-    each, whose = ("it", "its") if n == 1 else ("each head", "each head's")
+def _steps(steps: list[str]) -> str:
+    return "; ".join(steps) if steps else "no step the audit follows (torch functions only)"
+
+
+def _size(r: AuditResult, whose: str) -> str:
     if r.layout == "bilinear":
-        size = f"with values of size {r.d_head_v}"
-    else:
-        size = f"of size {r.d_head}" + (f" (the rank of {whose} W_QK)" if r.size_sources["d_head"] == "rank" else "")
+        return f"with values of size {r.d_head_v}"
+    source = r.size_sources["d_head"]
+    return f"of size {r.d_head}" + {"call": "", "rank": f" (the rank of {whose} W_QK)",
+                                     "values": f" (the rank of {whose} W_OV: the scores are not bilinear)"}[source]
+
+
+def _heads_lines(r: AuditResult, heads: str, each: str, whose: str) -> list[str]:
+    lines = []
     if r.reads == "narrow":
-        lines.append(f"{heads} {size}; each head reads only its {r.slice_width}-wide slice of the input "
+        lines.append(f"{heads} {_size(r, whose)}; each head reads only its {r.slice_width}-wide slice of the input "
                      "(queries, keys and values)")
     elif r.reads == "wide":
-        lines.append(f"{heads} {size}; {each} reads all {r.d_model} input dimensions (queries, keys and values)")
+        lines.append(f"{heads} {_size(r, whose)}; {each} reads all {r.d_model} input dimensions (queries, keys and "
+                     "values)")
     else:
-        lines.append(f"{heads} {size}; the heads read different parts of the input (see the table)")
+        lines.append(f"{heads} {_size(r, whose)}; the heads read different parts of the input (see the table)")
+    if r.attention_calls > 1:
+        lines.append(f"the {heads} are computed by {r.attention_calls} attention calls in one forward "
+                     f"({r.attention_function}: a loop over heads or a list of head modules), read together as one "
+                     "layer")
+    return lines
+
+
+def _sharing_lines(r: AuditResult) -> list[str]:
+    n, lines = r.n_heads, []
     if n > 1 and r.shared:
         role = "query, key and value projection" if r.shared_v else "query-key form (W_QK)"
         width = r.slice_width if r.reads == "narrow" else r.d_model
         spread = r.evidence.same_slice_spread
         lines.append(f"all {n} heads share one {width}×{r.d_head} {role}"
-                     + (f": on an input whose slices are all the same, every head's pattern is the same "
-                        f"(largest difference {spread:.1e})" if spread is not None and r.reads == "narrow" else "")
+                     + (f": on an input whose slices are all the same, every head's pattern is the same (largest "
+                        f"difference {spread:.1e})" if spread is not None and r.reads == "narrow" else "")
                      + (f"; every head computes the same pattern over the same values, so the heads are {n} copies "
                         "of one head (only their output projections differ)" if r.reads == "wide" else "")
                      + " — this is not the multi-head attention of Vaswani et al.")
     elif n > 1 and r.shared_qk:
         lines.append(f"all {n} heads share one query-key form (W_QK), so they compute the same patterns, but their "
                      "values differ")
-    elif n > 1:
+    elif n > 1 and r.bilinear_scores:
         closest = min(h.qk_difference for h in r.heads[1:])
         lines.append(f"the heads do not share their query-key forms: each head's W_QK differs from head 0's "
                      f"(smallest difference: {closest:.2g} × the largest entry)")
-    if n > 1 and r.n_kv_heads == 1 and not r.shared:
-        lines.append(f"1 key/value head shared by all {n} query heads (multi-query attention)")
+    elif n > 1:
+        lines.append("the heads' scores differ from head 0's on the probe inputs (their query-key forms cannot be "
+                     "compared: the scores are not bilinear)")
+    if r.kv_sharing == "cannot be told":
+        lines.append(f"key/value sharing cannot be told apart: every head's keys and values read all {r.d_model} input "
+                     f"dimensions through maps of full rank (d_head ≥ d_model), so one key/value head shared by all "
+                     f"{n} heads would compute the same as {n} separate ones")
+    elif n > 1 and r.n_kv_heads == 1 and not r.shared:
+        lines.append(f"1 key/value head shared by all {n} query heads (multi-query attention)"
+                     + (", read from the values alone" if r.kv_sharing == "values only" else ""))
     elif 1 < r.n_kv_heads < n:
         sizes = sorted({len(g) for g in r.kv_groups})
         group = f"a group of {sizes[0]}" if len(sizes) == 1 else "groups of " + "/".join(map(str, sizes))
-        lines.append(f"{r.n_kv_heads} key/value heads, each shared by {group} query heads (grouped-query attention)")
+        lines.append(f"{r.n_kv_heads} key/value heads, each shared by {group} query heads (grouped-query attention)"
+                     + (", read from the values alone" if r.kv_sharing == "values only" else ""))
+    return lines
+
+
+def _options_lines(r: AuditResult) -> list[str]:
+    o, lines = r.options, []
+    if o.masked_row is not None:
+        who = "a query whose keys are all masked" if o.masked_row_scope == "one query" else \
+            "a batch item whose keys are all masked"
+        what = {"nan": "gets NaN", "no attention": "gets no attention (its output is what zero attention weights give)",
+                "attends anyway": "still attends (the masked keys get weight: a finite fill such as -1e9 instead "
+                                  "of -inf)"}[o.masked_row]
+        lines.append(f"{who} {what} (mask: {o.mask})")
+    if o.causal_flag is not None and not r.causal and (o.causal_with_flag or o.causal_with_flag_and_weights):
+        flag = f"{o.causal_flag}=True" + (f" (passed with an all-allowed {o.causal_flag_mask}, which it requires)"
+                                          if o.causal_flag_mask else "")
+        weights = f"{o.weights_keyword}=True"
+        if o.weights_keyword is None:
+            lines.append(f"{flag} makes it causal")
+        elif o.causal_with_flag and o.causal_with_flag_and_weights:
+            lines.append(f"{flag} makes it causal, with or without {weights}")
+        elif o.causal_with_flag:
+            lines.append(f"{flag} is ignored when weights are requested: with {weights} earlier outputs change with "
+                         f"the last input (with {o.weights_keyword}=False it is causal)")
+        else:
+            lines.append(f"{flag} makes it causal only when weights are requested ({weights})")
+    return lines
+
+
+def _warnings(r: AuditResult) -> list[str]:
+    e, lines = r.evidence, []
+    if r.computed_in != r.dtype:
+        lines.append(f"the module computes in {r.computed_in} inside its forward (it casts the {r.dtype} probe inputs "
+                     f"down, e.g. with .float()), so every test uses {r.computed_in}'s tolerance ({e.rtol:.0e})")
+    if not r.bilinear_scores:
+        lines.append(f"warning: the scores are not a bilinear form of the inputs (residual {e.bilinear_residual:.2g}); "
+                     f"what breaks it: {_steps(e.score_steps)}. Head size, key/value groups and sharing are read from "
+                     "the values; W_QK and its ranks describe the probe inputs only")
+    if not r.linear_output:
+        lines.append(f"warning: the output is not linear in the values at fixed attention weights (residual "
+                     f"{e.output_residual:.2g}); what breaks it: {_steps(e.output_steps)}. W_OV describes unit inputs "
+                     "only")
+    if e.bypass_change > e.rtol * max(1.0, e.causal_last_change):
+        lines.append(f"warning: part of the output goes around the attention: with every attention weight set to zero "
+                     f"it still changes with the input (by up to {e.bypass_change:.2g}), e.g. a residual connection "
+                     "inside the module; each head's W_OV includes that path")
+    if e.construction_change is not None and e.construction_change > e.rtol * max(1.0, e.causal_last_change):
+        lines.append(f"warning: two constructions with the same seed compute different outputs (by up to "
+                     f"{e.construction_change:.2g}): the module's initial weights do not follow the seed (torch.empty "
+                     "left uninitialised, or a random generator of its own), so the same --seed can give a different "
+                     "audit")
+    if e.interception_change > e.rtol:
+        lines.append(f"warning: intercepting the attention changed the output by {e.interception_change:.2g}")
+    return lines
+
+
+def _verdict(r: AuditResult) -> list[str]:
+    n = r.n_heads
+    heads = "1 head" if n == 1 else f"{n} heads"
+    each, whose = ("it", "its") if n == 1 else ("each head", "each head's")
+    lines = _heads_lines(r, heads, each, whose) + _sharing_lines(r)
     if r.layout == "bilinear":
         lines.append(f"each head's W_QK has rank {_same(r.qk_ranks)} = d_model: a full bilinear form per head, not "
                      f"one factored through d_head-wide W_Q and W_K (rank at most d_head)")
-    else:
+    elif r.bilinear_scores:
         lines.append(f"{whose} W_QK has rank {_same(r.qk_ranks)} (at most d_head = {r.d_head})")
     if r.causal:
         lines.append("causal: changing only the last input leaves every earlier output unchanged")
     else:
         lines.append(f"not causal: changing only the last input changes earlier outputs "
                      f"(by up to {r.evidence.causal_earlier_change:.2g})")
+    lines += _options_lines(r)
     if r.standard:
         lines.append("this is standard multi-head attention (Vaswani et al. 2017)")
     p = r.parameters
@@ -287,53 +421,4 @@ def _verdict(r: AuditResult) -> list[str]:
     else:
         why = e.error if e.error else f"a layer built from the recovered maps differs by up to {e.max_abs_diff:.2g}"
         lines.append(f"closest headlab variant: {r.variant!r}; no exact equivalent ({why})")
-    if not r.bilinear_scores:
-        lines.append(f"warning: the scores are not a bilinear form of the inputs (residual "
-                     f"{r.evidence.bilinear_residual:.2g}), e.g. positions enter them: W_QK, reads and ranks "
-                     "describe the probe inputs only")
-    if r.evidence.interception_change > r.evidence.rtol:
-        lines.append(f"warning: intercepting the attention changed the output by {r.evidence.interception_change:.2g}")
-    return lines
-
-
-def _reads_text(reads: Reads) -> str:
-    if reads.kind == "wide":
-        return f"all {reads.dims}"
-    if reads.kind == "narrow":
-        return f"slice {reads.slice_index} [{reads.start}:{reads.stop})" + (
-            f", {reads.dims} dims" if reads.dims != reads.stop - reads.start else "")
-    if reads.kind == "partial":
-        return f"{reads.dims} dims in [{reads.start}:{reads.stop})"
-    return "nothing"
-
-
-def head_table(result: AuditResult) -> tuple[list[str], list[list[str]]]:
-    """The per-head evidence table: headers and rows of text."""
-    headers = ["head", "queries read", "keys read", "values read", "rank W_QK", "rank W_OV", "kv group",
-               "Δ W_QK vs head 0", "Δ values vs head 0"]
-    rows = []
-    for h in result.heads:
-        rows.append([str(h.head), _reads_text(h.reads_q), _reads_text(h.reads_k), _reads_text(h.reads_v),
-                     str(h.qk_rank), str(h.ov_rank), str(h.kv_group), f"{h.qk_difference:.1e}",
-                     "not seen" if h.value_difference is None else f"{h.value_difference:.1e}"])
-    return headers, rows
-
-
-def measurement_table(result: AuditResult) -> tuple[list[str], list[list[str]]]:
-    """The measurements behind the verdict: what, value, how (headers and rows of text)."""
-    e, q = result.evidence, result.equivalent
-    rows = [
-        ["attention call", result.attention_function, "the torch function seen computing the pattern"],
-        ["calling convention", result.call_signature, "the first convention under which the module attends"],
-        ["interception change", f"{e.interception_change:.1e}", "max |output intercepted − output untouched|"],
-        ["bilinear residual", f"{e.bilinear_residual:.1e}", "scores on a random input vs the recovered W_QK"],
-        ["causal: earlier change", f"{e.causal_earlier_change:.1e}", "max earlier-output change, last input changed"],
-        ["causal: last change", f"{e.causal_last_change:.1e}", "the change at the last position itself"],
-        ["weight on later keys", f"{e.above_diagonal:.1e}", "largest attention weight on a later position"],
-        ["same-slice pattern spread", "n/a" if e.same_slice_spread is None else f"{e.same_slice_spread:.1e}",
-         "max |pattern_h − pattern_0| when every slice of the input is the same"],
-        ["values seen", "yes" if e.values_seen else "no", "the call shows each head's values"],
-        ["equivalent layer Δ", "n/a" if q.max_abs_diff is None else f"{q.max_abs_diff:.1e}",
-         f"max |headlab layer − module| on random inputs (tolerance {q.tolerance:.0e})"],
-    ]
-    return ["measurement", "value", "how"], rows
+    return lines + _warnings(r)

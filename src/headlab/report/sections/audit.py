@@ -79,7 +79,7 @@ def render_audit(results: tuple[AuditResult, AuditResult], *, plot_href: str | N
         plot_href: link target of the same-slice patterns plot, if one was written.
         json_href: link target of both audits as JSON, if written.
     """
-    from headlab.audit.verdict import head_table
+    from headlab.audit.tables import head_table
 
     tutorial, standard = results
     answer = (f"The tutorial layer's heads {'do' if tutorial.shared else 'do not'} share their projections "
