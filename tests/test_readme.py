@@ -55,7 +55,7 @@ def generated_sentences() -> str:
     import headlab
     from headlab.analysis.analyze import analyze
 
-    result = analyze(headlab.load(), importance=False, progress=False)
+    result = analyze(headlab.load(), importance=False, streaming=False, progress=False)
     return "".join(f"- {sentence}\n" for sentence in result.sentences())
 
 

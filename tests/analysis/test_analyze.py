@@ -32,7 +32,7 @@ TEXTS = [
 
 
 def test_minilm_rows_files_and_summary_agree(tmp_path):
-    result = analyze(minilm(), TEXTS, quick=True, progress=False)
+    result = analyze(minilm(), TEXTS, quick=True, streaming=False, progress=False)
     rows = result.rows()
     assert len(rows) == 72 and {(r["layer"], r["head"]) for r in rows} == {(l, h) for l in range(6) for h in range(12)}
     summary = result.summary()
@@ -40,6 +40,12 @@ def test_minilm_rows_files_and_summary_agree(tmp_path):
     assert sum(summary["class_shares"].values()) == pytest.approx(1.0)
     assert sum(summary["role_counts"].values()) == sum(len(v) for v in result.roles.values())
     assert "causal probes" in result.skipped and result.probes == {}
+    assert result.skipped["retrieval and streaming heads"] == "not asked for" and result.context is None
+    vw, sinks = result.value_weighted, result.sinks  # from the one capture pass: [CLS] is the sink
+    assert vw.heads == sinks.heads == result.surface.heads and sinks.n_sink == 1
+    assert rows[17]["weighted_sink"] == vw.value("weighted_sink", 1, 5)
+    assert rows[17]["sink_raw_share"] == sinks.table.value("raw_share", 1, 5)
+    assert float((vw["raw_first"] - vw["weighted_first"]).mean()) > 0.1  # [CLS] carries little (Kobayashi et al.)
     gradient = result.importance["gradient"].table
     assert gradient.heads == [(l, h) for l in range(6) for h in range(12)]
     assert [r["importance_gradient"] for r in rows] == [gradient.value("score", r["layer"], r["head"]) for r in rows]
@@ -51,8 +57,11 @@ def test_minilm_rows_files_and_summary_agree(tmp_path):
     assert fidelity.values[0] == pytest.approx(1.0, abs=1e-6) and min(fidelity.values[1:]) < 1.0
     assert not fidelity.flat()  # the metric the sentences lead with can move
     paths = {p.name for p in result.write(tmp_path)}
-    assert {"heads.json", "heads.csv", "heatmaps.png", "mds.png", "pruning.png"} <= paths
+    assert {"heads.json", "heads.csv", "heatmaps.png", "mds.png", "pruning.png", "value_weighted.png",
+            "sinks.png"} <= paths and "streaming.png" not in paths
     document = json.loads((tmp_path / "heads.json").read_text())  # strict JSON: NaN would not parse as such
+    assert document["sinks"]["n_sink"] == 1 and document["context"] is None
+    assert document["summary"]["sink_heads"] == [list(h) for h in sinks.sink_heads()]
     assert len(document["heads"]) == 72 and document["summary"]["items"] == len(TEXTS)
     with (tmp_path / "heads.csv").open() as f:
         table = list(csv.DictReader(f))
@@ -66,6 +75,9 @@ def test_minilm_selected_layers_and_heads_only():
     assert {(r["layer"], r["head"]) for r in result.rows()} == {(0, 1), (0, 2), (5, 1), (5, 2)}
     assert result.similarity.distances.shape == (4, 4)
     assert result.skipped["importance"] == "not asked for" and result.skipped["syntax"] == "not asked for"
+    assert result.skipped["retrieval and streaming heads"].startswith(  # three lines: the other parts still run
+        "the corpus is too short: the corpus holds 0 chunks of 64 tokens") and result.context is None
+    assert result.value_weighted.heads == [(0, 1), (0, 2), (5, 1), (5, 2)]  # the selected heads
 
 
 def test_a_layer_the_model_lacks_is_a_clear_error():
@@ -79,9 +91,20 @@ def test_tiny_causal_model_gets_probes_and_next_token_importance():
     model = headlab.attach(build("gpt2", vocab_size=len(tok), bos_token_id=tok.bos_token_id,
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, n_positions=128))
     loaded = LoadedModel(model=model, tokenizer=tok, source="tiny gpt2")
-    texts = ["the cat sat on the mat", "a big red dog ran", "the dog sat on a mat and the cat ran"]
+    words = "the cat sat on a big red mat and the dog ran".split()  # enough text for the copies and the windows
+    texts = [" ".join(words[i % 5: i % 5 + 3 + i % 7]) for i in range(40)]
     result = analyze(loaded, texts, quick=True, syntax=False, progress=False)
     assert set(result.probes) == {"duplicate_token", "induction"}
+    assert result.sinks.n_sink == 4 and len(result.value_weighted) == 8  # Xiao et al.'s four sink tokens
+    retrieval, streaming = result.context.retrieval, result.context.streaming  # their own passes, every head
+    assert len(retrieval.table) == 8 and streaming.kind == "causal" and streaming.windows == [4, 16]
+    rows = result.rows()
+    assert [r["retrieval_score"] for r in rows] == [retrieval.table.value("score", *h) for h in result.surface.heads]
+    assert [r["streaming_loss_change_w4"] for r in rows] == list(streaming.table.at("loss_change_w4",
+                                                                                     result.surface.heads))
+    summary = result.summary()
+    assert summary["streaming_heads"] == {str(c.window): [list(h) for h in c.heads] for c in streaming.conversions}
+    assert summary["retrieval_heads"] == [list(h) for h in retrieval.retrieval_heads()]
     induction = result.probes["induction"].table
     scores = induction["induction"]
     assert len(induction) == 8 and bool(((scores >= 0) & (scores <= 1)).all())
@@ -190,3 +213,110 @@ def test_a_flat_pruning_curve_says_it_cannot_tell_heads_apart_and_a_moving_one_g
     assert sentences[-1] == ("The pair-retrieval accuracy stays at 100% (between 99% and 100%) from no head masked to "
                              "100% of them: this task cannot tell the heads apart, so its pruning curve says nothing "
                              "about which heads matter.")
+
+
+# ---- engines: the capture pass in this process or in shards on Ray workers, one set of accumulators
+
+
+class _Shard:
+    first_batch, items = 3, (0, 2)
+
+
+def test_the_accumulators_pickle_and_take_a_shards_offsets():
+    import pickle
+
+    from headlab.analysis.analyze import AnalysisAccumulators
+
+    factory = pickle.loads(pickle.dumps(AnalysisAccumulators(causal=True, parses=["p0", "p1", "p2"],
+                                                             rows_per_batch=8)))
+    surface, taxonomy, similarity, syntax = factory(_Shard())
+    assert similarity.batches_seen == 3 and similarity.rows_per_batch == 8 and syntax.parses == ["p0", "p2"]
+    assert surface.causal and taxonomy.causal
+    whole = factory()  # the local engine: the whole corpus
+    assert whole[2].batches_seen == 0 and whole[3].parses == ["p0", "p1", "p2"]
+    assert len(AnalysisAccumulators(causal=False)(_Shard())) == 3
+    assert AnalysisAccumulators(causal=False).what == ("pattern",)
+    W_O = {0: torch.randn(2, 3, 6)}  # noqa: N806
+    with_values = pickle.loads(pickle.dumps(AnalysisAccumulators(causal=False, W_O=W_O)))
+    assert with_values.what == ("pattern", "v")
+    _, _, _, weighted, sinks = with_values(_Shard())
+    assert sinks.n_sink == 1 and sinks.weighted and weighted.grams[0] == pytest.approx(W_O[0] @ W_O[0].mT)
+    assert AnalysisAccumulators(causal=True, W_O=W_O)()[4].n_sink == 4
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"engine": "spark"}, ValueError, "engine='spark' is not one of local, ray"),
+    ({"engine": "ray", "workers": 0}, ValueError, "workers=0; expected a positive int"),
+    ({"engine": "ray", "workers": 1.5}, ValueError, "workers=1.5; expected a positive int"),
+    ({"address": "auto"}, ValueError, "address='auto' is for the Ray engine; expected engine='ray' with it"),
+    ({"workers": 2}, ValueError, "workers=2 is for the Ray engine"),
+])
+def test_a_bad_engine_is_refused_before_any_work(options, error, match, monkeypatch):
+    import headlab.analysis.analyze as module
+
+    monkeypatch.setattr(module, "load_corpus", lambda *a, **k: pytest.fail("work started"))
+    with pytest.raises(error, match=match):
+        analyze(None, TEXTS, progress=False, **options)
+
+
+def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    needs = r"engine='ray' needs Ray, which is not installed: pip install 'headlab\[ray\]'"
+    with pytest.raises(ImportError, match=needs):
+        analyze(None, TEXTS, engine="ray", progress=False)
+
+
+def _numbers_equal(ours, theirs, *, where=""):
+    """Two JSON documents equal, numbers to 1e-12 (float64 sums merged in another order)."""
+    if isinstance(ours, dict):
+        assert list(ours) == list(theirs), where
+        for key in ours:
+            _numbers_equal(ours[key], theirs[key], where=f"{where}.{key}")
+    elif isinstance(ours, list):
+        assert len(ours) == len(theirs), where
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            _numbers_equal(a, b, where=f"{where}[{i}]")
+    elif isinstance(ours, float) and isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-12), where
+    else:
+        assert ours == theirs, where
+
+
+def test_the_ray_engine_gives_the_local_result_from_the_command_line(tmp_path):
+    """The whole path, run by default: the command, a local Ray of 2 workers that load the checkpoint
+    directory, shards, the merge, and heads.json equal to the local engine's."""
+    pytest.importorskip("ray")
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from tests.capture.tiny_model import save_causal_checkpoint
+
+    checkpoint = save_causal_checkpoint(tmp_path / "tiny", n_positions=64)
+    corpus = tmp_path / "corpus.txt"
+    words = "the cat sat on a big red mat and the dog ran".split()
+    corpus.write_text("".join(" ".join(words[i % 5: i % 5 + 3 + i % 7]) + "\n" for i in range(40)))
+    documents = {}
+    for engine in ("local", "ray"):
+        extra = ["--engine", "ray", "--workers", "2"] if engine == "ray" else []
+        result = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out",
+                                          str(tmp_path / engine), "--no-importance", "--no-syntax", "--no-streaming",
+                                          "--json",
+                                          *extra])
+        assert result.exit_code == 0, result.output
+        documents[engine] = json.loads(result.stdout)
+    assert documents["ray"]["summary"]["items"] == 40
+    _numbers_equal(documents["ray"], documents["local"])
+
+
+@pytest.mark.slow  # MiniLM loaded on 2 workers, spaCy parses, ~1 min on 2 cores
+def test_the_ray_engine_gives_the_local_result_on_minilm_with_syntax():
+    pytest.importorskip("ray")
+    pytest.importorskip("spacy")
+    texts = [f"{a} {b}" for a in TEXTS for b in TEXTS][:30]
+    local = analyze(minilm(), texts, importance=False, streaming=False, progress=False)
+    ray = analyze(minilm(), texts, importance=False, streaming=False, engine="ray", workers=2, progress=False)
+    assert local.syntax is not None and "syntax" not in ray.skipped
+    _numbers_equal(json.loads(ray.to_json()), json.loads(local.to_json()))
+    assert ray.similarity.distances == pytest.approx(local.similarity.distances, rel=1e-12, abs=1e-12)

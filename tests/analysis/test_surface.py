@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headlab.analysis import STATISTICS, SurfaceStats
-from headlab.analysis.surface import is_punctuation
+from headlab.analysis.reductions import is_punctuation
 from headlab.capture import CaptureBatch, LayerCapture, capture
 from headlab.heads import Heads
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from headlab.analysis import CLASSES, TaxonomyStats, class_shares, classify
-from headlab.analysis.taxonomy import classify_head, segments
+from headlab.analysis.reductions import segments
+from headlab.analysis.taxonomy import classify_head
 from headlab.heads import Heads
 from tests.analysis.test_surface import make_batch, patterns_of, sentence
 

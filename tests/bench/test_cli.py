@@ -19,7 +19,8 @@ def _flat(output: str) -> str:
     return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
 
 
-AREAS = ["layer", "inspection", "decode", "models", "capture", "analysis", "importance", "patching", "pruning"]
+AREAS = ["layer", "inspection", "decode", "models", "capture", "analysis", "importance", "patching", "pruning",
+         "distributed"]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,19 @@ def test_rows_cover_the_peers_the_issue_names(ran: tuple[dict, Path]) -> None:
     assert {r["peer"] for r in rows["patching"]} == {"exact activation patching, every head"}
     assert all(-1.0 <= r["details"]["spearman |effect|"] <= 1.0 for r in rows["patching"])
     assert {r["contender"] for r in rows["pruning"]} >= {"headlab, half the heads pruned", "headlab, all heads"}
+
+
+def test_the_single_process_goals_of_issue_17_are_rows_measured_against_their_peers(ran: tuple[dict, Path]) -> None:
+    rows = {a["name"]: a["rows"] for a in ran[0]["areas"]}
+    goal = {(area, r["contender"], r["peer"], r["case"]): r["goal"] for area, rs in rows.items() for r in rs}
+    one_head = [g for (area, contender, peer, _), g in goal.items()
+                if area == "inspection" and contender == "forward + one head's pattern" and peer == "headlab forward"]
+    assert one_head == [1.10] * len(ran[0]["plan"]["layer_shapes"])  # every position count
+    same = [g for (area, contender, peer, _), g in goal.items()
+            if area == "capture" and contender.startswith("capture, all") and peer.startswith("HF forward (sdpa), same")]
+    assert same == [1.03]
+    analysis = [g for (area, contender, peer, _), g in goal.items() if area == "analysis" and contender.startswith("all")]
+    assert analysis == [1.30] and {r["peer"] for r in rows["analysis"]} == {"capture only"}
 
 
 def test_flop_rows_carry_the_ceiling_fraction(ran: tuple[dict, Path]) -> None:

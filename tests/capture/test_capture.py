@@ -177,6 +177,32 @@ def test_consumers_get_per_batch_data_only(model, tokenizer, texts):
     assert refs and all(r() is None for r in refs)
 
 
+def test_patterns_a_consumer_keeps_are_never_overwritten_by_reused_memory(model, tokenizer, texts, monkeypatch):
+    from headlab.models import interface
+
+    made = []
+    pooled = interface._pooled
+    monkeypatch.setattr(interface, "_pooled", lambda pool, *args: made.append(len(pool)) or pooled(pool, *args))
+    kept, copies = [], []
+
+    class Keep:
+        def update(self, batch):
+            kept.extend([batch.layers[0].pattern, batch.layers[2].pattern[:, 1]])  # a whole pattern and a view
+            copies.extend(t.clone() for t in kept[-2:])
+
+    class Discard:
+        def update(self, batch):
+            pass
+
+    result = capture(model, tokenizer, texts, consumers=[Keep()], batch_tokens=30, progress=False)
+    assert result.batches > 2 and made
+    assert all(torch.equal(a, b) for a, b in zip(kept, copies, strict=True))
+    assert getattr(interface._pattern_memory, "pool", None) is None  # released after the capture
+    made.clear()
+    capture(model, tokenizer, texts, consumers=[Discard()], batch_tokens=30, progress=False)
+    assert max(made) < len(attention_sites(model)) * result.batches  # what no one keeps is reused
+
+
 def test_consumers_called_in_order_and_protocol(model, tokenizer, texts):
     calls = []
 

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headlab.capture import (
-    collate, pattern_to_words, tokenize_corpus, unit_labels, whitespace_spans, word_ids_from_spans,
+    WordMap, collate, pattern_to_words, tokenize_corpus, unit_labels, whitespace_spans, word_ids_from_spans,
     word_units,
 )
 
@@ -107,6 +107,66 @@ def test_identity_when_every_word_is_one_piece(case):
     out = pattern_to_words(pattern, ones, n_units=pattern.shape[-1])
     real = (units >= 0)[:, None, :, None] & (units >= 0)[:, None, None, :]
     torch.testing.assert_close(out * real, pattern * real)
+
+
+def _summed(pattern: torch.Tensor, units: torch.Tensor, n_units: int) -> torch.Tensor:
+    """The definition, one item at a time: each word's query rows summed then its key columns, in position
+    order, then divided by the word's pieces (an independent loop)."""
+    n_items, pos = units.shape
+    p = pattern.reshape(n_items, -1, pos, pos)
+    out = torch.zeros(n_items, p.shape[1], n_units, n_units, dtype=pattern.dtype)
+    for i in range(n_items):
+        for u in range(n_units):
+            rows = [q for q in range(pos) if units[i, q] == u]
+            if not rows:
+                continue
+            row = p[i, :, rows[0]].clone()
+            for q in rows[1:]:
+                row += p[i, :, q]
+            for v in range(n_units):
+                cols = [k for k in range(pos) if units[i, k] == v]
+                if cols:
+                    value = row[:, cols[0]].clone()
+                    for k in cols[1:]:
+                        value += row[:, k]
+                    out[i, :, u, v] = value / len(rows)
+    return out.view(*pattern.shape[:-2], n_units, n_units)
+
+
+@given(segmented_patterns())
+def test_word_map_equals_the_summed_definition_to_the_bit_in_float32(case):
+    pattern, units, _ = case
+    pattern = pattern.float()
+    n_units = int(units.max()) + 1
+    assert torch.equal(WordMap(units).apply(pattern), _summed(pattern, units, n_units))
+
+
+@given(segmented_patterns(), st.integers(0, 2**31 - 1))
+def test_best_keys_equal_the_first_largest_of_the_kept_columns(case, seed):
+    pattern, units, sizes = case
+    pattern = pattern.float()
+    words = WordMap(units)
+    keys = torch.rand(len(sizes), words.n_units, generator=torch.Generator().manual_seed(seed)) < 0.6
+    keys[0] = False  # an item with no key to choose from gets unit 0
+    present = torch.zeros(len(sizes), words.n_units, dtype=torch.bool)
+    for b, s in enumerate(sizes):
+        present[b, :len(s)] = True
+    full = words.apply(pattern).masked_fill(~(present & keys)[:, None, None, :], float("-inf"))
+    want = full.max(-1).indices
+    taken = []
+    got = words.best_keys(pattern, keys=keys, workspace=lambda shape: taken.append(shape) or torch.empty(shape))
+    assert got.shape == want.shape and taken
+    real_rows = present[:, None, :].expand_as(got)
+    assert torch.equal(got[real_rows], want[real_rows])
+    assert (got[0] == 0).all()
+    # one map, many patterns: the same as a map of its own
+    again = pattern.flip(-2)
+    assert torch.equal(words.apply(again), WordMap(units).apply(again))
+
+
+def test_word_map_refuses_units_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="expected \\(pos,\\) or \\(batch, pos\\)"):
+        WordMap(torch.zeros(1, 2, 3, dtype=torch.long))
 
 
 def test_with_a_real_tokenizer(tokenizer):

@@ -14,29 +14,34 @@ def test_json_rows_and_files(tmp_path):
     corpus.write_text("The cat sat on the mat.\n\nHeads attend to different words.\nA third line, short.\n")
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["analyze", "--text", str(corpus), "--out", str(out), "--quick",
-                                      "--no-importance", "--no-syntax", "--layers", "0,1", "--json"])
+                                      "--no-importance", "--no-syntax", "--no-streaming", "--layers", "0,1", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert len(document["heads"]) == 24 and document["summary"]["items"] == 3
     assert (out / "heads.csv").exists() and (out / "mds.png").exists() and not (out / "pruning.png").exists()
+    assert (out / "sinks.png").exists() and not (out / "streaming.png").exists()
+    assert document["summary"]["skipped"]["retrieval and streaming heads"] == "not asked for"
 
 
 def test_table_output(tmp_path):
-    result = CliRunner().invoke(app, ["analyze", "--quick", "--no-importance", "--out", str(tmp_path),
-                                      "--layers", "0"])
+    result = CliRunner().invoke(app, ["analyze", "--quick", "--no-importance", "--no-streaming", "--out",
+                                      str(tmp_path), "--layers", "0"])
     assert result.exit_code == 0, result.output
     assert "Heads by role" in result.output and "Pattern classes" in result.output
+    said = " ".join(result.output.split())
+    assert "Attention on the sink tokens: raw vs value-weighted" in said and "Streaming heads" not in said
     assert "skipped" in result.output and "causal probes" in result.output
 
 
 def test_a_saved_tiny_gpt2_checkpoint_directory(tmp_path):
     """A user's own causal checkpoint: the command loads the directory, runs the causal probes
-    (shortened to fit its 48 positions) and next-token importance."""
+    (shortened to fit its 48 positions), retrieval and streaming heads, and next-token importance."""
     from tests.capture.tiny_model import save_causal_checkpoint
 
     checkpoint = save_causal_checkpoint(tmp_path / "tiny-gpt2", n_positions=48)
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the cat sat on the mat\na big red dog ran\nthe dog sat on a mat and the cat ran\n")
+    words = "the cat sat on a big red mat and the dog ran".split()  # enough text for the copies and the windows
+    corpus.write_text("".join(" ".join(words[i % 5: i % 5 + 3 + i % 7]) + "\n" for i in range(40)))
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out", str(out),
                                       "--quick", "--no-syntax", "--json"])
@@ -46,7 +51,16 @@ def test_a_saved_tiny_gpt2_checkpoint_directory(tmp_path):
     assert {"induction", "duplicate_token"} <= set(document["probes"])
     assert document["probes"]["induction"]["length"] == 23  # (48 - 1) // 2
     assert "causal probes" not in document["summary"]["skipped"]
-    assert (out / "heads.json").exists() and (out / "pruning.png").exists()
+    assert (out / "heads.json").exists() and (out / "pruning.png").exists() and (out / "streaming.png").exists()
+    context = document["context"]  # shrunk to the 48 positions: 1 + 2 × 8 needle tokens leave 31
+    assert context["haystack_length"] == 31 and len(context["retrieval"]["rows"]) == 8
+    assert context["streaming"]["windows"] == [4, 16] and context["streaming"]["length"] == 48
+    tables = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out", str(out),
+                                      "--quick", "--no-syntax", "--no-importance"])
+    assert tables.exit_code == 0, tables.output
+    said = " ".join(tables.output.split())
+    assert "Retrieval heads (Wu et al. 2024): top 8 of 8" in said and "Streaming heads: 4 sink tokens" in said
+    assert "key/value cache" in said and "on the first 4 positions" in said
 
 
 def test_an_architecture_headlab_cannot_serve_is_one_line_with_the_reason(tmp_path):

@@ -45,6 +45,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "huge.txt").write_text("x" * (MAX_ITEM_CHARS + 1) + "\n")
     (root / "corpus.txt").write_text("the cat sat on the mat\na big red dog ran\n")
     (root / "exit3.py").write_text("import sys\nsys.exit(3)\n")
+    (root / "config_layer.py").write_text(  # a constructor that takes a config object; no parameter is 32 wide
+        "import torch\nclass L(torch.nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.randn(config.heads, 8, 8))\n"
+        "    def forward(self, x):\n        assert x.shape[-1] == 32, 'needs 32 wide'\n"
+        "        return torch.softmax(x @ x.transpose(-1, -2), -1) @ x\n")
     (root / "foreign.json").write_text('{"not": "bench results"}\n')
     config = transformers.T5Config(vocab_size=100, d_model=32, num_layers=1, num_heads=4)
     config.save_pretrained(root / "t5")
@@ -149,8 +154,26 @@ CASES = [
     _case("experiment nope", "unknown experiment 'nope'"),
     _case(f"patch {PATCH} --method fast", "'fast' is not one of exact, attribution, both"),
     _case("bench --device tpu", "device='tpu'"),
+    # analyze's engine and its options
+    _case("analyze --engine spark", "--engine: 'spark' is not one of local, ray"),
+    *(_case(f"analyze --engine ray --workers {n}", f"'{n}' is not a positive int") for n in ("0", "-2", "two")),
+    _case("analyze --engine ray --workers 2,3", "--workers: '2,3' is a list; expected one positive int"),
+    *(_case(f"analyze {option}", f"{option.split()[0]}: '{option.split()[1]}' is for the Ray engine; expected "
+                                 "--engine ray with it (got --engine local)")
+      for option in ("--address auto", "--workers 2")),
+    _case("analyze --engine ray --address nonsense", "address='nonsense' is not a Ray cluster address; expected "
+                                                     "host:port"),
+    _case("analyze --engine ray --address 127.0.0.1:1", "no Ray cluster answers at address='127.0.0.1:1'"),
     _case("audit @/exit3.py:X --call sideways", "'sideways' is not one of self, qkv, vkq"),
     _case("audit @/exit3.py:X --init '[1]'", "is JSON list; expected an object"),
+    _case("audit @/exit3.py:X --factory nocolon", "--factory 'nocolon' is not module:function"),
+    _case("audit @/config_layer.py:L", "L(config) needs config: give it in --init; an object such as"),
+    _case("audit @/config_layer.py:L --init '{\"config\": {}}'", 'add "heads" to the "config" object'),
+    _case("audit @/config_layer.py:L --factory config_layer:make", "config_layer defines no function 'make'"),
+    # the module runs but not at any width its parameters suggest: the fix is named
+    _case("audit @/config_layer.py:L --init '{\"config\": {\"heads\": 4}}'",
+          "forward(x) raised AssertionError: needs 32 wide (d_model=8, 4); to fix: if its input width is none of "
+          "8, 4, pass it (--d-model N)", 1),
     *(_case(f"{cmd} --bogus", "No such option: --bogus") for cmd in ("report", "analyze", "bench", "params")),
     # the audited file exits while it is imported: the module failed (1), said in one line
     _case("audit @/exit3.py:X", "exit3.py called sys.exit(3) while being imported", 1),

@@ -9,10 +9,16 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
     similarity.py HeadSimilarity: Jensen–Shannon distances between heads; metric MDS (Clark et al. 2019)
     importance.py gradient (Michel et al. 2019) and exact ablation importance, Spearman, pruning curves
     patching.py   activation patching and attribution patching (AtP; Kramár et al. 2024) per head
+    norms.py      ValueWeighted: raw vs value-weighted (‖α f(x)‖) attention on the sink tokens (Kobayashi et al. 2020)
+    sinks.py      SinkShare: each head's share on the first tokens by query position (Xiao et al. 2023)
+    flow.py       rollout and exact attention flow of one text (Abnar & Zuidema 2020)
     syntax.py     SyntaxAccuracy: per dependency relation, the best head vs a fixed-offset baseline
                   (Clark et al. 2019 §4.2; needs the `syntax` extra: spaCy and a pipeline)
 """
 
+from headlab.analysis.flow import (
+    FLOW_MAX_LENGTH, MaxFlow, TextFlow, attention_flow, max_flow, mixed_attention, rollout, text_flow,
+)
 from headlab.analysis.importance import (
     ImportanceResult, PruningCurve, ablation_importance, causal_lm_loss, embed, fidelity_metric,
     gradient_importance, lm_batches, pair_batches, paraphrase_loss, plot_pruning_curve, pruning_curve,
@@ -21,10 +27,14 @@ from headlab.analysis.importance import (
 from headlab.analysis.patching import (
     PatchingResult, activation_patching, attribution_patching, embedding_similarity, logit_difference, plot_patching,
 )
+from headlab.analysis.norms import ValueWeighted, plot_value_weighted, value_norms, value_weighted, weighted_pattern
+from headlab.analysis.retrieval import CopyCase, RetrievalResult, RetrievalScores, copy_cases, retrieval_scores
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads, role_labels
 from headlab.analysis.similarity import (
     MAX_JS_DISTANCE, HeadSimilarity, MDSResult, SimilarityResult, js_distance, mds, plot_mds,
 )
+from headlab.analysis.sinks import SinkResult, SinkShare, plot_sink_share, sink_share
+from headlab.analysis.streaming import Conversion, StreamingResult, StreamingStats, streaming_simulation
 from headlab.analysis.surface import STATISTICS, SurfaceStats, head_statistics, surface_stats
 from headlab.analysis.syntax import (
     DEFAULT_PIPELINE, Parse, RelationAccuracy, SyntaxAccuracy, SyntaxResult, load_pipeline, parse_texts,
@@ -44,4 +54,6 @@ __all__ = [
     "SyntaxAccuracy", "SyntaxResult", "TaxonomyStats", "class_shares", "classify",
     "duplicate_token_scores", "induction_scores", "label_heads", "load_pipeline", "parse_texts", "role_labels",
     "surface_stats", "syntax_accuracy", "taxonomy_stats",
+    "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases", "retrieval_scores",
+    "Conversion", "StreamingResult", "StreamingStats", "streaming_simulation",
 ]

@@ -1,13 +1,19 @@
 """``analyze``: every head analysis of one model in one run, and the files it writes.
 
-One capture pass over the corpus feeds all the accumulators at once (surface statistics,
-taxonomy, similarity, syntax); the causal probes, importance and the pruning curve then run
-their own short passes. Parts that cannot run for this model or this install (the causal probes
-on a bidirectional model, syntax without spaCy) are skipped with the reason on record.
+One capture pass over the corpus (patterns and v) feeds all the accumulators at once (surface
+statistics, taxonomy, similarity, value-weighted attention, the sink share, syntax); the causal
+probes, retrieval and streaming heads, importance and the pruning curve then run their own short
+passes. The capture pass runs in this process (``engine="local"``) or in shards
+on Ray workers (``engine="ray"``, ``headlab.capture.distributed``); both build their accumulators
+with ``AnalysisAccumulators`` and give the same result. Parts that cannot run for this model or
+this install (the causal probes on a bidirectional model, syntax without spaCy) are skipped with
+the reason on record.
 
 Outputs (``AnalysisResult.write``): heads.json and heads.csv (one row per head; fields in
 docs/analysis.md), relations.csv, and PNG plots: heatmaps.png (layer × head per statistic),
-mds.png, pruning.png.
+mds.png, value_weighted.png (raw vs value-weighted attention on the sink tokens), sinks.png (the
+sink share by query position), streaming.png (loss change of streaming heads against the window),
+pruning.png.
 """
 
 from __future__ import annotations
@@ -28,11 +34,17 @@ from headlab.analysis.importance import (
     retrieval_metric, spearman,
 )
 from headlab.heads import head_label
+from headlab.analysis.context_heads import ContextHeads, context_heads, plot_streaming
+from headlab.analysis.norms import ValueWeighted, out_projections, plot_value_weighted
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.similarity import HeadSimilarity, MDSResult, SimilarityResult, mds, plot_mds
+from headlab.analysis.sinks import (
+    CAUSAL_SINK_TOKENS, ENCODER_SINK_TOKENS, SinkResult, SinkShare, plot_sink_share, sink_sentences,
+)
 from headlab.analysis.surface import SurfaceStats, head_statistics, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, class_shares, classify
-from headlab.capture import CaptureResult, capture, load_corpus, model_max_length
+from headlab.capture import CaptureResult, Shard, capture, load_corpus, model_max_length
+from headlab.capture.corpus import ShortCorpus
 from headlab.heads import HeadTable
 from headlab.heads.selection import HeadSelection
 from headlab.models import LoadedModel
@@ -43,6 +55,7 @@ LM_METRIC = "next-token loss"
 METRIC_FORMATS = {FIDELITY_METRIC: "{:.3f}", RETRIEVAL_METRIC: "{:.0%}", LM_METRIC: "{:.2f} nats"}
 PROBE_LENGTH = 32  # tokens in each repeated half of the causal probes (fewer when the model is shorter)
 SIMILARITY_ROWS_PER_BATCH = 32
+ENGINES = ("local", "ray")  # where the capture pass runs: this process, or Ray workers
 TABLE_RELATIONS = 12  # dependency relations shown in tables (most frequent first); the headline picks among them
 
 
@@ -54,6 +67,10 @@ class AnalysisResult:
         surface: ``SurfaceStats``' table (a row per captured head; ``n_queries`` and every statistic).
         taxonomy: ``TaxonomyStats``' table (same heads).
         roles, classes: labels and the pattern class per captured head.
+        value_weighted: ``ValueWeighted``'s table (raw vs value-weighted attention on the sink tokens).
+        sinks: ``SinkShare``'s result (the share on the sink positions by query position).
+        context: retrieval scores (causal language models) and the streaming simulation, every head
+            of the model (``headlab.analysis.context_heads``).
         probes: causal models: ``{"duplicate_token": ..., "induction": ...}``, a row per head of the model.
         importance: ``{"gradient": ..., "ablation": ...}``, a row per head of the model.
         pruning: ``{metric name: curve}``, heads masked least important first (by gradient
@@ -70,7 +87,10 @@ class AnalysisResult:
     classes: dict[tuple[int, int], str]
     similarity: SimilarityResult
     embedding: MDSResult
+    value_weighted: HeadTable | None = None
+    sinks: SinkResult | None = None
     syntax: Any | None = None
+    context: ContextHeads | None = None
     probes: dict[str, ProbeScores] = field(default_factory=dict)
     importance: dict[str, ImportanceResult] = field(default_factory=dict)
     importance_spearman: float | None = None
@@ -80,9 +100,23 @@ class AnalysisResult:
 
     def table(self) -> HeadTable:
         """Every per-head number of heads.json / heads.csv, a row per captured head: the surface columns,
-        then ``{probe}_score`` per probe and ``importance_{method}`` per importance (NaN where that
-        table has no row for the head)."""
+        the value-weighted columns (``headlab.analysis.norms.COLUMNS``), ``sink_{column}`` of the sink
+        share (its ``sink_head`` as it is), ``retrieval_score``, ``streaming_{column}`` of the simulation,
+        then ``{probe}_score`` per probe and ``importance_{method}`` per importance (NaN where that table
+        has no row for the head)."""
         columns = dict(self.surface.columns)
+        heads = self.surface.heads
+        if self.value_weighted is not None:
+            columns |= {name: self.value_weighted.at(name, heads) for name in self.value_weighted.columns
+                        if name != "n_queries"}
+        if self.sinks is not None:
+            columns |= {name if name == "sink_head" else f"sink_{name}": self.sinks.table.at(name, heads)
+                        for name in self.sinks.table.columns if name != "n_queries"}
+        if self.context is not None:
+            if self.context.retrieval is not None:
+                columns["retrieval_score"] = self.context.retrieval.table.at("score", heads)
+            streaming = self.context.streaming.table
+            columns |= {f"streaming_{name}": streaming.at(name, heads) for name in streaming.columns}
         for name, probe in self.probes.items():
             columns[f"{name}_score"] = probe.table.at(name, self.surface.heads)
         for name, importance in self.importance.items():
@@ -115,6 +149,11 @@ class AnalysisResult:
             if len(self.similarity.heads) > 1 else None,
             "mds_stress": self.embedding.stress, "importance_spearman": self.importance_spearman,
             "pruning_metrics": list(self.pruning), "skipped": dict(self.skipped),
+            "sink_heads": None if self.sinks is None else [list(h) for h in self.sinks.sink_heads()],
+            "retrieval_heads": None if self.context is None or self.context.retrieval is None
+            else [list(h) for h in self.context.retrieval.retrieval_heads()],
+            "streaming_heads": None if self.context is None else {
+                str(c.window): [list(h) for h in c.heads] for c in self.context.streaming.conversions},
         }
 
     def sentences(self) -> list[str]:
@@ -122,7 +161,8 @@ class AnalysisResult:
 
         Statistics that cannot vary for the model's kind (``head_statistics``) are never cited; the
         dependency headline names one of the ``TABLE_RELATIONS`` most frequent relations (those the
-        tables show); a pruning curve that does not move says so instead of reading as a result.
+        tables show); raw against value-weighted attention on the sinks as the report says it
+        (``sink_sentences``); a pruning curve that does not move says so instead of reading as a result.
         """
         surface = self.surface
         shares = class_shares(self.classes)
@@ -148,6 +188,8 @@ class AnalysisResult:
                        f"{head_label(layer, head)} puts its largest weight on the {target} word {accuracy:.0%} of "
                        f"the time, against {rel.baseline_accuracy:.0%} for the best fixed offset "
                        f"({rel.baseline_offset:+d} {'word' if abs(rel.baseline_offset) == 1 else 'words'}).")
+        if self.value_weighted is not None and self.sinks is not None:
+            out += sink_sentences(self.value_weighted, self.sinks, causal=self.causal)
         out += [_pruning_sentence(metric, curve) for metric, curve in self.pruning.items()]
         return out
 
@@ -155,6 +197,8 @@ class AnalysisResult:
         return {"summary": self.summary(), "sentences": self.sentences(), "heads": self.rows(),
                 "relations": [] if self.syntax is None else self.syntax.rows(),
                 "probes": {name: probe.to_dict() for name, probe in self.probes.items()},
+                "sinks": None if self.sinks is None else self.sinks.to_dict(),
+                "context": None if self.context is None else self.context.to_dict(),
                 "pruning": {metric: curve.to_dict() for metric, curve in self.pruning.items()}}
 
     def to_json(self) -> str:
@@ -162,7 +206,8 @@ class AnalysisResult:
         return json.dumps(_jsonable(self.to_dict()))
 
     def write(self, out_dir: str | os.PathLike[str]) -> list[Path]:
-        """Write heads.json, heads.csv, relations.csv (when syntax ran) and the plots; returns the paths."""
+        """Write heads.json, heads.csv, relations.csv (when syntax ran) and the plots (those of the parts
+        that ran); returns the paths."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = [out / "heads.json", out / "heads.csv"]
@@ -179,12 +224,95 @@ class AnalysisResult:
         plot_heatmaps(self.surface, paths[-1], causal=self.causal)
         paths.append(out / "mds.png")
         plot_mds(self.similarity, paths[-1])
+        if self.value_weighted is not None:
+            paths.append(out / "value_weighted.png")
+            plot_value_weighted(self.value_weighted, paths[-1])
+        if self.sinks is not None:
+            paths.append(out / "sinks.png")
+            plot_sink_share(self.sinks, paths[-1])
+        if self.context is not None:
+            paths.append(plot_streaming(self.context.streaming, out / "streaming.png"))
         if self.pruning:
             paths.append(out / "pruning.png")
             axis = next(iter(self.pruning)) if len(self.pruning) == 1 else "task metric"  # an encoder's two: [0, 1]
             labelled = {f"{metric} (flat)" if curve.flat() else metric: curve for metric, curve in self.pruning.items()}
             plot_pruning_curve(labelled, paths[-1], metric=axis)
         return paths
+
+
+class AnalysisAccumulators:
+    """The accumulators of ``analyze``'s capture pass, made fresh for the whole corpus or for one shard.
+
+    One definition for both engines: the local engine calls it once with no shard, the Ray engine
+    once per shard on the workers (so it pickles: plain data and tensors, no model, no spaCy pipeline).
+
+    Args:
+        causal: the model's attention is causal (``is_causal``).
+        parses: syntax's parse of every corpus item, in corpus order, made on the driver (spaCy never
+            runs on a worker); None: no syntax accumulator.
+        rows_per_batch: similarity's sample of query rows per batch.
+        W_O: ``{layer: (n_heads, d_head_v, d_model)}`` (``headlab.analysis.norms.out_projections``) to add
+            value-weighted attention and the sink share by position; None: neither.
+
+    Attributes:
+        what: what the capture pass must take for these accumulators: ``("pattern", "v")`` with W_O,
+            else ``("pattern",)``.
+
+    Calling it:
+        ``accumulators(shard=None)`` → ``[SurfaceStats, TaxonomyStats, HeadSimilarity]``, then with W_O
+        ``ValueWeighted, SinkShare``, then with parses ``SyntaxAccuracy``. For a ``Shard`` the similarity
+        sample starts at the shard's first batch (the rows one process draws for those batches) and
+        syntax holds the shard's parses under the shard's local corpus indices.
+    """
+
+    def __init__(self, *, causal: bool, parses: list[Any] | None = None,
+                 rows_per_batch: int | None = SIMILARITY_ROWS_PER_BATCH,
+                 W_O: dict[int, Any] | None = None) -> None:  # noqa: N803
+        self.causal, self.parses, self.rows_per_batch, self.W_O = causal, parses, rows_per_batch, W_O
+        self.what = ("pattern",) if W_O is None else ("pattern", "v")
+
+    def __call__(self, shard: Shard | None = None) -> list[Any]:
+        similarity = HeadSimilarity(rows_per_batch=self.rows_per_batch)
+        parts: list[Any] = [SurfaceStats(causal=self.causal), TaxonomyStats(causal=self.causal), similarity]
+        if shard is not None:
+            similarity.batches_seen = shard.first_batch
+        if self.W_O is not None:
+            n_sink = CAUSAL_SINK_TOKENS if self.causal else ENCODER_SINK_TOKENS
+            parts += [ValueWeighted(self.W_O), SinkShare(n_sink=n_sink, W_O=self.W_O)]
+        if self.parses is not None:
+            from headlab.analysis.syntax import SyntaxAccuracy
+
+            parts.append(SyntaxAccuracy(self.parses if shard is None else [self.parses[i] for i in shard.items]))
+        return parts
+
+
+def check_engine(engine: str, *, address: str | None = None, workers: int | None = None) -> None:
+    """Refuse an engine ``analyze`` cannot run, before any work.
+
+    Raises:
+        ValueError: ``engine`` is not one of ``ENGINES``; ``workers`` is not a positive int; ``address``
+            or ``workers`` given to the local engine.
+        ImportError: ``engine="ray"`` without Ray installed (the message names ``headlab[ray]``).
+        ConnectionError: nothing answers at ``address`` (``headlab.capture.distributed.check_address``).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers={workers!r}; expected a positive int (Ray workers)")
+    if engine != "ray":
+        for name, value in (("address", address), ("workers", workers)):
+            if value is not None:
+                raise ValueError(f"{name}={value!r} is for the Ray engine; expected engine='ray' with it "
+                                 f"(got engine={engine!r})")
+        return
+    from headlab.capture.distributed import INSTALL, check_address
+
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(f"engine='ray' needs Ray, which is not installed: {INSTALL}") from err
+    if address is not None and not ray.is_initialized():  # a Ray already running in this process is used as it is
+        check_address(address)
 
 
 def analyze(
@@ -195,6 +323,10 @@ def analyze(
     quick: bool = False,
     importance: bool = True,
     syntax: bool = True,
+    streaming: bool = True,
+    engine: str = "local",
+    address: str | None = None,
+    workers: int | None = None,
     progress: bool = True,
 ) -> AnalysisResult:
     """Run every head analysis on a loaded model.
@@ -207,39 +339,68 @@ def analyze(
         quick: smaller budgets (the first 60 corpus items, fewer probe sequences and task batches).
         importance: run importance and the pruning curve (the slowest part).
         syntax: run the dependency-syntax part when spaCy and its pipeline are installed.
+        streaming: run retrieval scores (causal language models) and the streaming-head simulation,
+            on every head of the model (``headlab.analysis.context_heads``; their own passes).
+        engine: where the capture pass runs: ``"local"`` (this process) or ``"ray"`` (the corpus in
+            shards on Ray workers that each load the model from its source; docs/scaling.md). The
+            probes, retrieval and streaming heads, importance and pruning run in this process either way.
+        address: the Ray engine joins the cluster there (``"auto"``, ``"host:port"``); None starts a
+            local Ray on this machine.
+        workers: Ray workers of one thread each; None: one per CPU of the (local or joined) cluster.
         progress: show progress bars.
 
     Returns:
         An ``AnalysisResult``.
+
+    Raises:
+        ValueError: a bad engine, address or workers (``check_engine``), or bad input.
+        ImportError: ``engine="ray"`` without Ray (names ``headlab[ray]``).
+        headlab.capture.distributed.ShardError: a shard failed on a Ray worker (named).
     """
+    check_engine(engine, address=address, workers=workers)
     texts = load_corpus(corpus).texts
     if quick:
         texts = texts[:60]
     causal = is_causal(model)
-    # Similarity from a sample of 32 query rows per batch: all head pairs on every row cost many
-    # times the forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
-    surface, taxonomy = SurfaceStats(causal=causal), TaxonomyStats(causal=causal)
-    similarity = HeadSimilarity(rows_per_batch=SIMILARITY_ROWS_PER_BATCH)
-    consumers: list[Any] = [surface, taxonomy, similarity]
     skipped: dict[str, str] = {}
-    syntax_acc = None
+    parses = None
     if syntax:
         try:
-            from headlab.analysis.syntax import SyntaxAccuracy, load_pipeline, parse_texts
+            from headlab.analysis.syntax import load_pipeline, parse_texts
 
             load_pipeline()
-            syntax_acc = SyntaxAccuracy(parse_texts(texts))
-            consumers.append(syntax_acc)
+            parses = parse_texts(texts)
         except ImportError as err:
             skipped["syntax"] = str(err)
     else:
         skipped["syntax"] = "not asked for"
-    run = capture(model, corpus=texts, heads=heads, what=("pattern",), consumers=consumers,
-                  progress=progress)
+    # Similarity from a sample of 32 query rows per batch: all head pairs on every row cost many
+    # times the forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
+    projections = None
+    try:
+        projections = out_projections(model)
+    except ValueError as err:  # no output projection that takes the heads' z: no value vectors to weigh
+        skipped["value-weighted attention and sink share"] = str(err)
+    accumulators = AnalysisAccumulators(causal=causal, parses=parses, rows_per_batch=SIMILARITY_ROWS_PER_BATCH,
+                                        W_O=projections)
+    if engine == "ray":
+        from headlab.capture.distributed import sharded_capture
+
+        sharded = sharded_capture(model, texts, consumers=accumulators, heads=heads, what=accumulators.what,
+                                  workers=workers, address=address, progress=progress)
+        run, consumers = sharded.capture, sharded.consumers
+    else:
+        consumers = accumulators()
+        run = capture(model, corpus=texts, heads=heads, what=accumulators.what, consumers=consumers,
+                      progress=progress)
+    surface, taxonomy, similarity, *rest = consumers
+    weighted, sinks = rest[:2] if projections is not None else (None, None)
+    syntax_acc = rest[-1] if parses is not None else None
     surface_result, taxonomy_result, similarity_result = surface.result(), taxonomy.result(), similarity.result()
     result = AnalysisResult(
         capture=run, surface=surface_result, roles=label_heads(surface_result), taxonomy=taxonomy_result,
         classes=classify(taxonomy_result), similarity=similarity_result, embedding=mds(similarity_result.distances),
+        value_weighted=None if weighted is None else weighted.result(), sinks=None if sinks is None else sinks.result(),
         causal=causal, skipped=skipped,
     )
     if syntax_acc is not None:
@@ -261,6 +422,17 @@ def analyze(
                 result.roles[key] = (*result.roles.get(key, ()), f"{name}_head")
     else:
         skipped["causal probes"] = "duplicate-token and induction probes need a causal model"
+    if not streaming:
+        skipped["retrieval and streaming heads"] = "not asked for"
+    elif getattr(model, "tokenizer", None) is None:
+        skipped["retrieval and streaming heads"] = "the model has no tokenizer; both run on corpus text"
+    else:
+        try:
+            result.context = context_heads(model, texts, quick=quick)
+        except ShortCorpus as err:  # a few lines of corpus: the other parts still run
+            skipped["retrieval and streaming heads"] = f"the corpus is too short: {err}"
+        if result.context is not None and result.context.reason is not None:
+            skipped["retrieval heads"] = f"retrieval scores need a causal language model: {result.context.reason}"
     if importance:
         _importance(model, texts, result, causal=causal, quick=quick)
     else:

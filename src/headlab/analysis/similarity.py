@@ -101,26 +101,26 @@ class HeadSimilarity:
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns)."""
-        heads, blocks = [], []
+        heads, patterns = [], []
         for layer, taken in sorted(batch.layers.items()):
             if taken.pattern is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
             heads += [(layer, h) for h in taken.heads]
-            blocks.append(taken.pattern)
+            patterns.append(taken.pattern)
         if not heads:
             raise ValueError("the batch carries no captured layer")
         self._check_heads(heads)
-        real = batch.attention_mask.bool()  # (batch, pos)
-        patterns = torch.cat(blocks, dim=1)  # (batch, head, query_pos, key_pos)
-        rows = patterns.transpose(0, 1)[:, real]  # (head, row, key_pos)
+        item, query = batch.attention_mask.bool().nonzero(as_tuple=True)  # the real query rows, in row-major order
         self.batches_seen += 1
-        if self.rows_per_batch is not None and rows.shape[1] > self.rows_per_batch:
+        if self.rows_per_batch is not None and len(item) > self.rows_per_batch:
             generator = torch.Generator().manual_seed(self.seed + self.batches_seen)
-            pick = torch.randperm(rows.shape[1], generator=generator)[: self.rows_per_batch]
-            rows = rows[:, pick.to(rows.device)]
-        n, n_rows = rows.shape[0], rows.shape[1]
-        if n_rows == 0:
+            pick = torch.randperm(len(item), generator=generator)[: self.rows_per_batch].to(item.device)
+            item, query = item[pick], query[pick]
+        if len(item) == 0:
             return
+        # Only the rows used are read: each layer's (row, head, key_pos), then heads of every layer side by side.
+        rows = torch.cat([p[item, :, query] for p in patterns], dim=1).transpose(0, 1).contiguous()  # (head, row, key)
+        n, n_rows = rows.shape[0], rows.shape[1]
         # In the rows' dtype (float32): with s = p + q, H(m) = ½·ln2·(Σp + Σq) − ½·Σ s ln s, so each
         # pair costs one add, one log and one dot product; entropies are ~1e-7-exact, a floor of
         # ~1e-3 on the distance of near-identical heads (distances between real heads are ~0.1–0.8).

@@ -9,27 +9,26 @@ Axis legend:
 ``SurfaceStats`` is an accumulator (``update`` / ``merge`` / ``result``) over capture batches:
 it keeps float64 sums and counts per (layer, head), so memory grows with layers × heads only,
 and merging two halves of a corpus gives the whole corpus's sums (up to float64 rounding).
-Every statistic is a mean over real (non-padding) query tokens; see docs/analysis.md.
+Every statistic is a mean over real (non-padding) query tokens; see docs/analysis.md. The row
+reductions come from ``headlab.analysis.reductions``, shared with the other accumulators of a batch.
 """
 
 from __future__ import annotations
 
-import string
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from headlab.analysis.per_head import PerHeadMeans
-from headlab.analysis.scratch import Scratch
+from headlab.analysis.reductions import reductions
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 from headlab.heads import HeadTable
 from headlab.models import attention_sites
 
 __all__ = [
-    "FIXED_WHEN_CAUSAL", "STATISTICS", "SurfaceStats", "is_causal", "is_punctuation", "head_statistics",
-    "punctuation_mask", "row_statistics", "surface_stats",
+    "FIXED_WHEN_CAUSAL", "STATISTICS", "SurfaceStats", "head_statistics", "is_causal", "surface_stats",
 ]
 
 # Statistic → the count it is averaged over ("queries": every real query; "prev"/"next": the
@@ -47,11 +46,6 @@ STATISTICS: dict[str, str] = {
     "confidence": "queries",  # max_j p_ij (Voita et al. 2019)
 }
 FIXED_WHEN_CAUSAL = ("to_next",)  # a causal query never sees the next token: 0 for every head
-_COUNTS = ("queries", "prev", "next")
-# Word-piece markers stripped before the punctuation test: WordPiece "##", byte-level BPE "Ġ"
-# (a leading space), SentencePiece "▁".
-_PIECE_PREFIXES = ("##", "Ġ", "▁")
-_PUNCTUATION = frozenset(string.punctuation)
 
 
 def head_statistics(*, causal: bool) -> tuple[str, ...]:
@@ -62,87 +56,6 @@ def head_statistics(*, causal: bool) -> tuple[str, ...]:
     return tuple(name for name in STATISTICS if name not in fixed)
 
 
-def is_punctuation(token: str) -> bool:
-    """True when ``token``, its word-piece marker stripped, is non-empty and all ``string.punctuation``."""
-    for prefix in _PIECE_PREFIXES:
-        if token.startswith(prefix):
-            token = token[len(prefix):]
-            break
-    return bool(token) and all(c in _PUNCTUATION for c in token)
-
-
-def punctuation_mask(batch: CaptureBatch) -> Tensor:
-    """``(batch, pos)`` bool: True at punctuation pieces that are not special tokens."""
-    mask = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
-    for row, tokens in enumerate(batch.tokens):
-        mask[row, : len(tokens)] = torch.tensor([is_punctuation(t) for t in tokens], dtype=torch.bool)
-    return mask.to(batch.special_tokens_mask.device) & ~batch.special_tokens_mask.bool()
-
-
-def row_statistics(
-    patterns: Tensor,
-    attention_mask: Tensor,
-    special_tokens_mask: Tensor,
-    punctuation: Tensor,
-    *,
-    causal: bool = False,
-    scratch: Scratch | None = None,
-) -> dict[str, Tensor]:
-    """Every statistic of every attention row (pure math; padding rows are not removed).
-
-    Args:
-        patterns: ``(batch, head, query_pos, key_pos)``.
-        attention_mask: ``(batch, pos)`` 1 at real tokens.
-        special_tokens_mask: ``(batch, pos)`` True at special tokens.
-        punctuation: ``(batch, pos)`` True at punctuation pieces.
-        causal: query i may attend to keys 0..i only (the uniform entropy is log(i + 1)).
-        scratch: where to put the pattern-sized temporary (see ``headlab.analysis.scratch``).
-
-    Returns:
-        ``{name: (batch, head, query_pos)}`` float64 for every name in ``STATISTICS``; ``to_prev``
-        and ``to_next`` are 0 where the neighbour does not exist.
-    """
-    # One pass per kind of reduction, in the patterns' dtype (float32 row sums are exact to ~1e-7,
-    # far below anything a statistic is read at); the per-row results are widened to float64 before
-    # they are summed over the corpus. Column masses and the distance go through matmuls, which
-    # reduce short rows far faster than elementwise products followed by sum(-1).
-    p = patterns  # (batch, head, q, k)
-    batch, _, n_q, n_k = p.shape
-    real = attention_mask.bool()
-    special = special_tokens_mask.bool() & real
-    first = torch.zeros_like(special)
-    first[:, 0] = special[:, 0]
-    columns = torch.stack([first, special & ~first, punctuation.bool() & real], dim=-1).to(p.dtype)  # (batch, k, 3)
-    masses = torch.matmul(p, columns[:, None])  # (batch, head, q, 3)
-    queries = torch.arange(n_q, device=p.device)
-    offsets = (queries[:, None] - torch.arange(n_k, device=p.device)[None, :]).abs().to(p.dtype)  # (q, k) |i − j|
-    log_p = (scratch or Scratch()).take(tuple(p.shape), dtype=p.dtype, device=p.device)
-    torch.clamp_min(p, torch.finfo(p.dtype).tiny, out=log_p).log_()  # finite at p = 0, where p log p → 0
-    zeros = p.new_zeros(p.shape[:-1], dtype=torch.float64)  # (batch, head, q)
-    to_prev, to_next = zeros.clone(), zeros.clone()
-    to_prev[..., 1:] = p.diagonal(offset=-1, dim1=-2, dim2=-1)  # p[i, i-1] for i ≥ 1
-    to_next[..., :-1] = p.diagonal(offset=1, dim1=-2, dim2=-1)  # p[i, i+1] for i ≤ n-2
-    has_next = torch.zeros_like(real)
-    has_next[:, :-1] = real[:, 1:]
-    lengths = real.sum(-1).double()  # (batch,)
-    if causal:
-        allowed = (queries.double() + 1)[None, :].minimum(lengths[:, None])  # (batch, q)
-    else:
-        allowed = lengths[:, None].expand(batch, n_q)
-    return {
-        "to_cls": masses[..., 0].double(),
-        "to_sep": masses[..., 1].double(),
-        "to_punct": masses[..., 2].double(),
-        "to_self": p.diagonal(dim1=-2, dim2=-1).double(),
-        "to_prev": to_prev,
-        "to_next": to_next * has_next[:, None, :],
-        "entropy": -log_p.mul_(p).sum(-1).double(),
-        "uniform_entropy": allowed.clamp(min=1).log()[:, None, :].expand_as(zeros),
-        "distance": torch.einsum("bhqk,qk->bhq", p, offsets).double(),
-        "confidence": p.amax(-1).double(),
-    }
-
-
 class SurfaceStats(PerHeadMeans):
     """Accumulates ``STATISTICS`` per (layer, head) over capture batches (patterns needed).
 
@@ -151,29 +64,45 @@ class SurfaceStats(PerHeadMeans):
             log(i + 1) instead of log(length). Every other statistic reads the patterns as they are.
     """
 
-    def __init__(self, *, causal: bool = False) -> None:
-        super().__init__(causal=causal)
-        self._scratch = Scratch()
-
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns)."""
-        punctuation = punctuation_mask(batch)
-        real = batch.attention_mask.bool()  # (batch, pos)
+        shared = reductions(batch)
+        real = shared.real  # (batch, pos)
         has_prev = torch.zeros_like(real)
         has_prev[:, 1:] = real[:, :-1] & real[:, 1:]
         has_next = torch.zeros_like(real)
         has_next[:, :-1] = real[:, 1:] & real[:, :-1]
         weights = {"queries": real, "prev": has_prev, "next": has_next}
         counts = {name: int(w.sum()) for name, w in weights.items()}
+        # The same for every head: the log of the keys each real query may see, summed once per batch.
+        uniform_entropy = float(torch.where(real, self._uniform_entropy(real), 0.0).sum())
+        names = [name for name in STATISTICS if name != "uniform_entropy"]
+        # where, not a product: padded query rows may hold anything, NaN included
+        kept = torch.stack([weights[STATISTICS[name]] for name in names], dim=-1)[:, None]  # (batch, 1, q, stat)
         for layer, taken in batch.layers.items():
-            if taken.pattern is None:
-                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
-            stats = row_statistics(taken.pattern, batch.attention_mask, batch.special_tokens_mask, punctuation,
-                                   causal=self.causal, scratch=self._scratch)
-            # where, not a product: padded query rows may hold anything, NaN included
-            sums = {name: torch.where(weights[count][:, None, :], stats[name], 0.0).sum(dim=(0, 2)).cpu()
-                    for name, count in STATISTICS.items()}
+            rows = shared.layer(layer)
+            stats = {  # (batch, head, q) each, in the patterns' dtype
+                "to_cls": rows.mass("first_special"), "to_sep": rows.mass("other_special"),
+                "to_punct": rows.mass("punctuation"), "to_self": rows.diagonal(0), "to_prev": rows.diagonal(-1),
+                "to_next": rows.diagonal(1), "entropy": rows.entropy, "distance": rows.distance,
+                "confidence": rows.confidence,
+            }
+            values = torch.stack([stats[name] for name in names], dim=-1).double()  # (batch, head, q, stat)
+            totals = torch.where(kept.to(values.device), values, 0.0).sum(dim=(0, 2)).cpu()  # (head, stat)
+            sums = dict(zip(names, totals.unbind(-1)))
+            sums["uniform_entropy"] = torch.full((len(taken.heads),), uniform_entropy, dtype=torch.float64)
             self._add(layer, taken.heads, sums, counts)
+
+    def _uniform_entropy(self, real: Tensor) -> Tensor:
+        """``(batch, query_pos)`` float64: log of the keys each query may see (``i + 1`` when causal)."""
+        lengths = real.sum(-1).double()  # (batch,)
+        n_queries = real.shape[1]
+        if self.causal:
+            queries = torch.arange(n_queries, device=real.device)
+            allowed = (queries.double() + 1)[None, :].minimum(lengths[:, None])  # (batch, q)
+        else:
+            allowed = lengths[:, None].expand(len(real), n_queries)
+        return allowed.clamp(min=1).log()
 
     def result(self) -> HeadTable:
         """The means: a row per captured head, the columns ``n_queries`` (real query tokens averaged

@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from headlab.analysis.scratch import Scratch
 from headlab.capture.batch import CaptureBatch
-from headlab.capture.words import pattern_to_words, word_ids_from_spans, word_units
+from headlab.capture.words import WordMap, word_ids_from_spans, word_units
 from headlab.heads import HeadTable
 
 __all__ = [
@@ -250,6 +250,7 @@ class SyntaxAccuracy:
         self.offsets: dict[str, Counter[int]] = {}  # relation → head − dependent → arcs
         self.items = 0
         self.skipped: Counter[str] = Counter({"items_without_arcs": 0, "arcs_without_pieces": 0, "items_unaligned": 0})
+        self._scratch = Scratch()
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch; every captured layer must carry patterns."""
@@ -274,17 +275,20 @@ class SyntaxAccuracy:
                 aligned[row] = False
         # a token with no piece must not become a unit: word_units numbers units by position
         units, _ = word_units(word_ids, batch.attention_mask)
-        n_units = int(units.max()) + 1
-        is_word = torch.zeros(len(batch), n_units, dtype=torch.bool, device=units.device)
+        words = WordMap(units)  # once per batch, applied to every layer
+        is_word = torch.zeros(len(batch), words.n_units, dtype=torch.bool, device=units.device)
         real_word = (units >= 0) & (word_ids >= 0)
         is_word[real_word.nonzero()[:, 0], units[real_word]] = True  # special tokens stay False
         predictions = []  # per layer (batch, head, query_word)
         for layer, taken in sorted(batch.layers.items()):
             if taken.pattern is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
-            words = pattern_to_words(taken.pattern.float(), units, n_units=n_units)
-            words.masked_fill_(~is_word[:, None, None, :], float("-inf"))  # words is ours: no copy
-            predictions.append(words.argmax(-1))
+            pattern = taken.pattern.float()
+
+            def workspace(shape: tuple[int, ...], like: Tensor = pattern) -> Tensor:
+                return self._scratch.take(shape, dtype=like.dtype, device=like.device)
+
+            predictions.append(words.best_keys(pattern, keys=is_word, workspace=workspace))
         predicted = torch.cat(predictions, dim=1).cpu()  # (batch, head_slot, query_word)
         units, word_ids = units.cpu(), word_ids.cpu()
         for row, parse in enumerate(parses):

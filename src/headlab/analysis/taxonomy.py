@@ -14,7 +14,7 @@ and counts, mergeable like every headlab accumulator):
                   total attention (a "vertical" stripe need not sit on a special token)
     band          mass on keys i−1, i, i+1 (the "diagonal")
     block         mass on keys of the query's own segment, the band and special tokens excluded,
-                  over items with two or more segments (see ``segments``)
+                  over items with two or more segments (see ``headlab.analysis.reductions.segments``)
     block_uniform the same for uniform attention: the chance level ``block`` is judged against
 
 ``classify`` applies the rules in docs/analysis.md.
@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from headlab.analysis.per_head import PerHeadMeans
+from headlab.analysis.reductions import BatchReductions, LayerReductions, reductions
 from headlab.analysis.surface import is_causal
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
@@ -36,7 +37,7 @@ from headlab.heads import HeadTable
 
 __all__ = [
     "BLOCK", "BLOCK_OVER_UNIFORM", "CLASSES", "DIAGONAL", "MIXED", "TOP_COLUMNS", "VERTICAL",
-    "TaxonomyStats", "class_shares", "classify", "classify_head", "segments", "taxonomy_stats",
+    "TaxonomyStats", "class_shares", "classify", "classify_head", "taxonomy_stats",
 ]
 
 CLASSES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -46,105 +47,53 @@ DIAGONAL = 0.5  # band ≥ this: diagonal
 MIXED = (0.25, 0.6)  # both scores ≥ 0.25 and their sum ≥ 0.6: vertical+diagonal
 BLOCK = 0.5  # block ≥ this ...
 BLOCK_OVER_UNIFORM = 1.5  # ... and ≥ this × block_uniform: block
-_SENTENCE_ENDS = frozenset({".", "!", "?"})
 _STATS = ("special", "band", "block", "block_uniform", "top_columns")
 _COUNT_OF = {"special": "queries", "band": "queries", "block": "block_queries", "block_uniform": "block_queries",
              "top_columns": "items"}
 
 
-def segments(batch: CaptureBatch) -> tuple[Tensor, Tensor]:
-    """Each position's segment and each item's number of content segments.
-
-    A segment ends after a special token or a sentence-final piece (``.``, ``!``, ``?``): the
-    boundary belongs to the segment it closes. A content segment holds a non-special token, so
-    ``[CLS] a b . c d [SEP]`` has the content segments ``a b .`` and ``c d``.
-
-    Returns:
-        ``(segment (batch, pos) int64, n_content (batch,) int64)``.
-    """
-    real = batch.attention_mask.bool()
-    special = batch.special_tokens_mask.bool() & real
-    ends = torch.zeros_like(real)
-    for row, tokens in enumerate(batch.tokens):
-        ends[row, : len(tokens)] = torch.tensor([t.lstrip("Ġ▁") in _SENTENCE_ENDS for t in tokens], dtype=torch.bool)
-    boundary = (special | ends) & real
-    segment = torch.zeros_like(batch.input_ids)
-    segment[:, 1:] = boundary[:, :-1].long().cumsum(-1)
-    content = real & ~special
-    n_content = torch.tensor([torch.unique(segment[row][content[row]]).numel() for row in range(len(segment))],
-                             dtype=torch.long, device=segment.device)
-    return segment, n_content
+def _block_uniform(shared: BatchReductions, *, causal: bool) -> Tensor:
+    """``(batch, 1, q)`` float64: ``block`` for uniform attention over the keys each query may see."""
+    real, content, segment = shared.real, shared.content, shared.segment
+    n_pos = real.shape[1]
+    positions = torch.arange(n_pos, device=real.device)
+    offset = positions[:, None] - positions[None, :]  # i − j
+    block_keys = (segment[:, :, None] == segment[:, None, :]) & (offset.abs() > 1) & content[:, None, :]
+    allowed = ((offset >= 0)[None] if causal else True) & real[:, None, :]
+    return ((block_keys & allowed).sum(-1) / allowed.sum(-1).clamp(min=1))[:, None, :].double()
 
 
-class _BatchKeys:
-    """What every layer of one batch shares: key-column masks and the chance level of ``block``.
-
-    Built from the batch and its ``segments(batch)[0]`` (computed once per batch by the caller).
-
-    Attributes:
-        columns: ``(batch, k, 1 + n_segments)`` float, column 0 the special tokens, column 1 + s the
-            content tokens of segment s; one matmul with a pattern gives each row's mass on each.
-        segment: ``(batch, q)`` each query's segment.
-        near: ``{o: (batch, q) bool}`` for o in −1, 0, 1: key i + o exists, is content and is in the
-            query's segment — the band keys that ``block`` excludes but the segment mass includes.
-        real_rows: ``(batch, 1, 1, q)`` float, 1 at real queries (for the column sums).
-        block_uniform: ``(batch, 1, q)`` float64, ``block`` for uniform attention.
-    """
-
-    def __init__(self, batch: CaptureBatch, segment: Tensor, *, causal: bool, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        real = batch.attention_mask.bool().to(device)
-        special = batch.special_tokens_mask.bool().to(device) & real
-        content = real & ~special
-        segment = segment.to(device)
-        n_pos = real.shape[1]
-        one_hot = torch.nn.functional.one_hot(segment, int(segment.max()) + 1) & content[..., None]
-        self.columns = torch.cat([special[..., None], one_hot.bool()], dim=-1).to(dtype)
-        self.segment = segment
-        self.near = {}
-        for o in (-1, 0, 1):
-            keys = torch.arange(n_pos, device=device) + o
-            inside = (keys >= 0) & (keys < n_pos)
-            k = keys.clamp(0, n_pos - 1)
-            self.near[o] = inside[None, :] & content[:, k] & (segment[:, k] == segment)
-        self.real_rows = real.to(dtype)[:, None, None, :]
-        offset = torch.arange(n_pos, device=device)[:, None] - torch.arange(n_pos, device=device)[None, :]  # i − j
-        block_keys = (segment[:, :, None] == segment[:, None, :]) & (offset.abs() > 1) & content[:, None, :]
-        allowed = ((offset >= 0)[None] if causal else True) & real[:, None, :]
-        self.block_uniform = ((block_keys & allowed).sum(-1) / allowed.sum(-1).clamp(min=1))[:, None, :].double()
+def _near(shared: BatchReductions) -> dict[int, Tensor]:
+    """``{o: (batch, q) bool}`` for o in −1, 0, 1: key i + o exists, is content and is in the query's
+    segment — the band keys that ``block`` excludes but the segment mass includes."""
+    content, segment = shared.content, shared.segment
+    n_pos = segment.shape[1]
+    near = {}
+    for o in (-1, 0, 1):
+        keys = torch.arange(n_pos, device=segment.device) + o
+        inside = (keys >= 0) & (keys < n_pos)
+        k = keys.clamp(0, n_pos - 1)
+        near[o] = inside[None, :] & content[:, k] & (segment[:, k] == segment)
+    return near
 
 
-def _diagonal(p: Tensor, offset: int) -> Tensor:
-    """``(batch, head, q)``: ``p[..., i, i + offset]``, 0 where key i + offset does not exist."""
-    out = p.new_zeros(p.shape[:-1])
-    values = p.diagonal(offset=offset, dim1=-2, dim2=-1)
-    if offset < 0:
-        out[..., -offset:] = values
-    else:
-        out[..., : out.shape[-1] - offset] = values
-    return out
-
-
-def _item_statistics(patterns: Tensor, keys: _BatchKeys) -> dict[str, Tensor]:
+def _item_statistics(rows: LayerReductions, near: dict[int, Tensor], block_uniform: Tensor) -> dict[str, Tensor]:
     """Row statistics ``(batch, head, q)`` and, for ``top_columns``, item statistics ``(batch, head)``,
-    float64. Rows are reduced in the patterns' dtype by matmuls (see surface.row_statistics)."""
-    p = patterns  # (batch, head, q, k)
+    float64, from the layer's shared reductions."""
+    p = rows.pattern  # (batch, head, q, k)
     if p.shape[-1] != p.shape[-2]:
         raise ValueError(f"taxonomy needs self-attention patterns (query_pos == key_pos), got shape {tuple(p.shape)}")
-    masses = torch.matmul(p, keys.columns[:, None])  # (batch, head, q, 1 + n_segments)
-    own = keys.segment[:, None, :, None].expand(*p.shape[:-1], 1)
-    in_segment = masses[..., 1:].gather(-1, own).squeeze(-1).double()  # (batch, head, q)
-    diagonals = {o: _diagonal(p, o).double() for o in (-1, 0, 1)}
-    block = in_segment - sum(diagonals[o] * keys.near[o][:, None, :] for o in (-1, 0, 1))
-    columns = torch.matmul(keys.real_rows, p).squeeze(-2)  # (batch, head, k): Σ over real queries
-    if not torch.isfinite(columns).all():  # padded query rows may hold anything; keep them out
-        columns = torch.where(keys.real_rows.squeeze(1)[..., None].bool(), p, 0.0).sum(-2)
-    columns = columns / keys.real_rows.sum(-1).clamp(min=1)
+    segment = rows.keys.segment.to(p.device)
+    own = segment[:, None, :, None].expand(*p.shape[:-1], 1)
+    in_segment = rows.segment_masses.gather(-1, own).squeeze(-1).double()  # (batch, head, q)
+    diagonals = {o: rows.diagonal(o).double() for o in (-1, 0, 1)}
+    block = in_segment - sum(diagonals[o] * near[o][:, None, :] for o in (-1, 0, 1))
+    columns = rows.key_sums / rows.keys.real.to(p.dtype).sum(-1)[:, None, None].clamp(min=1)  # (batch, head, k)
     return {
-        "special": masses[..., 0].double(),
+        "special": rows.mass("special").double(),
         "band": sum(diagonals.values()),
         "block": block,
-        "block_uniform": keys.block_uniform.expand(p.shape[:-1]),
+        "block_uniform": block_uniform.expand(p.shape[:-1]),
         "top_columns": columns.topk(min(TOP_COLUMNS, p.shape[-1]), dim=-1).values.sum(-1).double(),  # (b, h)
     }
 
@@ -158,19 +107,17 @@ class TaxonomyStats(PerHeadMeans):
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns)."""
-        real = batch.attention_mask.bool()
-        segment, n_content = segments(batch)  # once per batch, shared by every layer
-        block_rows = real & ~batch.special_tokens_mask.bool() & (n_content >= 2).to(real.device)[:, None]
+        shared = reductions(batch)
+        real = shared.real
+        block_rows = real & ~shared.special & (shared.n_content >= 2)[:, None]
         weights = {"queries": real, "block_queries": block_rows}
         counts = {"queries": int(real.sum()), "block_queries": int(block_rows.sum()), "items": len(batch)}
-        keys = None
+        near = block_uniform = None
         for layer, taken in batch.layers.items():
-            if taken.pattern is None:
-                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
-            if keys is None:
-                keys = _BatchKeys(batch, segment, causal=self.causal, dtype=taken.pattern.dtype,
-                                  device=taken.pattern.device)
-            stats = _item_statistics(taken.pattern, keys)
+            rows = shared.layer(layer)
+            if near is None:  # once per batch, shared by every layer
+                near, block_uniform = _near(shared), _block_uniform(shared, causal=self.causal)
+            stats = _item_statistics(rows, near, block_uniform)
             sums = {}
             for name in _STATS:
                 if _COUNT_OF[name] == "items":

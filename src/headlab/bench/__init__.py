@@ -13,6 +13,8 @@
     patching.py    attribution patching (AtP) vs exact activation patching, on the default model
                    and a tiny causal one: speed and rank correlation
     pruning.py     half the heads pruned vs the full, masked and plain models
+    distributed.py the Ray engine: 2 workers of one thread vs 1, analyze's accumulators, merged
+                   results compared (skipped without headlab[ray])
     records.py     Comparison, Area, SuiteResult (JSON round trip)
     results.py     benchmarks/RESULTS.md and RESULTS.json
     suite.py       run_suite

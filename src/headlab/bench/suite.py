@@ -2,7 +2,7 @@
 
 Order: the machine's ceilings, headlab's own layer, inspection, decoding, then headlab's
 attention in real models (the default model and a tiny causal one), capture, analysis and
-importance on the default model, patching (both models again) and pruning. Each area's
+importance on the default model, patching (both models again), pruning, and the Ray engine. Each area's
 contenders are timed in interleaved rounds (``headlab.bench.timing``); the machine is
 described at the start (and its load average at the end, to show whether it was quiet).
 """
@@ -20,6 +20,7 @@ import torch
 from headlab.bench.capture import bench_analysis, bench_capture, bench_importance
 from headlab.bench.ceilings import describe_machine, measure_ceilings
 from headlab.bench.decode import bench_decode
+from headlab.bench.distributed import bench_distributed
 from headlab.bench.inspection import bench_inspection
 from headlab.bench.layer import bench_layer
 from headlab.bench.models import bench_models
@@ -32,7 +33,8 @@ __all__ = ["check_device", "run_plan", "run_suite"]
 
 _MODEL_AREAS = (("models", "Models", bench_models), ("capture", "Capture", bench_capture),
                 ("analysis", "Analysis", bench_analysis), ("importance", "Importance", bench_importance),
-                ("patching", "Patching", bench_patching), ("pruning", "Pruning", bench_pruning))
+                ("patching", "Patching", bench_patching), ("pruning", "Pruning", bench_pruning),
+                ("distributed", "Ray", bench_distributed))
 
 
 def check_device(device: str) -> None:

@@ -10,23 +10,28 @@ selected heads' tensors handed to consumers).
     run.py        capture(...) -> CaptureResult
     means.py      MeanZ, mean_z: each head's mean z, for mean-ablation
     words.py      word-piece → word patterns (Clark et al. 2019)
+    distributed.py the Ray engine: a corpus in shards on Ray workers, accumulators merged (headlab[ray])
+    _shards.py    shards cut from capture's batches; the worker that captures one
 """
 
 from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.cache import Cache, run_with_cache
 from headlab.capture.batching import PaddingStats, naive_batches, padding_stats, plan_batches
 from headlab.capture.corpus import Corpus, load_corpus
+from headlab.capture.distributed import RayEngine, Shard, ShardError, ShardedCapture, plan_shards, sharded_capture
 from headlab.capture.encoding import TokenizedCorpus, tokenize_corpus
 from headlab.capture.means import MeanZ, mean_z
 from headlab.capture.run import CaptureResult, Consumer, TruncationWarning, capture, model_max_length
 from headlab.capture.taps import tapped
 from headlab.capture.words import (
-    pattern_to_words, unit_labels, whitespace_spans, word_ids_from_spans, word_units,
+    WordMap, pattern_to_words, unit_labels, whitespace_spans, word_ids_from_spans, word_units,
 )
 
 __all__ = [
     "Cache", "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "MeanZ", "PaddingStats",
-    "TokenizedCorpus", "TruncationWarning", "capture", "collate", "load_corpus", "mean_z", "model_max_length", "naive_batches",
-    "padding_stats", "pattern_to_words", "plan_batches", "run_with_cache", "tapped", "tokenize_corpus",
-    "unit_labels", "whitespace_spans", "word_ids_from_spans", "word_units",
+    "RayEngine", "Shard", "ShardError", "ShardedCapture", "TokenizedCorpus", "TruncationWarning", "WordMap", "capture",
+    "collate",
+    "load_corpus", "mean_z", "model_max_length", "naive_batches", "padding_stats", "pattern_to_words", "plan_batches",
+    "plan_shards", "run_with_cache", "sharded_capture", "tapped", "tokenize_corpus", "unit_labels", "whitespace_spans",
+    "word_ids_from_spans", "word_units",
 ]

@@ -10,14 +10,19 @@ Axis legend:
     k, v                                  (batch, head, key_pos, d_head | d_head_v)
 ``head`` runs over the selected heads only, in ``LayerCapture.heads`` order.
 
+What several consumers derive from the same batch (e.g. the analysis accumulators' row
+reductions of every pattern) is computed once, by the first consumer that asks, through
+``CaptureBatch.shared``, and dropped with the batch.
+
 Items are padded on the right. Padded key positions get zero attention; padded query rows
 hold whatever the model computed there and should be ignored (``attention_mask``, ``lengths``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +33,8 @@ from headlab.capture.words import word_units
 from headlab.models import TapOutput
 
 __all__ = ["CaptureBatch", "LayerCapture", "collate"]
+
+T = TypeVar("T")
 
 
 @dataclass(kw_only=True)
@@ -75,6 +82,21 @@ class CaptureBatch:
     texts: list[str]
     tokens: list[list[str]]
     layers: dict[int, LayerCapture] = field(default_factory=dict)
+    _shared: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def shared(self, key: Hashable, compute: Callable[[CaptureBatch], T]) -> T:
+        """``compute(self)``, computed once per batch: the first consumer to ask pays, the others reuse it.
+
+        Args:
+            key: names what is computed; consumers that ask under equal keys get the same object.
+            compute: derives it from this batch (its inputs and its layers, filled by then).
+
+        Returns:
+            The value stored under ``key`` for this batch.
+        """
+        if key not in self._shared:
+            self._shared[key] = compute(self)
+        return self._shared[key]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -11,11 +11,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MAX_ITEM_CHARS", "Corpus", "load_corpus", "read_text_file"]
+__all__ = ["MAX_ITEM_CHARS", "Corpus", "ShortCorpus", "load_corpus", "read_text_file"]
 
 # A line longer than this is refused rather than read: a model reads the first few thousand tokens
 # of an item (the rest is truncated, and counted), so such a line is almost surely not one item.
 MAX_ITEM_CHARS = 1_000_000
+
+
+class ShortCorpus(ValueError):
+    """The corpus holds too few tokens for what was asked of it (the message says how many it has and
+    needs); a caller that runs several parts skips the one that raised it and says why."""
 
 
 @dataclass(frozen=True)

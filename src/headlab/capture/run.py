@@ -24,6 +24,7 @@ from headlab.capture.encoding import tokenize_corpus
 from headlab.capture.taps import check_what, tapped
 from headlab.heads.selection import HeadSelection, resolve
 from headlab.models import LoadedModel, TapOutput, attention_sites
+from headlab.models.interface import reuse_pattern_memory
 
 __all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "model_max_length"]
 
@@ -195,7 +196,9 @@ def capture(
     was_training = model.training
     model.eval()
     try:
-        with tapped(sites, selection, what, sink), torch.inference_mode(), _Progress(progress, len(batches)) as bar:
+        # Patterns in buffers reused from batch to batch (a batch's tensors are dropped before the next forward).
+        with tapped(sites, selection, what, sink), torch.inference_mode(), reuse_pattern_memory(), \
+                _Progress(progress, len(batches)) as bar:
             done_tokens = 0
             for indices in batches:
                 batch = collate(tokenized, indices, device=device)

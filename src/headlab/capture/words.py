@@ -18,13 +18,13 @@ words, e.g. a treebank's, build word ids with ``word_ids_from_spans`` from their
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "pattern_to_words", "unit_labels", "whitespace_spans", "word_ids_from_spans", "word_units",
+    "WordMap", "pattern_to_words", "unit_labels", "whitespace_spans", "word_ids_from_spans", "word_units",
 ]
 
 
@@ -69,34 +69,153 @@ def pattern_to_words(pattern: Tensor, units: Tensor, *, n_units: int | None = No
     Raises:
         ValueError: the shapes do not fit.
     """
-    pos = pattern.shape[-1]
-    if pattern.dim() < 2 or pattern.shape[-2] != pos:
-        raise ValueError(f"pattern has shape {tuple(pattern.shape)}; expected (..., pos, pos)")
-    if units.dim() not in (1, 2) or units.shape[-1] != pos:
-        raise ValueError(f"units has shape {tuple(units.shape)}; expected ({pos},) or (batch, {pos})")
-    if units.dim() == 2 and (pattern.dim() < 3 or pattern.shape[0] != units.shape[0]):
-        raise ValueError(
-            f"units has shape {tuple(units.shape)}: a batch of {units.shape[0]}, but pattern has shape "
-            f"{tuple(pattern.shape)}; expected (batch, ..., pos, pos)"
-        )
-    n_units = int(units.max()) + 1 if n_units is None else n_units
-    # index_add_ per item, not a one-hot matmul: adding each query piece's row into its word's
-    # row, then each key piece's column into its word's column, reads the pattern once, where a
-    # (pos × units) membership matmul costs O(pos² · units) per head. Pieces of unit -1 (padding)
-    # or ≥ n_units go to a spare row/column that is dropped.
-    lead = pattern.shape[:-2]
-    n_items = units.shape[0] if units.dim() == 2 else 1
-    p = pattern.reshape(n_items, -1, pos, pos)  # (item, rest, q, k)
-    unit = torch.where((units >= 0) & (units < n_units), units, n_units).reshape(n_items, pos)
-    words = p.new_zeros(n_items, p.shape[1], n_units, n_units + 1)
-    for i in range(n_items):
-        by_query = p.new_zeros(p.shape[1], n_units + 1, pos).index_add_(1, unit[i], p[i])[:, :n_units]
-        words[i].index_add_(2, unit[i], by_query)
-    words = words[..., :n_units]
-    counts = torch.zeros(n_items, n_units + 1, dtype=pattern.dtype, device=units.device)
-    counts.scatter_add_(1, unit, torch.ones_like(unit, dtype=pattern.dtype))
-    words /= counts[:, None, :n_units, None].clamp(min=1)  # the mean over each word's query pieces
-    return words.reshape(*lead, n_units, n_units)
+    return WordMap(units, n_units=n_units).apply(pattern)
+
+
+class WordMap:
+    """Which pieces make up which unit, worked out once (per batch) and applied to any number of patterns.
+
+    ``apply`` computes ``pattern_to_words``; ``best_keys`` each query unit's heaviest key unit among
+    some (syntax's prediction) without forming the others. Most units are one piece, so their entries are
+    gathered from the pattern (one read of it per layer); only the pieces after a unit's first
+    are added, in the order of a sum over every piece (query pieces first, then key pieces, each
+    in position order), so the values are those of that sum to the bit.
+
+    Args:
+        units: ``(pos,)`` or ``(batch, pos)``: each piece's unit, -1 at padding (see ``word_units``).
+        n_units: size of the unit axes; default ``units.max() + 1``. Pieces of units outside
+            ``0 … n_units − 1`` are left out.
+
+    Raises:
+        ValueError: ``units`` is not 1- or 2-dimensional.
+    """
+
+    def __init__(self, units: Tensor, *, n_units: int | None = None) -> None:
+        if units.dim() not in (1, 2):
+            raise ValueError(f"units has shape {tuple(units.shape)}; expected (pos,) or (batch, pos)")
+        self.units = units
+        self.n_units = n = int(units.max()) + 1 if n_units is None else n_units
+        unit = units.reshape(-1, units.shape[-1])  # (item, pos)
+        n_items, pos = unit.shape
+        kept = (unit >= 0) & (unit < n)
+        unit = torch.where(kept, unit, n)  # left-out pieces go to a spare unit n
+        positions = torch.arange(pos, device=units.device).expand(n_items, pos)
+        # Each piece's rank among its unit's pieces, in position order: sort by (unit, position).
+        order = (unit * pos + positions).argsort(dim=-1)
+        in_order = unit.gather(1, order)
+        starts = torch.ones_like(kept)
+        starts[:, 1:] = in_order[:, 1:] != in_order[:, :-1]
+        run_start = torch.where(starts, positions, 0).cummax(-1).values  # each sorted piece's unit's first slot
+        rank = torch.empty_like(order).scatter_(1, order, positions - run_start)
+        counts = torch.zeros(n_items, n + 1, dtype=torch.long, device=units.device).scatter_add_(1, unit,
+                                                                                                  torch.ones_like(unit))
+        self.counts = counts[:, :n]  # (item, unit) pieces per unit
+        n_pieces = max(1, int(self.counts.max()) if self.counts.numel() else 1)
+        item = torch.arange(n_items, device=units.device)[:, None].expand(n_items, pos)
+        pieces = torch.zeros(n_items, n + 1, n_pieces, dtype=torch.long, device=units.device)
+        pieces[item[kept], unit[kept], rank[kept]] = positions[kept]
+        self.pieces = pieces[:, :n]  # (item, unit, rank): position of the unit's rank-th piece (0 past its count)
+        self._multi = (self.counts > 1).nonzero(as_tuple=True)  # units of several pieces: (items, units)
+
+    def apply(self, pattern: Tensor) -> Tensor:
+        """The unit-level pattern (see ``pattern_to_words``).
+
+        Args:
+            pattern: ``(..., pos, pos)`` as ``pattern_to_words`` takes it with these units.
+
+        Returns:
+            ``(..., n_units, n_units)``; rows and columns of units an item lacks are 0.
+
+        Raises:
+            ValueError: the shapes do not fit.
+        """
+        p = self._items(pattern)
+        n_items, n = p.shape[0], self.n_units
+        columns = torch.arange(n, device=self.units.device).expand(n_items, n)
+        words = self._unit_scores(p, columns)
+        absent = self.counts == 0  # (item, unit): units shorter items lack
+        words.masked_fill_(absent[:, None, None, :], 0.0)
+        i, u = absent.nonzero(as_tuple=True)
+        words[i, :, u] = 0.0
+        return words.view(*pattern.shape[:-2], n, n)
+
+    def best_keys(self, pattern: Tensor, *, keys: Tensor,
+                  workspace: Callable[[tuple[int, ...]], Tensor] | None = None) -> Tensor:
+        """For every query unit, the key unit among ``keys`` with the largest unit-level weight.
+
+        Equal to ``apply(pattern)`` with the other key units set to -inf, then the first largest
+        of each row, without forming those columns: each item's kept key units are gathered side
+        by side (padded with its first one, which a padding copy never beats).
+
+        Args:
+            pattern: ``(..., pos, pos)`` as ``apply`` takes it.
+            keys: ``(batch, n_units)`` bool (``(n_units,)`` for 1-d units), True at the key units to choose
+                from; units an item lacks are never chosen. An item with none gets unit 0.
+            workspace: gives an uninitialised tensor of the shape asked, in the pattern's dtype, for the
+                ``(..., n_units, kept units)`` scores (e.g. a reused buffer); None allocates.
+
+        Returns:
+            ``(..., n_units)`` int64 unit ids; rows of units an item lacks hold any unit.
+
+        Raises:
+            ValueError: the shapes do not fit.
+        """
+        p = self._items(pattern)
+        n_items, n = p.shape[0], self.n_units
+        kept = (self.counts > 0) & keys.reshape(n_items, n).to(self.counts.device)
+        units = torch.arange(n, device=kept.device)
+        columns = torch.where(kept, units, n + units).argsort(dim=-1)  # kept units first, each in unit order
+        width = max(1, int(kept.sum(-1).max()))
+        columns = torch.where(units[:width] < kept.sum(-1, keepdim=True), columns[:, :width], columns[:, :1])
+        out = None if workspace is None else workspace((n_items, p.shape[1], n, width))
+        best = self._unit_scores(p, columns, out=out).max(-1).indices  # the first largest, as argmax (faster on CPU)
+        best = columns.gather(1, best.reshape(n_items, -1)).view(best.shape)
+        return best.view(*pattern.shape[:-2], n)
+
+    def _items(self, pattern: Tensor) -> Tensor:
+        """``pattern`` as ``(item, rest, q, k)``, its shape checked against the units."""
+        pos, units = pattern.shape[-1], self.units
+        if pattern.dim() < 2 or pattern.shape[-2] != pos:
+            raise ValueError(f"pattern has shape {tuple(pattern.shape)}; expected (..., pos, pos)")
+        if units.shape[-1] != pos:
+            raise ValueError(f"units has shape {tuple(units.shape)}; expected ({pos},) or (batch, {pos})")
+        if units.dim() == 2 and (pattern.dim() < 3 or pattern.shape[0] != units.shape[0]):
+            raise ValueError(
+                f"units has shape {tuple(units.shape)}: a batch of {units.shape[0]}, but pattern has shape "
+                f"{tuple(pattern.shape)}; expected (batch, ..., pos, pos)"
+            )
+        return pattern.reshape(self.pieces.shape[0], -1, pos, pos)
+
+    def _unit_scores(self, p: Tensor, columns: Tensor, *, out: Tensor | None = None) -> Tensor:
+        """``(item, rest, n_units, width)``: unit-level weights of every query unit on the key units ``columns``
+        ``(item, width)``; the entries of units an item lacks are not meaningful."""
+        n_items, rest, pos, _ = p.shape
+        n, width = self.n_units, columns.shape[1]
+        first = self.pieces[..., 0]  # (item, unit)
+        ranks = self.pieces.shape[2]
+        column_pieces = self.pieces.gather(1, columns[..., None].expand(-1, -1, ranks))  # (item, width, rank)
+        column_counts = self.counts.gather(1, columns)  # (item, width)
+        index = (first[:, :, None] * pos + column_pieces[:, None, :, 0]).reshape(n_items, 1, n * width)
+        flat = None if out is None else out.view(n_items, rest, n * width)
+        words = torch.gather(p.reshape(n_items, rest, pos * pos), 2, index.expand(n_items, rest, n * width),
+                             out=flat).view(n_items, rest, n, width)
+        for r in range(1, column_pieces.shape[2]):  # key units of several pieces: add their later pieces' columns
+            i, c = (column_counts > r).nonzero(as_tuple=True)
+            k = column_pieces[i, c, r]
+            words[i, :, :, c] += p[i[:, None], :, first[i], k[:, None]].transpose(1, 2)
+        if self._multi[0].numel():  # query units of several pieces: sum their rows first, then as above
+            i, u = self._multi
+            counts, pieces = self.counts[i, u], self.pieces[i, u]  # (m,), (m, rank)
+            rows = p[i, :, pieces[:, 0]]  # (m, rest, k)
+            for r in range(1, pieces.shape[1]):
+                more = counts > r
+                rows[more] += p[i[more], :, pieces[more, r]]
+            sums = rows.gather(2, column_pieces[i, :, 0][:, None, :].expand(len(i), rest, width))  # (m, rest, w)
+            for r in range(1, column_pieces.shape[2]):
+                later = column_pieces[i, :, r][:, None, :].expand(len(i), rest, width)
+                sums = torch.where((column_counts[i] > r)[:, None, :], sums + rows.gather(2, later), sums)
+            words[i, :, u] = sums / counts[:, None, None].to(sums.dtype)  # the mean over the query pieces
+        return words
 
 
 def unit_labels(text: str, tokens: Sequence[str], offsets: Sequence[Sequence[int]], units: Sequence[int]) -> list[str]:
@@ -163,11 +282,14 @@ def word_ids_from_spans(
     bounds = torch.tensor(spans, dtype=torch.long, device=offsets.device).reshape(-1, 2)
     start = offsets[:, 0].clone()
     blank = torch.zeros_like(start, dtype=torch.bool)
-    if text is not None:
-        for p, (s, e) in enumerate(offsets.tolist()):
+    if text is not None:  # built as lists, then one tensor each: element-wise tensor writes cost microseconds apiece
+        starts, blanks = [], []
+        for s, e in offsets.tolist():
             piece = text[s:e]
-            start[p] = s + len(piece) - len(piece.lstrip())
-            blank[p] = e > s and not piece.strip()
+            starts.append(s + len(piece) - len(piece.lstrip()))
+            blanks.append(e > s and not piece.strip())
+        start = torch.tensor(starts, dtype=torch.long, device=offsets.device).reshape(start.shape)
+        blank = torch.tensor(blanks, dtype=torch.bool, device=offsets.device).reshape(blank.shape)
     inside = (bounds[:, 0] <= start[:, None]) & (start[:, None] < bounds[:, 1])  # (pos, word)
     word_ids = torch.where(inside.any(-1), inside.long().argmax(-1), -1)
     if len(bounds):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +11,11 @@ from headlab.cli.errors import INPUT_ERRORS, fail
 from headlab.cli.loading import load_model
 from headlab.cli.options import int_list
 from headlab.cli.output import output_folder, staged_folder
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from headlab.analysis.analyze import AnalysisResult
 
 
 def analyze(
@@ -24,24 +29,52 @@ def analyze(
     quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items, no exact ablation.")] = False,
     importance: Annotated[bool, typer.Option("--importance/--no-importance", help="Importance and pruning.")] = True,
     syntax: Annotated[bool, typer.Option("--syntax/--no-syntax", help="Dependency syntax (needs spaCy).")] = True,
+    streaming: Annotated[bool, typer.Option("--streaming/--no-streaming", help="Retrieval heads (causal language "
+                                                                               "models) and the streaming-head "
+                                                                               "simulation, every head.")] = True,
+    engine: Annotated[str, typer.Option("--engine", help="Where the capture pass runs: local (this process) or "
+                                                         "ray (the corpus in shards on Ray workers; docs/scaling.md; "
+                                                         "needs headlab[ray]).")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="With --engine ray: join the Ray cluster at "
+                                                                  "ADDR (auto, host:port); default: start a local "
+                                                                  "Ray on this machine.")] = None,
+    workers: Annotated[str | None, typer.Option("--workers", help="With --engine ray: Ray workers of one thread "
+                                                                  "each; default: one per CPU.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-head rows as JSON on stdout.")] = False,
 ) -> None:
-    """Measure what every head does (Clark et al. 2019; Kovaleva et al. 2019; Michel et al. 2019).
+    """Measure what every head does (Clark et al. 2019; Kovaleva et al. 2019; Michel et al. 2019; Kobayashi et al.
+    2020; Xiao et al. 2023; Wu et al. 2024; DuoAttention 2024).
 
-    Exits with status 2 on bad input (the model, the corpus, --out, the selection; all checked
-    before the analysis runs) and 1 when interrupted (--out left as it was).
+    Exits with status 2 on bad input (the model, the corpus, --out, the selection, the engine and
+    its options; all checked before the analysis runs) and 1 when interrupted (--out left as it was).
     """
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    from headlab.analysis.analyze import TABLE_RELATIONS
+    from headlab.analysis.analyze import ENGINES, TABLE_RELATIONS, check_engine
     from headlab.analysis.analyze import analyze as run_analysis
     from headlab.capture.corpus import load_corpus
+    from headlab.capture.distributed import ShardError
     from headlab.heads import Heads, head_label
 
     selection = Heads(layers=None if layers is None else int_list(layers, option="--layers"),
                       heads=None if heads is None else int_list(heads, option="--heads"))
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"{engine!r} is not one of {', '.join(ENGINES)}", param_hint="--engine")
+    n_workers = None if workers is None else int_list(workers, option="--workers", minimum=1, example="2")
+    if n_workers is not None and len(n_workers) != 1:
+        raise typer.BadParameter(f"{workers!r} is a list; expected one positive int, e.g. 2", param_hint="--workers")
+    for option, value in (("--address", address), ("--workers", workers)):
+        if value is not None and engine != "ray":
+            raise typer.BadParameter(f"{value!r} is for the Ray engine; expected --engine ray with it (got "
+                                     f"--engine {engine})", param_hint=option)
+    try:  # Ray installed, and the cluster's address answering, before any work
+        check_engine(engine, address=address, workers=None if n_workers is None else n_workers[0])
+    except ImportError as err:
+        fail(f"--engine ray: {err}")
+    except INPUT_ERRORS as err:
+        fail(f"--address: {err}")
     output_folder(out, owner="heads.json")
     try:
         corpus = load_corpus(text)
@@ -52,9 +85,12 @@ def analyze(
         loaded = load_model(model)  # an architecture headlab cannot serve is refused here, with the reason
         try:
             result = run_analysis(loaded, corpus, heads=selection, quick=quick, importance=importance,
-                                  syntax=syntax, progress=not as_json)
+                                  syntax=syntax, streaming=streaming, engine=engine, address=address,
+                                  workers=None if n_workers is None else n_workers[0], progress=not as_json)
         except INPUT_ERRORS as err:
             fail(str(err))
+        except ShardError as err:  # a shard's bad input (2), or a worker that kept dying (1): named, never dropped
+            fail(str(err), code=1 if err.worker_died else 2)
         paths = [out / path.relative_to(work) for path in result.write(work)]
     if as_json:
         typer.echo(result.to_json())
@@ -88,8 +124,62 @@ def analyze(
                               f"{accuracy:.2f}",
                               f"{rel.baseline_accuracy:.2f} ({rel.baseline_offset:+d})")
         console.print(relations)
+    for part in _newer_tables(result):
+        console.print(part)
     if result.importance_spearman is not None:
         console.print(f"Spearman(|gradient importance|, |ablation|) = {result.importance_spearman:.3f}")
     for part, reason in result.skipped.items():
         console.print(f"[yellow]skipped[/yellow] {escape(part)}: {escape(reason)}")
     console.print("wrote " + ", ".join(escape(str(p)) for p in paths))
+
+
+TOP_HEADS = 8  # rows of the sink and retrieval tables
+
+
+def _newer_tables(result: AnalysisResult) -> list[Table]:
+    """Tables of the parts that ran: the sink heads (raw vs value-weighted attention), the retrieval heads, and
+    the streaming conversions per window."""
+    from rich.table import Table
+
+    from headlab.analysis.retrieval import THRESHOLD
+    from headlab.heads import head_label
+
+    tables = []
+    if result.value_weighted is not None and result.sinks is not None:
+        vw, sinks = result.value_weighted, result.sinks
+        where = f"first {sinks.n_sink} positions" if sinks.n_sink > 1 else "first position"
+        table = Table(title=f"Attention on the sink tokens: raw vs value-weighted (‖α f(x)‖), top {TOP_HEADS} heads "
+                            f"by raw share; sink heads: ≥ 50% on the {where}")
+        for column in ("head", "raw", "value-weighted", "‖f(x)‖ first", "‖f(x)‖ other", "sink head",
+                       "growth per doubling"):
+            table.add_column(column, justify="left" if column == "head" else "right")
+        for head in vw.top("raw_sink", TOP_HEADS):
+            table.add_row(head_label(*head), f"{vw.value('raw_sink', *head):.0%}",
+                          f"{vw.value('weighted_sink', *head):.0%}", f"{vw.value('norm_first', *head):.2f}",
+                          f"{vw.value('norm_other', *head):.2f}",
+                          "yes" if sinks.table.value("sink_head", *head) == 1 else "",
+                          f"{sinks.table.value('raw_growth', *head):+.3f}")
+        tables.append(table)
+    context = result.context
+    if context is not None and context.retrieval is not None:
+        retrieval = context.retrieval
+        table = Table(title=f"Retrieval heads (Wu et al. 2024): top {TOP_HEADS} of {len(retrieval.table)} by score "
+                            f"(> {THRESHOLD} is a retrieval head); the model copies {retrieval.copied} of "
+                            f"{retrieval.steps} steps")
+        for column in ("head", "score", "attends to the copied token"):
+            table.add_column(column, justify="left" if column == "head" else "right")
+        for head in retrieval.top(TOP_HEADS):
+            table.add_row(head_label(*head), f"{retrieval.table.value('score', *head):.3f}",
+                          f"{retrieval.table.value('attended', *head):.3f}")
+        tables.append(table)
+    if context is not None:
+        streaming = context.streaming
+        table = Table(title=f"Streaming heads: {streaming.sinks} sink tokens + a window of W keys, loss budget "
+                            f"{streaming.budget:g} ({streaming.loss}); memory of the {streaming.memory}")
+        for column in ("W", "tolerant alone", "converted", "loss change", "saved", "saved, long texts"):
+            table.add_column(column, justify="right")
+        for c in streaming.conversions:
+            table.add_row(str(c.window), str(len(c.tolerant)), str(len(c.heads)), f"{c.loss_change:+.3g}",
+                          f"{c.saved_share:.1%}", f"{c.limit_share:.1%}")
+        tables.append(table)
+    return tables

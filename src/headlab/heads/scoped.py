@@ -4,10 +4,13 @@
         cache = headlab.run_with_cache(loaded, text)
     with heads.patched(loaded, {2: [3]}, clean):     # head 3's z taken from another run's cache
         output = loaded.model(**corrupted)
+    with heads.windowed(loaded, {2: [3]}, window=64, sinks=4):   # head 3 as a streaming head
+        output = loaded.model(**inputs)
 
 ``intervening(model)`` is the scope itself: it records every site's gates (the persistent
-affine and the per-call gate, replacement and delta of ``headlab.layer.gates``) and sets them
-back exactly when the block ends. The persistent forms (``headlab.heads.mask`` …) are for saving.
+affine and the per-call gate, replacement and delta of ``headlab.layer.gates``, and the
+key windows of ``windowed``) and sets them back exactly when the block ends. The persistent
+forms (``headlab.heads.mask`` …) are for saving.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from headlab.heads.interventions import mask, mean_ablate, scale
 from headlab.heads.selection import HeadSelection, resolve
 from headlab.layer.gates import Replacement
 from headlab.models import AttentionSite, attention_sites
+from headlab.models.site import HeadWindow
 
-_GATES = ("scale", "shift", "head_mask", "replacement", "delta")
+_GATES = ("scale", "shift", "head_mask", "replacement", "delta", "windows")
 
 
 @contextmanager
@@ -92,4 +96,38 @@ def patched(model: Any, heads: HeadSelection, source: Any) -> Iterator[None]:
             else:
                 values = torch.stack([source["z", layer, h] for h in hs], dim=1)
             sites[layer].replacement = Replacement(index, values.detach())
+        yield
+
+
+@contextmanager
+def windowed(model: Any, heads: HeadSelection, *, window: int, sinks: int = 4) -> Iterator[None]:
+    """Run ``heads`` as streaming heads inside the block: each sees only the first ``sinks`` keys
+    and a window of ``window`` keys (StreamingLLM, Xiao et al. 2023; DuoAttention, Xiao et al. 2024).
+
+    The attention function itself computes those heads under the sink + window mask
+    (``headlab.layer.masks.sink_window_blocked``), on whichever path runs: it is the model with
+    such heads, not an approximation. Causal models keep key j for the query at position p when
+    ``j < sinks`` or ``0 <= p − j < window`` (a cache of ``sinks + window`` entries); bidirectional
+    ones when ``j < sinks`` or ``|p − j| <= window`` (a Longformer-style window: attention memory,
+    not a key/value cache). Positions count from the first input token, padding included: pad on
+    the right. Nested blocks compose: a head in two windows keeps the keys both keep.
+
+    Args:
+        model: a ``LoadedModel`` or attached model.
+        heads: the heads to restrict (``headlab.heads.selection``).
+        window: recent keys kept (causal) or largest distance kept (bidirectional), ``>= 1``.
+        sinks: first keys every query keeps, ``>= 0``.
+
+    Raises:
+        ValueError: a window or sink count out of range, or a selection error.
+        TypeError: a window or sink count that is not an int.
+    """
+    for name, value, least in (("window", window, 1), ("sinks", sinks, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r}: expected an int >= {least}")
+        if value < least:
+            raise ValueError(f"{name}={value!r}: expected an int >= {least}")
+    with intervening(model) as sites:
+        for layer, hs in resolve(heads, [site.n_heads for site in sites]).items():
+            sites[layer].windows = (*sites[layer].windows, HeadWindow(tuple(hs), window, sinks))
         yield

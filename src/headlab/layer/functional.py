@@ -11,7 +11,10 @@ Two paths compute z. The fast path is ``torch.nn.functional.scaled_dot_product_a
 and never forms a pattern. The explicit path forms the pattern (softmax(q kᵀ · scale + bias))
 and multiplies it with v; it is used when every head's pattern is wanted anyway, since the
 softmax is then paid for regardless. Patterns of a few heads are computed beside the fast
-path, for those heads only.
+path, for those heads only: where the fused kernel also returns each row's log-sum-exp
+(``fused_attention_with_lse``: CPU, no dropout, no gradient asked), a head's pattern is
+``exp(q kᵀ · scale + bias − lse)``, one matmul and one exp with the kernel's own normaliser
+instead of a second softmax; elsewhere the explicit softmax of those heads.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from torch import Tensor
 from headlab.layer.masks import AttentionMask
 
 _SDPA_HAS_GQA = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=...) arrived in 2.5
+# The dtypes of torch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``), the one that
+# scaled_dot_product_attention runs on CPU for these inputs; it also returns each row's log-sum-exp.
+_LSE_KERNEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def expand_kv(x: Tensor, n_heads: int, kv_index: Tensor | None = None) -> Tensor:
@@ -88,6 +94,63 @@ def masked_softmax(scores: Tensor, bias: Tensor | None, dead: Tensor | None) -> 
     return pattern
 
 
+def fused_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, bias: Tensor | None, is_causal: bool,
+                             scale: float, dropout_p: float = 0.0) -> tuple[Tensor, Tensor] | None:
+    """z from the fused kernel together with each row's log-sum-exp, where a kernel gives both; else None.
+
+    torch's fused CPU kernel (what ``scaled_dot_product_attention`` runs on CPU for these inputs)
+    returns ``logsumexp(q kᵀ · scale + bias)`` per row beside z. None (the caller falls back) on
+    other devices and dtypes, with dropout, where ``scaled_dot_product_attention`` would not pick
+    that kernel (q's and v's head sizes differ, an empty axis, a last axis that is not contiguous,
+    grouped key/value heads before torch 2.5), where this torch lacks the kernel, and when autograd
+    would need the log-sum-exp's gradient, which the kernel does not give.
+
+    Args:
+        q: ``(batch, n_heads, query_pos, d_head)``.
+        k, v: ``(batch, n_kv_heads, key_pos, d_head)``; n_kv_heads divides n_heads, each key/value
+            head serving consecutive query heads.
+        bias: float additive, broadcastable to ``(batch, n_heads, query_pos, key_pos)`` (``-inf``
+            where not allowed), or None.
+        is_causal: the square causal mask, applied by the kernel (bias must then be None).
+        scale: factor on q·k.
+        dropout_p: dropout on the weights; only 0 has a kernel here.
+
+    Returns:
+        ``(z (batch, n_heads, query_pos, d_head), lse (batch, n_heads, query_pos) float32 or float64)``,
+        or None.
+    """
+    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    grouped = q.shape[1] != k.shape[1]
+    if (kernel is None or q.device.type != "cpu" or q.dtype not in _LSE_KERNEL_DTYPES or dropout_p > 0.0
+            or q.shape[-1] != v.shape[-1] or q.shape[1] % k.shape[1] or (grouped and not _SDPA_HAS_GQA)
+            or not (q.shape[2] and k.shape[2]) or any(x.stride(-1) != 1 for x in (q, k, v))
+            or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))):
+        return None
+    z, lse = kernel(q, k, v, 0.0, is_causal, attn_mask=bias, scale=scale)
+    return z, lse
+
+
+def softmax_from_lse(scores: Tensor, bias: Tensor | None, lse: Tensor) -> Tensor:
+    """softmax(scores + bias) over key_pos from its log-sum-exp: ``exp(scores + bias − lse)``, in ``scores``' memory.
+
+    Args:
+        scores: ``(batch, head, query_pos, key_pos)``, a fresh tensor the caller gives up (no gradient).
+        bias: broadcastable to scores: float additive, or bool with True = not allowed; or None.
+        lse: ``(batch, head, query_pos)``: ``logsumexp(scores + bias)`` over key_pos, as a fused kernel gave it.
+
+    Returns:
+        The pattern, in scores' dtype (half precision goes through float32, as ``masked_softmax``).
+    """
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        return softmax_from_lse(scores.float(), bias, lse.float()).to(scores.dtype)
+    if bias is not None and bias.dtype == torch.bool:
+        scores.masked_fill_(bias, float("-inf"))
+    elif bias is not None:
+        scores += bias
+    scores -= lse.to(scores.dtype)[..., None]
+    return scores.exp_()
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -124,28 +187,72 @@ def attend(
         # (no expanded copy). Elsewhere some kernels lack it and fall back to slow math: expand.
         grouped = kv_index is None and k.shape[1] != n_heads and q.device.type == "cpu" and _SDPA_HAS_GQA
         k_all, v_all = (k, v) if grouped else (expand_kv(k, n_heads, kv_index), expand_kv(v, n_heads, kv_index))
-        z = F.scaled_dot_product_attention(
-            q, k_all, v_all, attn_mask=mask.kernel_mask(), dropout_p=dropout_p, is_causal=mask.is_causal, scale=scale,
-            **({"enable_gqa": True} if grouped else {}),
-        )
+        fused = None if pattern_heads is None else fused_attention_with_lse(
+            q, k_all, v_all, bias=_additive(mask.bias, q.dtype), is_causal=mask.is_causal, scale=scale,
+            dropout_p=dropout_p)
+        if fused is not None:
+            z, lse = fused
+        else:
+            z, lse = F.scaled_dot_product_attention(
+                q, k_all, v_all, attn_mask=mask.kernel_mask(), dropout_p=dropout_p, is_causal=mask.is_causal,
+                scale=scale, **({"enable_gqa": True} if grouped else {}),
+            ), None
         patterns = None
         if pattern_heads is not None:
-            patterns = head_patterns(q, k, mask, pattern_heads, scale=scale, kv_index=kv_index)
+            patterns = head_patterns(q, k, mask, pattern_heads, scale=scale, kv_index=kv_index, lse=lse)
     if mask.dead is not None:
         z = z.masked_fill(mask.dead[..., None], 0.0)
     return z, patterns
 
 
+def _additive(bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A mask as the kernel adds it: bool (True = not allowed) becomes 0 / -inf in ``dtype``, as
+    ``scaled_dot_product_attention`` converts a bool mask itself."""
+    if bias is None or bias.dtype != torch.bool:
+        return bias
+    return torch.zeros(bias.shape, dtype=dtype, device=bias.device).masked_fill_(bias, float("-inf"))
+
+
 def head_patterns(q: Tensor, k: Tensor, mask: AttentionMask, heads: list[int], *, scale: float,
-                  kv_index: Tensor | None = None) -> Tensor:
-    """The patterns of the given query heads only: ``(batch, len(heads), query_pos, key_pos)``."""
+                  kv_index: Tensor | None = None, lse: Tensor | None = None) -> Tensor:
+    """The patterns of the given query heads only: ``(batch, len(heads), query_pos, key_pos)``.
+
+    Args:
+        q, k, mask, scale, kv_index: as ``attend`` takes them.
+        heads: query-head indices.
+        lse: ``(batch, n_heads, query_pos)``, every head's log-sum-exp from ``fused_attention_with_lse``
+            with this mask: the patterns are then ``exp(q kᵀ · scale + bias − lse)``; None for the softmax.
+    """
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
-    index = torch.tensor(heads, device=q.device)
-    k_index = index // (n_heads // n_kv_heads) if kv_index is None else kv_index.index_select(0, index)
+    k_heads = [h // (n_heads // n_kv_heads) for h in heads] if kv_index is None else kv_index[heads].tolist()
     bias = mask.explicit_bias(q.shape[2], device=q.device)
     if bias is not None and bias.shape[1] == n_heads:
-        bias = bias.index_select(1, index)
+        bias = select_heads(bias, heads)
     dead = mask.dead
     if dead is not None and dead.shape[1] == n_heads:
-        dead = dead.index_select(1, index)
-    return attention_pattern(q.index_select(1, index), k.index_select(1, k_index), bias, dead, scale=scale)
+        dead = select_heads(dead, heads)
+    q, k = select_heads(q, heads), select_heads(k, k_heads)
+    if lse is None:
+        return attention_pattern(q, k, bias, dead, scale=scale)
+    pattern = softmax_from_lse(torch.matmul(q * scale, k.transpose(-1, -2)), bias, select_heads(lse, heads))
+    return pattern if dead is None else pattern.masked_fill_(dead[..., None], 0.0)
+
+
+def select_heads(x: Tensor, heads: list[int]) -> Tensor:
+    """``x[:, heads]``: a view for a run of consecutive heads, else a copy of those heads only.
+
+    ``index_select`` on a strided ``x`` (the heads of a fused projection, viewed as
+    ``(batch, head, pos, d)``) copies all of ``x`` first: for one head of twelve that is most of
+    the cost of a pattern.
+
+    Args:
+        x: ``(batch, head, ...)``.
+        heads: indices into the head axis (may repeat).
+
+    Returns:
+        ``(batch, len(heads), ...)``.
+    """
+    first = heads[0]
+    if heads == list(range(first, first + len(heads))):
+        return x.narrow(1, first, len(heads))
+    return torch.stack([x[:, h] for h in heads], dim=1)

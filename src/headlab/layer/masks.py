@@ -177,3 +177,32 @@ def _as_part(name: str, mask: Tensor, dtype: torch.dtype, device: torch.device) 
 def _bool_to_bias(not_allowed: Tensor, dtype: torch.dtype) -> Tensor:
     zeros = torch.zeros(not_allowed.shape, dtype=dtype, device=not_allowed.device)
     return zeros.masked_fill_(not_allowed, float("-inf"))
+
+
+def sink_window_blocked(q_len: int, k_len: int, *, window: int, sinks: int, causal: bool, offset: int,
+                        device: torch.device | str = "cpu") -> Tensor:
+    """The keys a streaming head drops: ``(query_pos, key_pos)``, bool with True = not allowed.
+
+    A streaming head (StreamingLLM, Xiao et al. 2023; DuoAttention, Xiao et al. 2024) keeps the
+    first ``sinks`` keys and a window of recent ones. Query i sits at key position ``p = offset + i``
+    and keeps key j when ``j < sinks`` or, causal, ``0 <= p − j < window`` (the ``window`` most
+    recent keys, its own included: a key/value cache of ``sinks + window`` entries); bidirectional,
+    ``|p − j| <= window`` (Longformer's sliding window, Beltagy et al. 2020). Causality itself is
+    the model's mask's business: a causal window only drops keys older than the window.
+
+    Args:
+        q_len, k_len: queries and keys of the call.
+        window: ``>= 1``.
+        sinks: ``>= 0``.
+        causal: the head's model is causal.
+        offset: the key position of query 0 (``k_len − q_len`` when queries end the keys).
+        device: where the mask is made.
+
+    Returns:
+        ``(query_pos, key_pos)`` bool.
+    """
+    position = torch.arange(q_len, device=device)[:, None] + offset  # (query_pos, 1)
+    distance = position - torch.arange(k_len, device=device)[None, :]  # (query_pos, key_pos): p − j
+    kept = distance < window if causal else distance.abs() <= window
+    kept |= torch.arange(k_len, device=device)[None, :] < sinks
+    return ~kept

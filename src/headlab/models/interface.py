@@ -11,7 +11,9 @@ Registered as ``"headlab"``, this function sees every head of every such model:
 - ``output_attentions=True``, or soft-capped logits (Gemma 2): every head's pattern, computed
   as the model's own eager path computes it, and z from it;
 - gates (mask, scale, zero/mean ablation, importance gates) act on z before the output
-  projection, whichever path ran.
+  projection, whichever path ran;
+- windowed heads (``headlab.heads.windowed``: sink and recent keys only) get their dropped keys
+  added to the call's mask, one mask per head, which every path then reads.
 
 Axis legend (transformers' layout):
     query           (batch, n_heads, query_pos, d_head)
@@ -25,11 +27,15 @@ Axis legend (transformers' layout):
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from headlab.layer.functional import fused_attention_with_lse, select_heads, softmax_from_lse
 from headlab.models.site import SITE_ATTRIBUTE, AttentionSite, TapOutput
 
 IMPLEMENTATION = "headlab"  # the name under which the function is registered
@@ -40,6 +46,21 @@ _sdpa_forward: Any = None  # transformers' own SDPA attention function
 # The last additive mask made, with what it was made from: every layer of a forward gets the same
 # mask (transformers builds one per forward), so only the first layer pays for the conversion.
 _last_mask: tuple[Any, Tensor] | None = None
+# Per thread, ``pool``: the pattern buffers while ``reuse_pattern_memory`` is active (absent outside it);
+# and how many references a buffer's memory has when only the pool holds it (None: this torch cannot
+# tell, so nothing is reused).
+_pattern_memory = threading.local()
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _references(tensor: Tensor) -> int:
+    """How many tensors (and storage objects) reference ``tensor``'s memory, this call's own included."""
+    assert _storage_use_count is not None
+    storage = tensor.untyped_storage()  # held while it is counted
+    return _storage_use_count(storage._cdata)
+
+
+_POOL_ONLY = None if _storage_use_count is None else _references(torch.empty(1))
 
 
 def register() -> None:
@@ -87,17 +108,19 @@ def attention(
     if kwargs.get("position_bias") is not None:
         raise ValueError(f"{type(module).__name__}: a position_bias (T5-style relative attention) is not supported "
                          "by headlab's attention when heads are inspected, gated or attentions requested")
+    if site is not None and site.windows:  # one additive mask per head, read by every path below
+        attention_mask = site.window_mask(eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
+                                          query, key, end_aligned=attention_mask is not None)
     n_heads, scaling = query.shape[1], query.shape[-1] ** -0.5 if scaling is None else scaling
     kv_of = _kv_heads(n_heads, key.shape[1], site, query.device)  # each query head's key/value head, or None
     tap = None if site is None else site.tap
     tapped_every = tap is not None and tap.pattern is not None and len(tap.pattern) == n_heads
     every_pattern = wants_weights or softcap is not None or tapped_every
-    mask = None
-    if every_pattern or (tap is not None and tap.pattern is not None):
-        mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
-    patterns = weights = None
+    patterns = weights = None  # every head's pattern (the explicit path), and what transformers returns
+    tapped_patterns = None  # the tapped heads' patterns, when the fused kernel's log-sum-exp gave them
     if every_pattern:
         key_all, value_all = (x if kv_of is None else x.index_select(1, kv_of) for x in (key, value))
+        mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
         patterns = eager_pattern(query, key_all, mask, scaling=scaling, softcap=softcap)
         weights = nn.functional.dropout(patterns, p=dropout, training=module.training) if dropout > 0 else patterns
         z = torch.matmul(weights, value_all)  # (batch, n_heads, query_pos, d_head_v)
@@ -105,8 +128,16 @@ def attention(
         if site is not None and not site.uniform_groups:  # such a module's num_key_value_groups is 1 (see prune)
             key, value = key.index_select(1, kv_of), value.index_select(1, kv_of)
             kv_of = None
-        z = _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                  kwargs=kwargs)[0].transpose(1, 2)
+        fused = None
+        if tap is not None and tap.pattern is not None:
+            fused = _fused_with_lse(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                    kwargs=kwargs)
+        if fused is None:
+            z = _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                      kwargs=kwargs)[0].transpose(1, 2)
+        else:
+            z, lse, bias = fused
+            tapped_patterns = _patterns_from_lse(query, key, bias, lse, kv_of, tap.pattern, scaling=scaling)
     if site is not None:
         z = site.gate(z)
         if tap is not None:
@@ -117,7 +148,10 @@ def attention(
                               v=None if tap.v is None else _per_head(value, kv_of, tap.v))
             if tap.pattern is not None and patterns is not None:
                 taken.pattern = patterns if tapped_every else patterns[:, tap.pattern]
+            elif tap.pattern is not None and tapped_patterns is not None:
+                taken.pattern = tapped_patterns
             elif tap.pattern is not None:
+                mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
                 taken.pattern = _head_patterns(query, key, mask, kv_of, tap.pattern, scaling=scaling)
             tap.sink(site.layer, taken)
     return z.transpose(1, 2).contiguous(), weights if wants_weights else None
@@ -167,7 +201,8 @@ def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: f
     """softmax(q kᵀ · scaling, soft-capped, + mask) over key_pos, in float32 (or float64), cast to query's dtype.
 
     The order and precision of transformers' eager functions (Gemma 2's soft-capping before
-    the mask; the softmax upcast to float32), except that float64 stays float64: cast to
+    the mask; the softmax upcast to float32), except that the scaling multiplies the query
+    (rounding differs in the last bit) and float64 stays float64: cast to
     float32, a padding row's mask (float64's most negative number) becomes -inf everywhere,
     its softmax NaN, and 0 · NaN carries that into the real tokens of the next layer.
 
@@ -181,18 +216,16 @@ def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: f
     Returns:
         ``(batch, head, query_pos, key_pos)``.
     """
-    scores = torch.matmul(query, key.transpose(2, 3))  # (batch, head, query_pos, key_pos)
+    scores = _scores(query, key, scaling)  # (batch, head, query_pos, key_pos)
     dtype = torch.promote_types(scores.dtype, torch.float32)
     if scores.requires_grad:
-        scores = scores * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if mask is not None:
             scores = scores + mask
         return scores.softmax(dim=-1, dtype=dtype).to(query.dtype)
     # Without autograd, in place: the same operations in the same order, on one (query_pos × key_pos)
-    # buffer per head instead of four (a fresh buffer costs more in first-touch page faults than the math).
-    scores.mul_(scaling)
+    # buffer per head instead of three (a fresh buffer costs more in first-touch page faults than the math).
     if softcap is not None:
         scores.div_(softcap).tanh_().mul_(softcap)
     if mask is not None:
@@ -200,6 +233,47 @@ def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: f
     if scores.dtype == dtype and scores.is_contiguous():
         return torch.ops.aten._softmax.out(scores, -1, False, out=scores)
     return scores.softmax(dim=-1, dtype=dtype).to(query.dtype)
+
+
+@contextmanager
+def reuse_pattern_memory() -> Iterator[None]:
+    """While the block runs, patterns are computed in buffers reused across forwards (see the module
+    docstring); they are released on exit. Nested blocks share the outer one's buffers."""
+    if getattr(_pattern_memory, "pool", None) is not None:
+        yield
+        return
+    _pattern_memory.pool = []
+    try:
+        yield
+    finally:
+        _pattern_memory.pool = None
+
+
+def _scores(query: Tensor, key: Tensor, scaling: float) -> Tensor:
+    """``(q · scaling) kᵀ``: ``(batch, head, query_pos, key_pos)``, in a pooled buffer where one is free."""
+    # Scaled on the query, not the scores: (query_pos × d_head) multiplies instead of (query_pos × key_pos).
+    query = query * scaling
+    shape = (*query.shape[:-1], key.shape[-2])
+    out = None
+    pool = getattr(_pattern_memory, "pool", None)
+    if pool is not None and _POOL_ONLY is not None and torch.is_inference_mode_enabled() \
+            and query.shape[:-2] == key.shape[:-2]:
+        out = _pooled(pool, shape, query.dtype, query.device)
+    return torch.matmul(query, key.transpose(-1, -2), out=out)
+
+
+def _pooled(pool: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A tensor of ``shape`` on a buffer of ``pool`` nothing else references (a new buffer when none is free)."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    for buffer in pool:
+        if (buffer.dtype == dtype and buffer.device == device and buffer.numel() >= numel
+                and _references(buffer) == _POOL_ONLY):
+            return buffer[:numel].view(shape)
+    buffer = torch.empty(numel, dtype=dtype, device=device)
+    pool.append(buffer)
+    return buffer.view(shape)
 
 
 def _per_head(x: Tensor, kv_of: Tensor | None, heads: list[int]) -> Tensor:
@@ -211,11 +285,57 @@ def _per_head(x: Tensor, kv_of: Tensor | None, heads: list[int]) -> Tensor:
 def _head_patterns(query: Tensor, key: Tensor, mask: Tensor | None, kv_of: Tensor | None, heads: list[int], *,
                    scaling: float) -> Tensor:
     """The eager patterns of the query heads ``heads`` only: ``(batch, len(heads), query_pos, key_pos)``."""
-    index = torch.tensor(heads, device=query.device)
-    kv_index = index if kv_of is None else kv_of.index_select(0, index)
+    kv_heads = heads if kv_of is None else kv_of[heads].tolist()
     if mask is not None and mask.shape[1] > 1:  # a mask per head
-        mask = mask.index_select(1, index)
-    return eager_pattern(query.index_select(1, index), key.index_select(1, kv_index), mask, scaling=scaling)
+        mask = select_heads(mask, heads)
+    return eager_pattern(select_heads(query, heads), select_heads(key, kv_heads), mask, scaling=scaling)
+
+
+def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,
+                    scaling: float, dropout: float, kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor] | None:
+    """z as transformers' SDPA function computes it, with the fused kernel's log-sum-exp, or None (no such kernel).
+
+    The same kernel ``scaled_dot_product_attention`` runs, on the same mask: transformers' rule for
+    ``is_causal`` (several queries, no mask, the call's or module's flag) and its cropping of the
+    keys past the queries (an empty static cache), a bool mask as 0 / -inf (as SDPA converts it);
+    grouped-query heads read their key/value head directly, as SDPA's ``enable_gqa`` does.
+
+    Returns:
+        ``(z (batch, n_heads, query_pos, d_head_v), lse (batch, n_heads, query_pos), bias)``: ``bias``,
+        broadcastable to the scores over every key, is the mask the log-sum-exp was taken under (float
+        additive, or bool True = not allowed for the causal mask); or None.
+    """
+    if kwargs.get("cache") is not None:  # a paged cache is updated inside transformers' function
+        return None
+    q_len, k_len = query.shape[2], key.shape[2]
+    causal = kwargs.get("is_causal")
+    causal = q_len > 1 and attention_mask is None and (getattr(module, "is_causal", True) if causal is None else causal)
+    bias = attention_mask
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+            ~attention_mask, float("-inf"))
+    keys = q_len if causal else k_len  # transformers crops the keys a causal prefill cannot see
+    fused = fused_attention_with_lse(query, key[:, :, :keys], value[:, :, :keys], bias=bias, is_causal=causal,
+                                     scale=scaling, dropout_p=dropout)
+    if fused is None:
+        return None
+    if causal:  # top-left aligned, as the kernel applies it
+        bias = (torch.arange(k_len, device=query.device)[None, :] > torch.arange(q_len, device=query.device)[:, None])
+    return fused[0], fused[1], bias
+
+
+def _patterns_from_lse(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, kv_of: Tensor | None,
+                       heads: list[int], *, scaling: float) -> Tensor:
+    """The patterns of the query heads ``heads`` from the kernel's log-sum-exp.
+
+    Returns:
+        ``(batch, len(heads), query_pos, key_pos)``.
+    """
+    kv_heads = heads if kv_of is None else kv_of[heads].tolist()
+    if bias is not None and bias.dim() == 4 and bias.shape[1] > 1:  # a mask per head
+        bias = select_heads(bias, heads)
+    scores = _scores(select_heads(query, heads), select_heads(key, kv_heads), scaling)
+    return softmax_from_lse(scores, bias, select_heads(lse, heads))
 
 
 def _sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,

@@ -4,7 +4,8 @@
 each an ``AttentionSite`` (the attribute ``headlab_site``, a plain object: it is not in the
 model's ``state_dict``). headlab's attention function reads the site on every call: its
 ``Tap`` says which heads' patterns, z and results to hand out, and its gates act on z before
-the model's output projection.
+the model's output projection; its windows (``headlab.heads.windowed``) restrict which keys
+some heads see.
 
 Axis legend:
     z        (batch, head, query_pos, d_head_v)   a head's weighted sum of values
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from headlab.layer import FactoredMatrix
 from headlab.layer.gates import Replacement, apply_gates, check_affine, check_gate
+from headlab.layer.masks import sink_window_blocked
 
 if TYPE_CHECKING:
     from headlab.models.layout import Layout
@@ -74,6 +76,22 @@ class Tap:
     q: list[int] | None = None
     k: list[int] | None = None
     v: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class HeadWindow:
+    """Query heads that see only the first ``sinks`` keys and a window of ``window`` keys around them
+    (``headlab.layer.masks.sink_window_blocked``): streaming heads, simulated exactly.
+
+    Attributes:
+        heads: the query heads, sorted, unique.
+        window: ``>= 1``: the recent keys kept (causal), or the largest distance kept (bidirectional).
+        sinks: ``>= 0``: the first keys every query keeps.
+    """
+
+    heads: tuple[int, ...]
+    window: int
+    sinks: int
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,9 @@ class AttentionSite:
         self.head_mask: Tensor | None = None
         self.replacement: Replacement | None = None
         self.delta: Tensor | None = None
+        # Per call: heads whose pattern is restricted to sink and recent keys (a head in several
+        # windows keeps the keys all of them keep).
+        self.windows: tuple[HeadWindow, ...] = ()
         self.tap: Tap | None = None
 
     def __repr__(self) -> str:
@@ -158,11 +179,34 @@ class AttentionSite:
     def idle(self) -> bool:
         """Nothing to take, gate or regroup: the fused kernel serves the call as it is."""
         return (self.tap is None and self.scale is None and self.shift is None and self.head_mask is None
-                and self.replacement is None and self.delta is None and self.uniform_groups)
+                and self.replacement is None and self.delta is None and not self.windows and self.uniform_groups)
 
     def kv_index(self, device: torch.device) -> Tensor:
         """``(n_heads,)``: the key/value head of each query head."""
         return torch.tensor(self.kv_head_of, device=device)
+
+    def window_mask(self, mask: Tensor | None, query: Tensor, key: Tensor, *, end_aligned: bool) -> Tensor:
+        """The call's additive mask with the windowed heads' dropped keys added: one mask per head.
+
+        Args:
+            mask: the additive mask the model's eager path adds (``interface.eager_mask``),
+                ``(batch | 1, 1 | n_heads, query_pos, key_pos)``, or None.
+            query: ``(batch, n_heads, query_pos, d_head)``; key ``(batch, n_kv_heads, key_pos, d_head)``.
+            end_aligned: queries are the last keys (a model's mask was passed: no cache, or a
+                dynamic one); False puts query 0 at key 0, as SDPA's ``is_causal`` does.
+
+        Returns:
+            ``(batch | 1, n_heads, query_pos, key_pos)`` in query's dtype: the dtype's most negative
+            number where a key is dropped (never -inf: a padding row stays finite).
+        """
+        q_len, k_len = query.shape[2], key.shape[2]
+        blocked = torch.zeros(self.n_heads, q_len, k_len, dtype=torch.bool, device=query.device)
+        for w in self.windows:
+            drop = sink_window_blocked(q_len, k_len, window=w.window, sinks=w.sinks, causal=self.causal,
+                                       offset=k_len - q_len if end_aligned else 0, device=query.device)
+            blocked[list(w.heads)] |= drop
+        base = torch.zeros((), dtype=query.dtype, device=query.device) if mask is None else mask
+        return torch.where(blocked[None], torch.finfo(query.dtype).min, base)
 
     def gate(self, z: Tensor) -> Tensor:
         """z ``(batch, n_heads, query_pos, d_head_v)`` after every gate set on the site (``headlab.layer.gates``)."""

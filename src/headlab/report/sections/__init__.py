@@ -9,7 +9,9 @@ section: write ``sections/<name>.py`` exposing ``SECTION`` (a
 from __future__ import annotations
 
 from headlab.report.section import Part, Section
-from headlab.report.sections import analysis, audit, bench, experiments, params, parity, patching, qk, viewer
+from headlab.report.sections import (
+    analysis, audit, bench, experiments, params, parity, patching, qk, sinks, streaming, viewer,
+)
 
 __all__ = ["DEFAULT_SECTIONS"]
 
@@ -47,8 +49,11 @@ DEFAULT_SECTIONS: list[Section | Part] = [
         "q004", "What makes each head learn something different?",
         "Every head of a layer is built the same way. Below: what gradient descent does with heads that start "
         "identical, layer variants trained side by side, and a previous-token head and an induction head "
-        "forming during training; what the heads of a pretrained model turn out to do is in the analysis.",
-        sections=(experiments.SYMMETRY, experiments.VARIANTS, experiments.INDUCTION), see_also=("analysis",),
+        "forming during training; then what the heads of the report's model do by the measures of 2020–2025: "
+        "where attention lands and what it carries (sinks, value-weighted attention), which heads copy from far "
+        "back and which could keep only a window of keys. The classic surface statistics are in the analysis.",
+        sections=(experiments.SYMMETRY, experiments.VARIANTS, experiments.INDUCTION, sinks.SECTION, streaming.SECTION),
+        see_also=("analysis",),
     ),
     Part(
         "heads", "The heads of the report's model",

@@ -8,7 +8,10 @@ Axis legend:
 
 One capture pass (``headlab.capture.capture``) feeds three consumers at once: the collector below,
 which encodes each item's patterns as it goes (``encoding.quantize``: one byte per entry, so the
-float patterns never pile up), ``SurfaceStats`` and ``TaxonomyStats``. Roles come from
+float patterns never pile up), ``SurfaceStats`` and ``TaxonomyStats``. The collector also computes each
+item's attention rollout through every layer up to the last shown one and, for items of at most
+``flow_max_length`` pieces, its attention flow (``headlab.analysis.flow``; every head of those layers is
+captured for them); at word level both are pooled from the piece level the way patterns are. Roles come from
 ``headlab.analysis.roles.label_heads`` and pattern classes from ``headlab.analysis.taxonomy.classify``,
 on the viewed texts themselves.
 """
@@ -22,6 +25,7 @@ from typing import Any
 
 import torch
 
+from headlab.analysis.flow import FLOW_MAX_LENGTH, attention_flow, rollout
 from headlab.analysis.roles import label_heads
 from headlab.analysis.surface import FIXED_WHEN_CAUSAL, STATISTICS, SurfaceStats, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, classify
@@ -76,6 +80,9 @@ class Level:
         pieces: word pieces in each position (1 at piece level).
         patterns: one encoded pattern per head, in ``ViewerData.heads`` order.
         thumb_size, thumbs: every head's pooled pattern (``encoding.thumbnails``).
+        rollout: per layer 0 … the last shown layer, the attention rollout through it (``flow.rollout``).
+        flow: the same for attention flow (``flow.attention_flow``), or None when the item has more than
+            ``ViewerData.flow_max_length`` pieces.
     """
 
     name: str
@@ -87,6 +94,8 @@ class Level:
     patterns: list[QuantizedPattern]
     thumb_size: int
     thumbs: bytes
+    rollout: list[QuantizedPattern] = field(default_factory=list)
+    flow: list[QuantizedPattern] | None = None
 
     @property
     def n(self) -> int:
@@ -95,7 +104,9 @@ class Level:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "n": self.n, "labels": self.labels, "gaps": self.gaps, "tail": self.tail,
                 "special": self.special, "pieces": self.pieces, "patterns": [p.to_dict() for p in self.patterns],
-                "thumbSize": self.thumb_size, "thumbs": base64.b64encode(self.thumbs).decode("ascii")}
+                "thumbSize": self.thumb_size, "thumbs": base64.b64encode(self.thumbs).decode("ascii"),
+                "rollout": [p.to_dict() for p in self.rollout],
+                "flow": None if self.flow is None else [p.to_dict() for p in self.flow]}
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,7 @@ class ViewerData:
         info: one ``HeadInfo`` per shown head, same order.
         items: the viewed texts.
         max_length: the truncation length in pieces, or None.
+        flow_max_length: the longest item (in pieces) whose attention flow is computed.
     """
 
     name: str
@@ -147,6 +159,7 @@ class ViewerData:
     items: list[ViewerItem]
     max_length: int | None = None
     notes: list[str] = field(default_factory=list)
+    flow_max_length: int = FLOW_MAX_LENGTH
 
     def head_index(self, layer: int, head: int) -> int:
         """The position of ``(layer, head)`` in ``heads`` (and in every ``Level.patterns``).
@@ -163,14 +176,15 @@ class ViewerData:
     def nbytes(self) -> int:
         """Bytes of encoded patterns and thumbnails (before base64)."""
         levels = [lv for item in self.items for lv in (item.pieces, item.words) if lv is not None]
-        return sum(p.nbytes for lv in levels for p in lv.patterns) + sum(len(lv.thumbs) for lv in levels)
+        matrices = [p for lv in levels for p in (*lv.patterns, *lv.rollout, *(lv.flow or ()))]
+        return sum(p.nbytes for p in matrices) + sum(len(lv.thumbs) for lv in levels)
 
     def to_dict(self) -> dict[str, Any]:
         """Returns: the page's payload (the format ``static/viewer.js`` reads)."""
         return {"format": 1, "name": self.name, "source": self.source, "architecture": self.architecture, "causal": self.causal,
                 "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
                 "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
-                "maxLength": self.max_length, "notes": list(self.notes)}
+                "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length}
 
 
 def view_data(
@@ -180,6 +194,7 @@ def view_data(
     heads: HeadSelection = None,
     corpus_rows: Sequence[Mapping[str, Any]] | None = None,
     max_entries: int = MAX_ENTRIES,
+    flow_max_length: int = FLOW_MAX_LENGTH,
     progress: bool = False,
 ) -> ViewerData:
     """Run the model on ``texts`` and encode what the viewer shows.
@@ -190,7 +205,10 @@ def view_data(
         heads: the heads to show (``headlab.heads.selection``); None for all.
         corpus_rows: per-head rows of a corpus-wide analysis (``AnalysisResult.rows()``), shown
             next to the statistics measured on ``texts``.
-        max_entries: most pattern entries (heads × positions², both levels) the page may carry.
+        max_entries: most pattern entries (heads × positions², both levels; rollout and flow count as a
+            head per layer) the page may carry.
+        flow_max_length: compute attention flow for items of at most this many pieces (its cost grows like
+            pieces⁴; ``headlab.analysis.flow.FLOW_MAX_LENGTH``); 0 for none.
         progress: show the capture's progress bar.
 
     Returns:
@@ -215,7 +233,8 @@ def view_data(
     max_length = model_max_length(model.model, model.tokenizer)
     tokenized = tokenize_corpus(model.tokenizer, texts, max_length=max_length)
     lengths = tokenized.lengths
-    entries = 2 * len(shown) * sum(n * n for n in lengths)  # both levels, at most
+    depth = 1 + max(layer for layer, _ in shown)  # rollout and flow run through every layer up to the last shown
+    entries = 2 * sum((len(shown) + depth * (1 + (n <= flow_max_length))) * n * n for n in lengths)  # both levels
     if entries > max_entries:
         raise ValueError(
             f"{len(texts)} text(s) of {max(lengths)} pieces at most × {len(shown)} heads need up to {entries:,} "
@@ -223,9 +242,10 @@ def view_data(
             "or shorter texts"
         )
     causal = is_causal(model)
-    collector = _Collector(shown)
+    collector = _Collector(shown, flow_max_length=flow_max_length)
     surface, taxonomy = SurfaceStats(causal=causal), TaxonomyStats(causal=causal)
-    run = capture(model, corpus=texts, heads=selection, what=("pattern",),
+    every_head = {layer: list(range(n_heads[layer])) for layer in range(depth)}  # rollout averages every head
+    run = capture(model, corpus=texts, heads=every_head, what=("pattern",),
                   consumers=[collector, surface, taxonomy], progress=progress)
     surface_result, taxonomy_result = surface.result(), taxonomy.result()
     roles, classes = label_heads(surface_result), classify(taxonomy_result)
@@ -246,14 +266,16 @@ def view_data(
     notes = [f"text {k} has {it.full_length} pieces; only the first {it.pieces.n} (the model's limit) are shown"
              for k, it in enumerate(items) if it.truncated]
     return ViewerData(name=model_name(model.source), source=model.source, architecture=model.architecture, causal=causal,
-                      n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length, notes=notes)
+                      n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length, notes=notes,
+                      flow_max_length=flow_max_length)
 
 
 class _Collector:
     """A capture consumer that encodes each item's patterns at both levels as its batch arrives."""
 
-    def __init__(self, shown: list[tuple[int, int]]) -> None:
+    def __init__(self, shown: list[tuple[int, int]], *, flow_max_length: int) -> None:
         self.shown = shown
+        self.flow_max_length = flow_max_length
         self.levels: dict[int, tuple[Level, Level | None]] = {}
 
     def update(self, batch: CaptureBatch) -> None:
@@ -267,17 +289,23 @@ class _Collector:
             text, tokens = batch.texts[row], batch.tokens[row]
             offsets = batch.offsets[row, :n].tolist()
             special = batch.special_tokens_mask[row, :n].bool().tolist()
-            pieces = _level("pieces", stack, text, tokens, offsets, special, list(range(n)))
+            # every head of each layer, averaged: rollout and flow read nothing else
+            means = [layers[layer].pattern[row, :, :n, :n].float().mean(0, keepdim=True).cpu() for layer in sorted(layers)]
+            paths = {"rollout": rollout(means)}
+            if n <= self.flow_max_length:
+                paths["flow"] = attention_flow(means, max_length=self.flow_max_length)
+            pieces = _level("pieces", stack, text, tokens, offsets, special, list(range(n)), paths)
             item_units = units[row, :n].cpu()
             words = None
             if int(n_units[row]) < n:  # some word has several pieces
+                pooled = {k: pattern_to_words(v, item_units) for k, v in paths.items()}
                 words = _level("words", pattern_to_words(stack.double(), item_units).float(), text, tokens, offsets,
-                               special, item_units.tolist())
+                               special, item_units.tolist(), pooled)
             self.levels[index] = (pieces, words)
 
 
 def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offsets: list[list[int]],
-           special: list[bool], units: list[int]) -> Level:
+           special: list[bool], units: list[int], paths: dict[str, torch.Tensor]) -> Level:
     """Labels, gaps and encodings of one item at one level; ``units[p]`` is piece p's position at this level."""
     n = max(units) + 1
     spans: list[list[int] | None] = [None] * n
@@ -311,4 +339,6 @@ def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offs
         cursor = max(cursor, end)
     size, thumbs = thumbnails(patterns)
     return Level(name=name, labels=labels, gaps=gaps, tail=text[cursor:], special=is_special, pieces=counts,
-                 patterns=[quantize(p) for p in patterns], thumb_size=size, thumbs=thumbs)
+                 patterns=[quantize(p) for p in patterns], thumb_size=size, thumbs=thumbs,
+                 rollout=[quantize(p) for p in paths["rollout"]],
+                 flow=[quantize(p) for p in paths["flow"]] if "flow" in paths else None)

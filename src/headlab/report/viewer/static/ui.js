@@ -5,9 +5,14 @@
  * Patterns arrive as row-relative bytes, deflated: weight = code * rowScale / 255.
  * Every piece of text reaches the page through textContent or canvas fillText, never as markup.
  *
+ * Beside a head's pattern the viewer shows two views of the whole model up to the open head's layer
+ * (Abnar & Zuidema 2020; headlab.analysis.flow): attention rollout and, for texts within the payload's
+ * flowMaxLength pieces, attention flow.
+ *
  * Test hooks: window.headlabViewers lists the viewers; each root carries data-ready, data-layer,
- * data-head, data-level, data-item and data-focus; after a token is focused, every token span
- * carries data-to (the focused token's weight on it) and data-from (its weight on the focused token).
+ * data-head, data-level, data-item, data-view (pattern, rollout or flow) and data-focus; after a
+ * token is focused, every token span carries data-to (the focused token's weight on it) and data-from
+ * (its weight on the focused token), read from the matrix shown.
  */
 (function () {
   "use strict";
@@ -28,6 +33,9 @@
     ["entropy", "entropy (nats)", "nats"],
     ["distance", "mean distance attended (tokens)", "tokens"]
   ];
+  var VIEWS = [["pattern", "pattern", "the open head's attention"],
+    ["rollout", "rollout", "attention rollout: every head of the layers up to the open head's, averaged, residual added, multiplied through"],
+    ["flow", "flow", "attention flow: the max-flow from each input token to each position, attention as capacities"]];
   var COLOUR_MODES = [["row", "weight / the row's largest"], ["linear", "weight / the head's largest"],
     ["sqrt", "\u221A(weight / the head's largest)"]];
   function Viewer(root, data) {
@@ -36,6 +44,7 @@
     this.item = 0;
     this.level = "pieces";
     this.colour = "row";
+    this.view = "pattern";
     this.selected = 0;
     this.focus = null;
     this.pinned = false;
@@ -53,10 +62,20 @@
     return (this.level === "words" && item.words) ? item.words : item.pieces;
   };
 
-  Viewer.prototype.pattern = function (headIndex) {
-    var key = this.item + "/" + this.level + "/" + headIndex;
+  Viewer.prototype.layerOf = function () { return this.data.heads[this.selected][0]; };
+
+  // the encoded matrix the open view shows: the head's pattern, or rollout / flow through its layer
+  Viewer.prototype.shown = function () {
+    var lv = this.levelData();
+    if (this.view === "rollout") return { key: "rollout" + this.layerOf(), enc: lv.rollout[this.layerOf()] };
+    if (this.view === "flow" && lv.flow) return { key: "flow" + this.layerOf(), enc: lv.flow[this.layerOf()] };
+    return { key: "head" + this.selected, enc: lv.patterns[this.selected] };
+  };
+
+  Viewer.prototype.pattern = function () {
+    var shown = this.shown(), key = this.item + "/" + this.level + "/" + shown.key;
     if (!this.cache[key]) {
-      var enc = this.levelData().patterns[headIndex];
+      var enc = shown.enc;
       var scale = new Float32Array(bytesOf(enc.scale).buffer);
       this.cache[key] = inflate(enc.codes).then(function (codes) {
         var peak = 0;
@@ -122,6 +141,24 @@
       self.levelButtons[name] = b;
     });
     controls.appendChild(seg);
+    var views = el("div", "hv-seg hv-views");
+    views.setAttribute("role", "group");
+    views.setAttribute("aria-label", "view");
+    this.viewButtons = {};
+    VIEWS.forEach(function (v) {
+      var b = el("button", null, v[1]);
+      b.type = "button";
+      b.dataset.view = v[0];
+      b.title = v[2];
+      b.addEventListener("click", function () {
+        if (!b.disabled) { self.view = v[0]; self.render(); }
+      });
+      views.appendChild(b);
+      self.viewButtons[v[0]] = b;
+    });
+    controls.appendChild(views);
+    this.viewHint = el("span", "hv-muted hv-view-hint");
+    controls.appendChild(this.viewHint);
     this.levelHint = el("span", "hv-muted hv-hint");
     controls.appendChild(this.levelHint);
     var colour = el("label", "hv-control");
@@ -215,8 +252,10 @@
     right.appendChild(headBox);
 
     var matBox = el("section", "hv-panel");
-    matBox.appendChild(el("h4", null, "Pattern"));
-    matBox.appendChild(el("p", "hv-help", "Rows: the attending token (query); columns: the token attended to (key)."));
+    this.matTitle = el("h4", null, "Pattern");
+    matBox.appendChild(this.matTitle);
+    this.matHelp = el("p", "hv-help", "Rows: the attending token (query); columns: the token attended to (key).");
+    matBox.appendChild(this.matHelp);
     this.canvas = el("canvas", "hv-matrix");
     this.canvas.addEventListener("mousemove", function (ev) { self.matrixHover(ev); });
     this.canvas.addEventListener("mouseleave", function () { self.matrixStatus.textContent = "\u00A0"; self.drawMatrix(); });
@@ -258,6 +297,7 @@
       "every word of this text is a single piece";
     this.levelHint.textContent = item.words ? "" : "(every word here is one piece)";
     if (!item.words) this.level = "pieces";
+    this.renderViews(item);
     Object.keys(this.levelButtons).forEach(function (k) {
       self.levelButtons[k].setAttribute("aria-pressed", String(k === self.level));
     });
@@ -268,11 +308,12 @@
     this.root.dataset.head = String(lh[1]);
     this.root.dataset.level = this.level;
     this.root.dataset.item = String(this.item);
+    this.root.dataset.view = this.view;
     this.thumbButtons.forEach(function (b, i) { if (b) b.setAttribute("aria-pressed", String(i === self.selected)); });
     this.renderHeader(lh, info);
     this.renderStats(lh, info);
     this.renderText();
-    return Promise.all([this.pattern(this.selected), this.thumbs()]).then(function (got) {
+    return Promise.all([this.pattern(), this.thumbs()]).then(function (got) {
       if (id !== self.renderId) return;
       self.current = got[0];
       self.drawThumbs(got[1]);
@@ -282,10 +323,39 @@
     });
   };
 
+  Viewer.prototype.renderViews = function (item) {
+    var self = this, lv = (this.level === "words" && item.words) ? item.words : item.pieces, limit = this.data.flowMaxLength;
+    var flowOk = !!lv.flow;
+    if (this.view === "flow" && !flowOk) this.view = "rollout";
+    this.viewButtons.flow.disabled = !flowOk;
+    this.viewHint.textContent = flowOk ? "" : "(flow: texts of at most " + limit + " word pieces; this one has " +
+      item.pieces.n + ")";
+    Object.keys(this.viewButtons).forEach(function (k) {
+      self.viewButtons[k].setAttribute("aria-pressed", String(k === self.view));
+    });
+  };
+
   Viewer.prototype.renderHeader = function (lh, info) {
     this.headTitle.textContent = "Layer " + lh[0] + " \u00B7 head " + lh[1];
     this.badges.textContent = "";
     var self = this;
+    var pooled = this.level === "words" ? " At word level it is pooled from the pieces as patterns are." : "";
+    if (this.view !== "pattern") {
+      var what = this.view === "rollout" ? "Attention rollout" : "Attention flow";
+      this.headTitle.textContent = what + " through layer " + lh[0];
+      this.badges.appendChild(el("span", "hv-badge hv-class", "every head of layers 0\u2013" + lh[0] +
+        " averaged, residual added"));
+      this.matTitle.textContent = what + " through layer " + lh[0];
+      this.matHelp.textContent = (this.view === "rollout" ?
+        "Rows: each position above layer " + lh[0] + "; columns: the input tokens. A row is the product of the " +
+        "head-averaged attention (plus the identity for the residual) of every layer up to here, and sums to 1." :
+        "Rows: each position above layer " + lh[0] + "; columns: the input tokens. A cell is the most that can flow " +
+        "from the input token to the position with each layer's head-averaged attention (plus the residual) as " +
+        "capacities: an exact max-flow.") + pooled + " (Abnar & Zuidema 2020.) Click a thumbnail to pick the layer.";
+      return;
+    }
+    this.matTitle.textContent = "Pattern";
+    this.matHelp.textContent = "Rows: the attending token (query); columns: the token attended to (key).";
     info.roles.forEach(function (r) { self.badges.appendChild(el("span", "hv-badge hv-role", r.replace(/_/g, " "))); });
     if (!info.roles.length) this.badges.appendChild(el("span", "hv-badge hv-none", "no role label"));
     this.badges.appendChild(el("span", "hv-badge hv-class", "pattern: " + info["class"]));

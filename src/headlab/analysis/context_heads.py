@@ -1,0 +1,127 @@
+"""Which heads need the whole context: retrieval heads (Wu et al. 2024) and streaming heads
+(DuoAttention, RazorAttention 2024) of one model, sized to fit it, run the same way by ``headlab
+analyze`` and the report.
+
+- Retrieval scores (``headlab.analysis.retrieval``) apply to causal language models only; for any
+  other model ``ContextHeads.retrieval`` is None and ``reason`` says why.
+- The streaming simulation (``headlab.analysis.streaming``) runs on both kinds.
+
+Both run on every head of the model (their own passes, like the causal probes), with the sizes of
+``FULL`` or ``QUICK`` shrunk to the model's position table.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "has_logits", "plot_streaming"]
+
+# Settings of the two runs: a few seconds on a tiny model, under a minute for MiniLM on two cores.
+FULL = dict(needles=24, needle_length=10, haystack_length=96, windows=(4, 8, 16, 32), length=96, texts=4, sinks=4)
+QUICK = dict(needles=8, needle_length=8, haystack_length=48, windows=(4, 16), length=64, texts=2, sinks=4)
+
+
+@dataclass
+class ContextHeads:
+    """Retrieval scores (or why none) and the streaming simulation of one model.
+
+    Attributes:
+        retrieval: a ``RetrievalResult``, or None when the scores do not apply.
+        reason: why ``retrieval`` is None (None when it ran).
+        needle_length, haystack_length: tokens of each needle and of the text around it.
+        streaming: a ``StreamingResult``.
+    """
+
+    retrieval: Any | None
+    reason: str | None
+    needle_length: int
+    haystack_length: int
+    streaming: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"retrieval": None if self.retrieval is None else self.retrieval.to_dict(),
+                "retrieval_not_applicable": self.reason,
+                "needle_length": self.needle_length if self.reason is None else None,
+                "haystack_length": self.haystack_length if self.reason is None else None,
+                "streaming": self.streaming.to_dict()}
+
+
+def context_heads(model: Any, corpus: Any = None, *, quick: bool = False, seed: int = 0) -> ContextHeads:
+    """Retrieval scores (causal language models) and the streaming simulation, with ``QUICK`` or ``FULL``
+    sizes shrunk to the model's position table.
+
+    Args:
+        model: a ``LoadedModel`` with a tokenizer.
+        corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
+        quick: the ``QUICK`` sizes.
+        seed: where the needles are hidden.
+    """
+    from headlab.analysis.retrieval import retrieval_scores
+    from headlab.analysis.streaming import streaming_simulation
+    from headlab.capture.run import model_max_length
+    from headlab.models import attention_sites
+
+    settings = QUICK if quick else FULL
+    limit = model_max_length(model.model, model.tokenizer) or 10**9
+    length = min(settings["length"], limit)
+    windows = [w for w in settings["windows"] if w < length] or [max(1, length // 4)]
+    needle = settings["needle_length"]
+    haystack = min(settings["haystack_length"], limit - 1 - 2 * needle)
+    retrieval, reason = None, None
+    if not all(site.causal for site in attention_sites(model)):
+        reason = "it attends both ways"
+    elif not has_logits(model):
+        reason = "it is causal but has no language-model head, so its predictions cannot be read"
+    else:
+        retrieval = retrieval_scores(model, corpus=corpus, needles=settings["needles"], needle_length=needle,
+                                     haystack_length=haystack, seed=seed)
+    streaming = streaming_simulation(model, corpus=corpus, windows=windows, sinks=settings["sinks"], length=length,
+                                     texts=settings["texts"])
+    return ContextHeads(retrieval, reason, needle, haystack, streaming)
+
+
+def has_logits(model: Any) -> bool:
+    """The model's output has logits (a language-model head), checked with a one-token forward."""
+    import torch
+
+    ids = torch.tensor([[model.tokenizer.bos_token_id or 0]], device=model.model.device)
+    with torch.no_grad():
+        return getattr(model.model(input_ids=ids), "logits", None) is not None
+
+
+def plot_streaming(result: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    """Loss change against the window W (a ``StreamingResult``): the median and the largest single-head
+    change, every head at once, the combined conversion, and the budget; a PNG. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = np.asarray(result.windows)
+    single = np.stack([result.table[f"loss_change_w{x}"] for x in result.windows])  # (windows, heads)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(w, np.median(single, 1), marker="o", label="one head streaming (median)")
+    ax.plot(w, single.max(1), marker="^", label="one head streaming (largest)")
+    ax.plot(w, result.all_heads, marker="s", label="every head streaming")
+    ax.plot(w, [c.loss_change for c in result.conversions], marker="D", label="the conversion (tolerant heads)")
+    ax.axhline(result.budget, color="grey", linestyle="--", linewidth=1, label=f"budget {result.budget:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(w, [str(x) for x in w])
+    ax.set_xlabel(f"window W (plus {result.sinks} sink tokens)")
+    ax.set_ylabel("loss change")
+    ax.set_yscale("symlog", linthresh=max(result.budget, 1e-4))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,237 @@
+"""The reductions of a batch's patterns that several accumulators read, each computed once per batch.
+
+Axis legend:
+    pattern     (batch, head, query_pos, key_pos)   one captured layer's selected heads
+    masks       (batch, pos)                        per position
+    rows        (batch, head, query_pos)            one number per attention row
+    masses      (batch, head, query_pos, column)    each row's mass on each key column of ``COLUMNS``
+    key sums    (batch, head, key_pos)              Σ over the real queries
+
+Surface statistics and the taxonomy read the same attention rows: mass on special tokens,
+punctuation and segments, the diagonals, the entropy, the distance, the largest weight.
+``reductions(batch)`` hands every accumulator one ``BatchReductions`` per batch (kept on the batch
+with ``CaptureBatch.shared``); each reduction of a layer is computed by the first accumulator that
+asks for it and then reused, so each pattern is read once per kind of reduction however many
+accumulators run: one matmul for every column mass (``COLUMNS``: surface's and the taxonomy's key
+masks side by side), one for the key sums, one for the distance, one max, the entropy in blocks that
+stay in cache, and the diagonals as views.
+
+Reductions run in the patterns' dtype (float32 row sums are exact to ~1e-7, far below anything a
+statistic is read at); the accumulators widen the per-row values to float64 before summing over the
+corpus. Padded query rows hold whatever the model computed (NaN included): consumers select real
+rows with ``real``, never by multiplying.
+"""
+
+from __future__ import annotations
+
+import string
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from headlab.capture.batch import CaptureBatch
+
+__all__ = [
+    "COLUMNS", "BatchReductions", "LayerReductions", "is_punctuation", "punctuation_mask", "reductions", "segments",
+]
+
+# The key columns of ``LayerReductions.masses``, in order; segment s of ``segments`` is column
+# ``len(COLUMNS) + s`` (its content tokens only).
+COLUMNS = ("first_special", "other_special", "punctuation", "special")
+_ENTROPY_BLOCK = 1 << 18  # elements per block of the entropy's temporaries (1 MiB in float32): they stay in cache
+_SENTENCE_ENDS = frozenset({".", "!", "?"})
+# Word-piece markers stripped before the punctuation test: WordPiece "##", byte-level BPE "Ġ"
+# (a leading space), SentencePiece "▁".
+_PIECE_PREFIXES = ("##", "Ġ", "▁")
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def is_punctuation(token: str) -> bool:
+    """True when ``token``, its word-piece marker stripped, is non-empty and all ``string.punctuation``."""
+    for prefix in _PIECE_PREFIXES:
+        if token.startswith(prefix):
+            token = token[len(prefix):]
+            break
+    return bool(token) and all(c in _PUNCTUATION for c in token)
+
+
+def punctuation_mask(batch: CaptureBatch) -> Tensor:
+    """``(batch, pos)`` bool: True at punctuation pieces that are not special tokens."""
+    mask = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+    for row, tokens in enumerate(batch.tokens):
+        mask[row, : len(tokens)] = torch.tensor([is_punctuation(t) for t in tokens], dtype=torch.bool)
+    return mask.to(batch.special_tokens_mask.device) & ~batch.special_tokens_mask.bool()
+
+
+def segments(batch: CaptureBatch) -> tuple[Tensor, Tensor]:
+    """Each position's segment and each item's number of content segments.
+
+    A segment ends after a special token or a sentence-final piece (``.``, ``!``, ``?``): the
+    boundary belongs to the segment it closes. A content segment holds a non-special token, so
+    ``[CLS] a b . c d [SEP]`` has the content segments ``a b .`` and ``c d``.
+
+    Returns:
+        ``(segment (batch, pos) int64, n_content (batch,) int64)``.
+    """
+    real = batch.attention_mask.bool()
+    special = batch.special_tokens_mask.bool() & real
+    ends = torch.zeros_like(real)
+    for row, tokens in enumerate(batch.tokens):
+        ends[row, : len(tokens)] = torch.tensor([t.lstrip("Ġ▁") in _SENTENCE_ENDS for t in tokens], dtype=torch.bool)
+    boundary = (special | ends) & real
+    segment = torch.zeros_like(batch.input_ids)
+    segment[:, 1:] = boundary[:, :-1].long().cumsum(-1)
+    content = real & ~special
+    n_content = torch.tensor([torch.unique(segment[row][content[row]]).numel() for row in range(len(segment))],
+                             dtype=torch.long, device=segment.device)
+    return segment, n_content
+
+
+def reductions(batch: CaptureBatch) -> BatchReductions:
+    """The batch's ``BatchReductions``, made by the first accumulator that asks and shared by the rest."""
+    return batch.shared(BatchReductions, BatchReductions)
+
+
+class BatchReductions:
+    """The key masks of one batch and, per captured layer, its ``LayerReductions``.
+
+    Attributes:
+        batch: the batch.
+        real: ``(batch, pos)`` bool, True at real tokens.
+        special: ``(batch, pos)`` bool, True at real special tokens ([CLS], [SEP], BOS …).
+        punctuation: ``(batch, pos)`` bool, True at punctuation pieces that are not special tokens.
+        segment: ``(batch, pos)`` int64, each position's segment (``segments``).
+        n_content: ``(batch,)`` int64, content segments per item.
+    """
+
+    def __init__(self, batch: CaptureBatch) -> None:
+        self.batch = batch
+        self.real = batch.attention_mask.bool()
+        self.special = batch.special_tokens_mask.bool() & self.real
+        self.punctuation = punctuation_mask(batch)
+        self.segment, self.n_content = segments(batch)
+        self._layers: dict[int, LayerReductions] = {}
+        self._columns: dict[torch.dtype, Tensor] = {}
+
+    @property
+    def content(self) -> Tensor:
+        """``(batch, pos)`` bool: real tokens that are not special."""
+        return self.real & ~self.special
+
+    def columns(self, dtype: torch.dtype) -> Tensor:
+        """``(batch, key_pos, len(COLUMNS) + n_segments)``: the key masks of ``COLUMNS``, then one per segment
+        (its content tokens), as 0/1 in ``dtype`` (made once per dtype)."""
+        if dtype not in self._columns:
+            self._columns[dtype] = self._make_columns(dtype)
+        return self._columns[dtype]
+
+    def _make_columns(self, dtype: torch.dtype) -> Tensor:
+        first = torch.zeros_like(self.special)
+        first[:, 0] = self.special[:, 0]
+        one_hot = torch.nn.functional.one_hot(self.segment, int(self.segment.max()) + 1).bool()
+        one_hot &= self.content[..., None]
+        masks = [first, self.special & ~first, self.punctuation & self.real, self.special]
+        return torch.cat([torch.stack(masks, dim=-1), one_hot], dim=-1).to(dtype)
+
+    def layer(self, layer: int) -> LayerReductions:
+        """The reductions of one captured layer's patterns (computed as they are asked for).
+
+        Raises:
+            ValueError: the layer was captured without patterns.
+        """
+        if layer not in self._layers:
+            pattern = self.batch.layers[layer].pattern
+            if pattern is None:
+                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
+            self._layers[layer] = LayerReductions(pattern, self)
+        return self._layers[layer]
+
+
+class LayerReductions:
+    """The row reductions of one layer's patterns, each computed on first access.
+
+    All are in the patterns' dtype. Rows are ``(batch, head, query_pos)``; padded query rows
+    hold whatever the patterns hold there.
+
+    Args:
+        pattern: ``(batch, head, query_pos, key_pos)``.
+        keys: the batch's masks.
+    """
+
+    def __init__(self, pattern: Tensor, keys: BatchReductions) -> None:
+        self.pattern = pattern
+        self.keys = keys
+        self._diagonals: dict[int, Tensor] = {}
+
+    @cached_property
+    def masses(self) -> Tensor:
+        """``(batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
+        # A matmul reduces short rows far faster than elementwise products followed by sum(-1); with
+        # every head's rows of an item stacked, one (head · query_pos × key_pos) product per item.
+        p = self.pattern
+        columns = self.keys.columns(p.dtype).to(p.device)  # (batch, key_pos, column)
+        if not p.is_contiguous():
+            return torch.matmul(p, columns[:, None])
+        batch, heads, n_q, n_k = p.shape
+        return torch.matmul(p.view(batch, heads * n_q, n_k), columns).view(batch, heads, n_q, -1)
+
+    def mass(self, column: str) -> Tensor:
+        """``(batch, head, query_pos)``: each row's mass on the key column ``column`` of ``COLUMNS``."""
+        return self.masses[..., COLUMNS.index(column)]
+
+    @property
+    def segment_masses(self) -> Tensor:
+        """``(batch, head, query_pos, n_segments)``: each row's mass on the content tokens of each segment."""
+        return self.masses[..., len(COLUMNS):]
+
+    def diagonal(self, offset: int) -> Tensor:
+        """``(batch, head, query_pos)``: ``p[..., i, i + offset]``, 0 where key ``i + offset`` does not exist."""
+        if offset not in self._diagonals:
+            p = self.pattern
+            out = p.new_zeros(p.shape[:-1])
+            values = p.diagonal(offset=offset, dim1=-2, dim2=-1)
+            if offset < 0:
+                out[..., -offset:] = values
+            else:
+                out[..., : out.shape[-1] - offset] = values
+            self._diagonals[offset] = out
+        return self._diagonals[offset]
+
+    @cached_property
+    def entropy(self) -> Tensor:
+        """``(batch, head, query_pos)``: ``−Σ_j p_ij ln p_ij`` (nats; ``0 ln 0 = 0``)."""
+        p = self.pattern
+        rows = p.reshape(-1, p.shape[-1])  # (row, key_pos)
+        out = p.new_empty(rows.shape[0])
+        step = max(1, _ENTROPY_BLOCK // max(1, rows.shape[1]))
+        buffer = p.new_empty(min(step, rows.shape[0]), rows.shape[1])
+        for start in range(0, rows.shape[0], step):
+            block = rows[start:start + step]
+            log_p = torch.clamp_min(block, torch.finfo(p.dtype).tiny, out=buffer[: len(block)]).log_()  # finite at 0
+            torch.sum(log_p.mul_(block), -1, out=out[start:start + step])
+        return out.neg_().view(p.shape[:-1])
+
+    @cached_property
+    def distance(self) -> Tensor:
+        """``(batch, head, query_pos)``: ``Σ_j p_ij |i − j|``."""
+        p = self.pattern
+        n_q, n_k = p.shape[-2:]
+        offsets = torch.arange(n_q, device=p.device)[:, None] - torch.arange(n_k, device=p.device)[None, :]
+        return torch.einsum("bhqk,qk->bhq", p, offsets.abs().to(p.dtype))
+
+    @cached_property
+    def confidence(self) -> Tensor:
+        """``(batch, head, query_pos)``: ``max_j p_ij``."""
+        return self.pattern.amax(-1)
+
+    @cached_property
+    def key_sums(self) -> Tensor:
+        """``(batch, head, key_pos)``: ``Σ_i p_ij`` over the real queries ``i``."""
+        p = self.pattern
+        real_rows = self.keys.real.to(device=p.device, dtype=p.dtype)[:, None, None, :]  # (batch, 1, 1, query_pos)
+        sums = torch.matmul(real_rows, p).squeeze(-2)
+        if not torch.isfinite(sums).all():  # padded query rows may hold anything (NaN): keep them out
+            sums = torch.where(real_rows.squeeze(1)[..., None].bool(), p, 0.0).sum(-2)
+        return sums
+

@@ -1,0 +1,288 @@
+"""Retrieval heads: the heads that copy a token from far back in the context (Wu et al. 2024,
+"Retrieval Head Mechanistically Explains Long-Context Factuality").
+
+Wu et al. hide a needle in a haystack and let the model copy it out; while it generates token w, a
+head *retrieves* when w is in the needle and the head's most-attended key holds that token in the
+needle. A head's retrieval score is the share of the needle's tokens it retrieved; heads scoring
+above 0.1 are the paper's retrieval heads. Here the copy is teacher-forced, so one forward scores
+every step: the input is a haystack of corpus text with a needle span (also corpus text) inserted
+at a random depth, followed by the needle again. Step i of the copy is the query at the copy's
+token i − 1, which should predict needle token i (i = 1 … n − 1: the copy's first token has no cue,
+so it is not a step). At that step a head
+
+    attends   when its most-attended key (argmax, the first on ties) is a needle position holding
+              needle token i (Wu et al. compare tokens: with distinct tokens, exactly position i);
+    retrieves when it attends and the model's top prediction is needle token i.
+
+``score`` = retrieved steps / steps, summed over needles (``RetrievalScores``: update / merge / result).
+Only causal models copy by generating: a bidirectional model is refused.
+
+Axis legend:
+    input_ids  (batch, pos)
+    pattern    (batch, head, query_pos, key_pos)
+    predicted  (batch, pos): the model's top next-token prediction after each position
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from headlab.capture.corpus import ShortCorpus
+from headlab.heads import HeadTable
+from headlab.models import LoadedModel, attention_sites
+
+__all__ = ["THRESHOLD", "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases", "retrieval_scores"]
+
+THRESHOLD = 0.1  # Wu et al.'s retrieval heads score above this
+
+
+@dataclass(frozen=True)
+class CopyCase:
+    """One teacher-forced copy: ``input_ids`` holds the haystack with the needle inside, then the needle again.
+
+    Attributes:
+        input_ids: the whole input, ``(pos,)`` as a tuple.
+        needle_start: position of the needle's first token inside the haystack.
+        copy_start: position of the copy's first token (the input ends with the copy).
+        length: tokens in the needle, ``>= 2``.
+    """
+
+    input_ids: tuple[int, ...]
+    needle_start: int
+    copy_start: int
+    length: int
+
+    def __post_init__(self) -> None:
+        n, ids = self.length, self.input_ids
+        if n < 2 or self.copy_start + n != len(ids) or not 0 <= self.needle_start <= self.copy_start - n:
+            raise ValueError(f"a copy case needs a needle of >= 2 tokens ending before its copy, which ends the input; "
+                             f"got length={n}, needle_start={self.needle_start}, copy_start={self.copy_start}, "
+                             f"{len(ids)} tokens")
+        if ids[self.needle_start:self.needle_start + n] != ids[self.copy_start:]:
+            raise ValueError(f"the copy at {self.copy_start} is not the needle at {self.needle_start}")
+
+    @property
+    def needle(self) -> tuple[int, ...]:
+        return self.input_ids[self.needle_start:self.needle_start + self.length]
+
+    def steps(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The copy steps: ``(queries (n−1,), targets (n−1,), allowed (n−1, pos) bool)``; ``allowed[s, j]``
+        is True when key j is a needle position holding step s's target."""
+        needle = torch.tensor(self.needle)
+        queries = torch.arange(self.copy_start, self.copy_start + self.length - 1)
+        targets = needle[1:]
+        allowed = torch.zeros(self.length - 1, len(self.input_ids), dtype=torch.bool)
+        allowed[:, self.needle_start:self.needle_start + self.length] = targets[:, None] == needle[None, :]
+        return queries, targets, allowed
+
+
+@dataclass
+class RetrievalResult:
+    """Retrieval scores per head over a set of needles.
+
+    Attributes:
+        table: a row per head; ``score`` (retrieved steps / steps), ``attended`` (steps whose
+            top key was the copied token / steps), ``retrieved`` (a count).
+        needles: needles run.
+        steps: copy steps over all needles.
+        copied: steps where the model's top prediction was the needle token.
+        seconds: wall time (0 for a result built by hand).
+    """
+
+    table: HeadTable
+    needles: int
+    steps: int
+    copied: int
+    seconds: float = 0.0
+
+    @property
+    def copy_accuracy(self) -> float:
+        """Share of the steps the model copies right (top-1), NaN without steps."""
+        return self.copied / self.steps if self.steps else float("nan")
+
+    def top(self, k: int | None = None) -> list[tuple[int, int]]:
+        """The ``k`` heads with the highest score (all with None)."""
+        return self.table.top("score", k)
+
+    def retrieval_heads(self, threshold: float = THRESHOLD) -> list[tuple[int, int]]:
+        """Heads scoring above ``threshold`` (Wu et al.'s 0.1), highest first."""
+        return [h for h in self.top() if self.table.value("score", *h) > threshold]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"needles": self.needles, "steps": self.steps, "copied": self.copied,
+                "copy_accuracy": None if not self.steps else self.copy_accuracy, "threshold": THRESHOLD,
+                "retrieval_heads": [list(h) for h in self.retrieval_heads()], "seconds": self.seconds,
+                **self.table.to_dict()}
+
+
+class RetrievalScores:
+    """Counts of retrieving and attending steps per head, mergeable across needles and workers.
+
+    Args:
+        n_heads: query heads of each layer, in layer order.
+    """
+
+    def __init__(self, n_heads: Sequence[int]) -> None:
+        self.n_heads = [int(n) for n in n_heads]
+        self.retrieved = [np.zeros(n, dtype=np.int64) for n in self.n_heads]
+        self.attended = [np.zeros(n, dtype=np.int64) for n in self.n_heads]
+        self.needles = self.steps = self.copied = 0
+        self.seconds = 0.0
+
+    def update(self, cases: Sequence[CopyCase], patterns: Mapping[int, Tensor], predicted: Tensor) -> None:
+        """Count one batch of copies.
+
+        Args:
+            cases: the batch's copy cases, one per row, all as long as the batch.
+            patterns: ``{layer: (batch, n_heads, query_pos, key_pos)}`` for every layer.
+            predicted: ``(batch, pos)`` the model's top prediction after each position.
+
+        Raises:
+            ValueError: a layer missing, or shapes that do not match the cases.
+        """
+        missing = sorted(set(range(len(self.n_heads))) - set(patterns))
+        if missing:
+            raise ValueError(f"patterns of layers {missing} are missing; retrieval scores need every layer's")
+        if predicted.shape[0] != len(cases):
+            raise ValueError(f"predicted has {predicted.shape[0]} rows for {len(cases)} copy cases")
+        for b, case in enumerate(cases):
+            queries, targets, allowed = case.steps()
+            ok = predicted[b, queries].cpu() == targets  # (steps,)
+            for layer, n in enumerate(self.n_heads):
+                pattern = patterns[layer][b]  # (head, query_pos, key_pos)
+                if pattern.shape != (n, len(case.input_ids), len(case.input_ids)):
+                    raise ValueError(f"layer {layer}'s pattern has shape {tuple(pattern.shape)}; this case needs "
+                                     f"{(n, len(case.input_ids), len(case.input_ids))}")
+                top = pattern[:, queries].argmax(-1).cpu()  # (head, steps): the most-attended key
+                hit = allowed[torch.arange(len(queries))[None, :], top]  # (head, steps)
+                self.attended[layer] += hit.sum(1).numpy()
+                self.retrieved[layer] += (hit & ok[None, :]).sum(1).numpy()
+            self.steps += len(queries)
+            self.copied += int(ok.sum())
+            self.needles += 1
+
+    def merge(self, other: RetrievalScores) -> RetrievalScores:
+        """Add ``other``'s counts (same model geometry) into this one; returns self.
+
+        Raises:
+            ValueError: other layers or heads.
+        """
+        if other.n_heads != self.n_heads:
+            raise ValueError(f"cannot merge retrieval scores of heads {other.n_heads} into {self.n_heads}")
+        for mine, theirs in ((self.retrieved, other.retrieved), (self.attended, other.attended)):
+            for a, b in zip(mine, theirs):
+                a += b
+        self.needles += other.needles
+        self.steps += other.steps
+        self.copied += other.copied
+        self.seconds += other.seconds
+        return self
+
+    def result(self) -> RetrievalResult:
+        heads = [(layer, h) for layer, n in enumerate(self.n_heads) for h in range(n)]
+        retrieved, attended = np.concatenate(self.retrieved), np.concatenate(self.attended)
+        steps = max(self.steps, 1)
+        return RetrievalResult(HeadTable(heads, {"score": retrieved / steps, "attended": attended / steps,
+                                                 "retrieved": retrieved}),
+                               self.needles, self.steps, self.copied, self.seconds)
+
+
+def copy_cases(tokenizer: Any, texts: Sequence[str], *, needles: int, needle_length: int, haystack_length: int,
+               seed: int = 0) -> list[CopyCase]:
+    """Copy cases from a corpus: a needle span and a haystack span of its text, the needle inserted at a
+    random depth, the needle repeated at the end; a beginning-of-sequence token first when the tokenizer has one.
+
+    The corpus texts are tokenized without special tokens and joined into one stream; the needle and
+    the haystack are disjoint spans of it.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        texts: the corpus.
+        needles: cases to make, ``>= 1``.
+        needle_length: tokens per needle, ``>= 2``.
+        haystack_length: tokens of haystack around each needle, ``>= 0``.
+        seed: seeds the spans and depths.
+
+    Returns:
+        ``needles`` cases, each ``[bos] + haystack[:d] + needle + haystack[d:] + needle`` long.
+
+    Raises:
+        ValueError: a size out of range.
+        ShortCorpus: a corpus too short for one needle and one haystack (a ``ValueError``).
+    """
+    for name, value, least in (("needles", needles, 1), ("needle_length", needle_length, 2),
+                               ("haystack_length", haystack_length, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}={value!r}: expected an int >= {least}")
+    stream = [i for text in texts for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if len(stream) < needle_length + haystack_length:
+        raise ShortCorpus(f"the corpus has {len(stream)} tokens; a needle of {needle_length} and a haystack of "
+                         f"{haystack_length} need {needle_length + haystack_length}")
+    bos = [] if getattr(tokenizer, "bos_token_id", None) is None else [tokenizer.bos_token_id]
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(needles):
+        # Needle and haystack cut out of one window of the stream (the needle at a random place): they never overlap.
+        window = int(rng.integers(0, len(stream) - needle_length - haystack_length + 1))
+        cut = int(rng.integers(0, haystack_length + 1))
+        span = stream[window:window + needle_length + haystack_length]
+        needle, haystack = span[cut:cut + needle_length], span[:cut] + span[cut + needle_length:]
+        depth = int(rng.integers(0, haystack_length + 1))
+        ids = bos + haystack[:depth] + needle + haystack[depth:] + needle
+        cases.append(CopyCase(tuple(ids), len(bos) + depth, len(ids) - needle_length, needle_length))
+    return cases
+
+
+def retrieval_scores(model: LoadedModel, *, corpus: Any = None, needles: int = 32, needle_length: int = 12,
+                     haystack_length: int = 96, batch_size: int = 8, seed: int = 0) -> RetrievalResult:
+    """Wu et al.'s retrieval score of every head of a causal language model, on copies built from a corpus.
+
+    Args:
+        model: a ``LoadedModel`` of a causal language model (its output has logits).
+        corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
+        needles, needle_length, haystack_length, seed: see ``copy_cases``.
+        batch_size: copies per forward, ``>= 1``.
+
+    Returns:
+        The scores per head.
+
+    Raises:
+        ValueError: a bidirectional model (an encoder does not copy by generating), a model without
+            logits or tokenizer, sizes out of range, or inputs longer than the model takes.
+    """
+    from headlab.capture import load_corpus, run_with_cache
+    from headlab.capture.run import model_max_length
+
+    start = time.perf_counter()
+    sites = attention_sites(model)
+    if not all(site.causal for site in sites):
+        raise ValueError(f"retrieval scores need a causal language model; {model.source} attends both ways (an "
+                         "encoder sees the whole input at once and does not copy a needle by generating it)")
+    if model.tokenizer is None:
+        raise ValueError(f"{model.source} has no tokenizer; copy cases are built from text")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: expected an int >= 1")
+    cases = copy_cases(model.tokenizer, load_corpus(corpus).texts, needles=needles, needle_length=needle_length,
+                       haystack_length=haystack_length, seed=seed)
+    limit = model_max_length(model.model, model.tokenizer)
+    if limit is not None and len(cases[0].input_ids) > limit:
+        raise ValueError(f"a copy case is {len(cases[0].input_ids)} tokens; {model.source} takes {limit}: lower "
+                         f"haystack_length={haystack_length} or needle_length={needle_length}")
+    scores = RetrievalScores([site.n_heads for site in sites])
+    for first in range(0, len(cases), batch_size):
+        batch = cases[first:first + batch_size]
+        cache = run_with_cache(model, torch.tensor([c.input_ids for c in batch]), names=("pattern",))
+        logits = getattr(cache.output, "logits", None)
+        if logits is None:
+            raise ValueError(f"{model.source}'s output has no logits (no language-model head): the model's "
+                             "prediction of the copied token cannot be read")
+        scores.update(batch, {layer: cache["pattern", layer] for layer in range(len(sites))}, logits.argmax(-1))
+    scores.seconds = time.perf_counter() - start
+    return scores.result()

@@ -1,0 +1,239 @@
+"""Shards for the Ray engine: how a corpus is cut, and the worker that captures one.
+
+A shard is a contiguous run of the whole corpus's ``plan_batches`` batches (longest first).
+A worker that re-plans the shard's items (in corpus order, with the same bounds) gets exactly
+those batches: the sort by (length desc, index) restricted to the shard is a contiguous piece
+of the whole sort, and the greedy fill starts at a batch boundary. Every batch, and so every
+float computed from it, is the one a single-process ``capture`` computes; only the order of the
+float64 additions that merge the shards differs.
+
+``ShardWorker`` is what runs on a Ray worker. This module imports no Ray: the driver wraps the
+class with ``ray.remote`` and Ray ships it by reference (each worker imports this module from its
+own headlab). The model is loaded on the worker from its source name, once per worker process
+(again after a restart), never pickled from the driver.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import platform
+import resource
+import socket
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from headlab.capture.batching import plan_batches
+
+__all__ = ["POS_WEIGHT", "ModelPlan", "Shard", "ShardOutput", "ShardWorker", "model_fingerprint", "peak_rss_bytes",
+           "plan_shards"]
+
+POS_WEIGHT = 128  # MiniLM, 1 thread: a batch's time ≈ padded tokens × (1 + pos / POS_WEIGHT)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A contiguous run of the corpus's length-sorted batches, captured by one worker.
+
+    Attributes:
+        index: the shard's place in the merge order (0-based).
+        count: shards in the run.
+        items: the corpus indices of its items, ascending (local index i is ``items[i]``).
+        first_batch: the index of its first batch among the whole corpus's batches.
+        batches: batches it holds.
+        tokens: real tokens; padded_tokens: ``Σ batch × pos`` over its batches.
+    """
+
+    index: int
+    count: int
+    items: tuple[int, ...]
+    first_batch: int
+    batches: int
+    tokens: int
+    padded_tokens: int
+
+    def __str__(self) -> str:
+        shown = ", ".join(map(str, self.items[:8])) + (" …" if len(self.items) > 8 else "")
+        last = self.first_batch + self.batches - 1
+        return (f"shard {self.index} of {self.count} (batches {self.first_batch}–{last} of the length-sorted plan; "
+                f"{len(self.items)} items, corpus indices {shown})")
+
+
+def plan_shards(lengths: Sequence[int], *, shards: int, batch_tokens: int | None = 4096,
+                max_batch_size: int | None = 64) -> list[Shard]:
+    """Cut a corpus into shards of whole batches of ``plan_batches``, contiguous in its order.
+
+    Args:
+        lengths: each item's length in pieces (after truncation), in corpus order.
+        shards: at most this many shards (fewer when there are fewer batches).
+        batch_tokens, max_batch_size: as ``capture`` takes them.
+
+    Returns:
+        The shards in order; every item is in exactly one.
+
+    Raises:
+        ValueError: ``shards`` is not a positive int, or a bound or length ``plan_batches`` refuses.
+    """
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards={shards!r}; expected a positive int")
+    batches = plan_batches(lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    padded = [len(b) * lengths[b[0]] for b in batches]  # longest first: the first item sets pos
+    cost = [p * (1 + lengths[b[0]] / POS_WEIGHT) for p, b in zip(padded, batches)]
+    prefix = [0.0]
+    for c in cost:
+        prefix.append(prefix[-1] + c)
+    n = min(shards, len(batches))
+    cuts = [0]
+    for k in range(1, n):  # the cut nearest to k/n of the cost, leaving each shard at least one batch
+        target = prefix[-1] * k / n
+        j = bisect.bisect_left(prefix, target)
+        if j > 0 and target - prefix[j - 1] < prefix[j] - target:
+            j -= 1
+        cuts.append(min(max(j, cuts[-1] + 1), len(batches) - (n - k)))
+    cuts.append(len(batches))
+    return [Shard(index=k, count=n, items=tuple(sorted(i for b in batches[lo:hi] for i in b)), first_batch=lo,
+                  batches=hi - lo, tokens=sum(lengths[i] for b in batches[lo:hi] for i in b),
+                  padded_tokens=sum(padded[lo:hi]))
+            for k, (lo, hi) in enumerate(zip(cuts, cuts[1:]))]
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What the driver needs to cut a corpus into shards, computed where the tokenizer lives.
+
+    Attributes:
+        lengths: each item's length in pieces after truncation, in corpus order.
+        truncated: corpus indices of the items cut to ``max_length``.
+        max_length: the truncation length every shard is captured with (None: no limit).
+    """
+
+    lengths: tuple[int, ...]
+    truncated: tuple[int, ...]
+    max_length: int | None
+
+
+@dataclass
+class ShardOutput:
+    """One shard's accumulators and capture record, as a worker sends them back.
+
+    Attributes:
+        consumers: the factory's accumulators holding the shard's sums (fresh ones with the
+            shard merged in, so that working buffers stay on the worker).
+        capture: the shard's ``CaptureResult`` (corpus indices local to the shard).
+        seconds: the worker's wall time on the shard (capture and repacking).
+        cpu_seconds: the CPU time its process spent meanwhile (all threads; below ``seconds`` when
+            the worker waited for a core).
+        worker: ``host:pid`` of the process that ran it.
+        peak_rss_bytes: that process's peak resident memory so far.
+    """
+
+    consumers: list[Any]
+    capture: Any
+    seconds: float
+    cpu_seconds: float
+    worker: str
+    peak_rss_bytes: int
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size in bytes (``getrusage``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if platform.system() == "Darwin" else peak * 1024)
+
+
+def model_fingerprint(loaded: Any) -> dict[str, Any]:
+    """Per-layer head counts and the interventions set: what must match between driver and workers."""
+    from headlab.heads.interventions import summary
+    from headlab.models import attention_sites
+
+    return {"heads": [site.n_heads for site in attention_sites(loaded)], "interventions": summary(loaded)}
+
+
+class ShardWorker:
+    """Holds one loaded model and captures shards with it.
+
+    Args:
+        source: the model's directory or hub id, or None for the packaged MiniLM (resolved on
+            the worker, so that every node finds its own install).
+        dtype: the weights' dtype name, or None for float32.
+        threads: torch (and tokenizer) threads of this worker.
+    """
+
+    def __init__(self, source: str | None, dtype: str | None, threads: int) -> None:
+        # Before the tokenizer's thread pool starts (it reads this once, at first use).
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        import torch
+
+        torch.set_num_threads(threads)
+        self.source, self.dtype, self.threads = source, dtype, threads
+        self._loaded: Any = None
+
+    def loaded(self) -> Any:
+        """The model, loaded on first use (a bad source fails the call that needs it, with the loader's error)."""
+        if self._loaded is None:
+            import headlab
+
+            self._loaded = headlab.load(self.source, dtype=self.dtype)
+        return self._loaded
+
+    def ready(self) -> dict[str, Any]:
+        """Load the model now (workers load while the driver plans); returns ``model_fingerprint``."""
+        return model_fingerprint(self.loaded())
+
+    def plan(self, texts: Sequence[str], max_length: int | None) -> ModelPlan:
+        """Tokenize the whole corpus as ``capture`` would, for the driver's batch plan.
+
+        Args:
+            texts: every item, in corpus order.
+            max_length: as ``capture`` takes it (None: the model's limit).
+        """
+        from headlab.capture.encoding import tokenize_corpus
+        from headlab.capture.run import model_max_length
+
+        loaded = self.loaded()
+        if max_length is None:
+            max_length = model_max_length(loaded.model, loaded.tokenizer)
+        tokenized = tokenize_corpus(loaded.tokenizer, texts, max_length=max_length)
+        return ModelPlan(lengths=tuple(tokenized.lengths), truncated=tuple(tokenized.truncated),
+                         max_length=max_length)
+
+    def run(self, shard: Any, texts: Sequence[str], factory: Callable[[Any], Sequence[Any]],
+            options: dict[str, Any]) -> ShardOutput:
+        """Capture one shard into fresh accumulators from ``factory(shard)``.
+
+        Args:
+            shard: the ``Shard`` (its items are the corpus indices of ``texts``, in order).
+            texts: the shard's items, in corpus order.
+            factory: makes the shard's accumulators.
+            options: ``capture``'s keyword options (heads, what, batch_tokens, max_batch_size, max_length).
+        """
+        from headlab.capture.run import TruncationWarning, capture
+
+        start, cpu = time.perf_counter(), time.process_time()
+        consumers = _check_consumers(factory(shard))
+        with warnings.catch_warnings():  # the driver reports truncation once, for the whole corpus
+            warnings.simplefilter("ignore", TruncationWarning)
+            result = capture(self.loaded(), corpus=list(texts), consumers=consumers, progress=False, **options)
+        # A consumer's working buffers (reused temporaries) would travel with it: send back a fresh
+        # accumulator holding the shard's sums instead. Adding to a fresh one copies them exactly.
+        fresh = _check_consumers(factory(shard))
+        if [type(c) for c in fresh] != [type(c) for c in consumers]:
+            raise TypeError("the consumer factory returned different accumulators for the same shard")
+        for empty, full in zip(fresh, consumers):
+            empty.merge(full)
+        return ShardOutput(consumers=fresh, capture=result, seconds=time.perf_counter() - start,
+                           cpu_seconds=time.process_time() - cpu, worker=f"{socket.gethostname()}:{os.getpid()}",
+                           peak_rss_bytes=peak_rss_bytes())
+
+
+def _check_consumers(consumers: Sequence[Any]) -> list[Any]:
+    consumers = list(consumers)
+    for consumer in consumers:
+        for method in ("update", "merge"):
+            if not callable(getattr(consumer, method, None)):
+                raise TypeError(f"consumer {consumer!r} has no {method}() method; the Ray engine merges the shards' "
+                                "accumulators (update / merge / result)")
+    return consumers

@@ -1,0 +1,116 @@
+"""Where attention lands and what it carries: raw vs value-weighted attention on the sink tokens
+(Kobayashi et al. 2020) and the sink share by query position (Xiao et al. 2023), on the report's model
+over its corpus.
+
+One capture pass (patterns and v) feeds ``headlab.analysis.norms.ValueWeighted`` and
+``headlab.analysis.sinks.SinkShare``; the sentences, tables and plots all read their results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from headlab.report.html import Html, escape, table
+from headlab.report.section import ReportContext, Section
+
+__all__ = ["PLOTS", "SECTION", "SinkReport", "measure", "render", "render_sinks"]
+
+PLOTS = {"value_weighted": "assets/sinks/value-weighted.png", "by_position": "assets/sinks/by-position.png"}
+QUICK_ITEMS = 60  # corpus items with ctx.quick
+TABLE_HEADS = 8  # heads in the table, by raw share on the sink tokens
+
+
+@dataclass(frozen=True)
+class SinkReport:
+    """What the section measured.
+
+    Attributes:
+        weighted: ``ValueWeighted.result()``.
+        sinks: ``SinkShare.result()``.
+        items, tokens: the corpus run.
+        causal: the model's attention is causal.
+    """
+
+    weighted: Any
+    sinks: Any
+    items: int
+    tokens: int
+    causal: bool
+
+
+def measure(model: Any, texts: list[str]) -> SinkReport:
+    """One capture of every head's pattern and v over ``texts`` into both accumulators."""
+    from headlab.analysis.norms import ValueWeighted
+    from headlab.analysis.sinks import SinkShare
+    from headlab.analysis.surface import is_causal
+    from headlab.capture import capture
+
+    weighted, sinks = ValueWeighted.from_model(model), SinkShare.from_model(model)
+    run = capture(model, corpus=texts, what=("pattern", "v"), consumers=[weighted, sinks], progress=False)
+    return SinkReport(weighted=weighted.result(), sinks=sinks.result(), items=run.items, tokens=run.tokens,
+                      causal=is_causal(model))
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def render_sinks(report: SinkReport, *, description: str, hrefs: Mapping[str, str] | None = None) -> Html:
+    """The section's fragment: sentences (``headlab.analysis.sinks.sink_sentences``), the plots (when
+    written), and the heads with most attention on sinks."""
+    from headlab.analysis.sinks import sink_sentences
+    from headlab.heads import head_label
+
+    vw, sinks = report.weighted, report.sinks
+    parts = [f"<p>{escape(description)}. Definitions: docs/analysis.md.</p>"]
+    parts += [f"<p>{escape(s)}</p>" for s in sink_sentences(vw, sinks, causal=report.causal)]
+    hrefs = hrefs or {}
+    if "value_weighted" in hrefs:
+        parts.append(f'<p><img src="{escape(hrefs["value_weighted"])}" alt="each head\'s raw share of attention on '
+                     'the sink tokens against its value-weighted share" style="max-width:44%"> ')
+    if "by_position" in hrefs:
+        parts.append(f'<img src="{escape(hrefs["by_position"])}" alt="share of attention on the sink positions '
+                     'against query position" style="max-width:54%"></p>')
+    rows = []
+    for layer, head in vw.top("raw_sink", TABLE_HEADS):
+        cells = [head_label(layer, head), _pct(vw.value("raw_sink", layer, head)),
+                 _pct(vw.value("weighted_sink", layer, head)), f"{vw.value('norm_first', layer, head):.2f}",
+                 f"{vw.value('norm_other', layer, head):.2f}"]
+        share = sinks.table.value("raw_share", layer, head) if (layer, head) in sinks.table.heads else float("nan")
+        growth = sinks.table.value("raw_growth", layer, head) if (layer, head) in sinks.table.heads else float("nan")
+        cells += ["–" if np.isnan(share) else _pct(share), "–" if np.isnan(growth) else f"{growth * 100:+.1f}"]
+        rows.append(cells)
+    n_sink = sinks.n_sink
+    parts.append(table(["head", "raw on sinks", "value-weighted", "‖f(x)‖ first token", "‖f(x)‖ other tokens",
+                        f"raw on first {n_sink}", "points per doubling"], rows, numeric_cols=(1, 2, 3, 4, 5, 6),
+                       caption=f"The {len(rows)} heads with most raw attention on the first and special tokens "
+                               f"(L = layer, H = head, from 0); the last two columns count the first {n_sink} "
+                               "position(s) as sinks, over queries after them"))
+    return Html("".join(parts))
+
+
+def render(ctx: ReportContext) -> str:
+    from headlab.analysis.norms import plot_value_weighted
+    from headlab.analysis.sinks import plot_sink_share
+    from headlab.capture import load_corpus
+    from headlab.report.provenance import model_name
+
+    loaded = ctx.load_model()
+    corpus = load_corpus(ctx.text)
+    texts = corpus.texts[:QUICK_ITEMS] if ctx.quick else corpus.texts
+    report = measure(loaded, texts)
+    folder = ctx.assets_dir / "sinks"
+    folder.mkdir(parents=True, exist_ok=True)
+    plot_value_weighted(report.weighted, folder / "value-weighted.png")
+    plot_sink_share(report.sinks, folder / "by-position.png")
+    source = "the bundled corpus" if ctx.text is None else corpus.source
+    description = (f"{loaded.architecture} model {model_name(loaded.source)} on {report.items} items of {source} "
+                   f"({report.tokens} tokens){', quick budgets' if ctx.quick else ''}")
+    return render_sinks(report, description=description, hrefs=PLOTS)
+
+
+SECTION = Section(id="sinks", title="Attention sinks: where attention lands, and what it carries", render=render)

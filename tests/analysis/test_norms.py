@@ -1,0 +1,177 @@
+"""ValueWeighted (Kobayashi et al. 2020) against an explicit float64 loop, on hand-built batches and a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from headlab.analysis.norms import COLUMNS, ValueWeighted, value_norms, weighted_pattern
+from headlab.capture import CaptureBatch, LayerCapture, capture
+
+
+def hand_batch(lengths: list[int], *, heads: dict[int, tuple[int, ...]], d_head: int = 3, special_last: bool = True,
+               seed: int = 0, causal: bool = False) -> CaptureBatch:
+    """Random right-padded items: position 0 and (with ``special_last``) the last real position special;
+    per layer, patterns over the real keys (NaN in padded query rows, as a model may leave) and values."""
+    g = torch.Generator().manual_seed(seed)
+    b, n = len(lengths), max(lengths)
+    mask = torch.zeros(b, n, dtype=torch.long)
+    special = torch.zeros(b, n, dtype=torch.bool)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+        special[row, 0] = True
+        special[row, length - 1] = special_last
+    batch = CaptureBatch(input_ids=torch.zeros(b, n, dtype=torch.long), attention_mask=mask,
+                         lengths=torch.tensor(lengths), offsets=torch.zeros(b, n, 2, dtype=torch.long),
+                         word_ids=torch.full((b, n), -1), special_tokens_mask=special,
+                         corpus_indices=torch.arange(b), truncated=torch.zeros(b, dtype=torch.bool),
+                         texts=["x"] * b, tokens=[["t"] * length for length in lengths])
+    allowed = mask.bool()[:, None, None, :].expand(b, 1, n, n)
+    if causal:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
+    for layer, hs in heads.items():
+        scores = torch.randn(b, len(hs), n, n, generator=g) * 2
+        pattern = torch.softmax(scores.masked_fill(~allowed, -math.inf), -1)
+        pattern = torch.where(mask.bool()[:, None, :, None], pattern, math.nan)  # padded query rows: anything
+        v = torch.randn(b, len(hs), n, d_head, generator=g)
+        v[0, :, 0] *= 0.05  # a short value on item 0's first token, as [CLS] often has
+        batch.layers[layer] = LayerCapture(layer=layer, heads=hs, pattern=pattern, v=v)
+    return batch
+
+
+def w_o(heads: dict[int, int], d_head: int = 3, d_model: int = 5, seed: int = 1) -> dict[int, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {layer: torch.randn(n, d_head, d_model, generator=g) for layer, n in heads.items()}
+
+
+def reference(batches: list[CaptureBatch], W_O: dict[int, torch.Tensor]) -> dict[tuple[int, int], dict[str, float]]:  # noqa: N803
+    """Every column of ``ValueWeighted.result`` by explicit loops in float64."""
+    acc: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for batch in batches:
+        for layer, taken in batch.layers.items():
+            for hi, head in enumerate(taken.heads):
+                out = acc.setdefault((layer, head), {k: [] for k in ("rf", "rs", "wf", "ws", "nf", "ns", "no")})
+                w = W_O[layer][head].double()
+                for row in range(len(batch)):
+                    n = int(batch.lengths[row])
+                    special = [bool(batch.special_tokens_mask[row, j]) for j in range(n)]
+                    norms = [float(torch.linalg.vector_norm(taken.v[row, hi, j].double() @ w)) for j in range(n)]
+                    for j in range(n):
+                        out["nf" if j == 0 else "ns" if special[j] else "no"].append(norms[j])
+                    for i in range(n):
+                        alpha = [float(taken.pattern[row, hi, i, j]) for j in range(n)]
+                        weighted = [a * nj for a, nj in zip(alpha, norms)]
+                        total = sum(weighted)
+                        out["rf"].append(alpha[0])
+                        out["rs"].append(sum(alpha[j] for j in range(1, n) if special[j]))
+                        if total > 0:
+                            out["wf"].append(weighted[0] / total)
+                            out["ws"].append(sum(weighted[j] for j in range(1, n) if special[j]) / total)
+    result = {}
+    for key, out in acc.items():
+        mean = {k: float(np.mean(v)) if v else math.nan for k, v in out.items()}
+        result[key] = {"raw_first": mean["rf"], "raw_special": mean["rs"], "weighted_first": mean["wf"],
+                       "weighted_special": mean["ws"], "raw_sink": mean["rf"] + mean["rs"],
+                       "weighted_sink": mean["wf"] + mean["ws"], "norm_first": mean["nf"],
+                       "norm_special": mean["ns"], "norm_other": mean["no"], "n_queries": len(out["rf"])}
+    return result
+
+
+def _check(table, expected) -> None:
+    assert sorted(table.heads) == table.heads == sorted(expected)
+    for key, columns in expected.items():
+        for name, value in columns.items():
+            got = table.value(name, *key)
+            assert (math.isnan(got) and math.isnan(value)) or got == pytest.approx(value, rel=1e-5, abs=1e-6), (key, name)
+
+
+def test_hand_built_batches_equal_the_loop_and_halves_merge_into_the_whole():
+    heads = {0: (0, 1, 2), 2: (1, 3)}
+    W_O = w_o({0: 3, 2: 4})  # noqa: N806
+    batches = [hand_batch([5, 3, 4], heads=heads, seed=0), hand_batch([6, 6], heads=heads, seed=1),
+               hand_batch([2], heads=heads, seed=2, special_last=False)]
+    whole = ValueWeighted(W_O)
+    for b in batches:
+        whole.update(b)
+    _check(whole.result(), reference(batches, W_O))
+    first, second = ValueWeighted(W_O), ValueWeighted(W_O)
+    first.update(batches[0])
+    for b in batches[1:]:
+        second.update(b)
+    merged = first.merge(second).result()
+    for name in whole.result().columns:
+        np.testing.assert_allclose(merged[name], whole.result()[name], rtol=1e-12, equal_nan=True)
+    assert list(merged.columns) == ["n_queries", *COLUMNS]
+
+
+def test_a_short_first_value_moves_weight_off_the_first_token():
+    # one head, one item: α = 0.8 on [CLS], whose f(x) is 1/100 of the others' → weighted share ≈ 0.8·0.01 / (…)
+    batch = hand_batch([3], heads={0: (0,)}, special_last=False)
+    batch.layers[0].pattern = torch.tensor([[[[0.8, 0.1, 0.1]] * 3]])
+    batch.layers[0].v = torch.tensor([[[[0.01, 0, 0], [1.0, 0, 0], [1.0, 0, 0]]]])
+    acc = ValueWeighted({0: torch.eye(3)[None].expand(1, 3, 3)})
+    acc.update(batch)
+    table = acc.result()
+    assert table.value("raw_first", 0, 0) == pytest.approx(0.8)
+    assert table.value("weighted_first", 0, 0) == pytest.approx(0.008 / 0.208)
+    assert table.value("norm_first", 0, 0) == pytest.approx(0.01) and table.value("norm_other", 0, 0) == pytest.approx(1)
+
+
+def test_norms_and_weighted_pattern_match_their_definitions():
+    g = torch.Generator().manual_seed(3)
+    v, w = torch.randn(2, 3, 4, 5, generator=g), torch.randn(3, 5, 7, generator=g, dtype=torch.float64)
+    norms = value_norms(v, w @ w.transpose(1, 2))
+    np.testing.assert_allclose(norms, torch.linalg.vector_norm(torch.einsum("bhkd,hdm->bhkm", v.double(), w), dim=-1),
+                               rtol=1e-10)
+    pattern = torch.softmax(torch.randn(2, 3, 4, 4, generator=g), -1)
+    weighted = weighted_pattern(pattern, norms)
+    np.testing.assert_allclose(weighted.sum(-1), 1.0, rtol=1e-12)
+    assert float(weighted[0, 1, 2, 3]) == pytest.approx(float(pattern[0, 1, 2, 3] * norms[0, 1, 3]
+                                                              / (pattern[0, 1, 2] * norms[0, 1]).sum()))
+    assert (weighted_pattern(pattern, torch.zeros(2, 3, 4, dtype=torch.float64)) == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_tiny_model_equals_the_loop_and_v_through_W_O_gives_the_heads_result(kind):
+    from tests.report.viewer.tiny import tiny
+
+    model = tiny(kind)
+    texts = ["the cat sat on the mat", "a big red dog ran on the mat and the cat sat", "the dog"]
+    kept: list[CaptureBatch] = []
+
+    class Keep:
+        def update(self, batch):
+            kept.append(batch)
+
+    acc = ValueWeighted.from_model(model)
+    capture(model, corpus=texts, what=("pattern", "v", "result"), consumers=[acc, Keep()], progress=False)
+    W_O = acc_w(model)  # noqa: N806
+    _check(acc.result(), reference(kept, W_O))
+    for batch in kept:  # f_h(x_j) is what the head adds: Σ_j α_ij v_j W_O[h] is its captured result
+        for layer, taken in batch.layers.items():
+            real = batch.attention_mask.bool()
+            mixed = torch.einsum("bhqk,bhkd,hdm->bhqm", taken.pattern.double(), taken.v.double(), W_O[layer])
+            np.testing.assert_allclose(mixed.transpose(1, 2)[real], taken.result.double().transpose(1, 2)[real],
+                                       atol=1e-4)
+
+
+def acc_w(model) -> dict[int, torch.Tensor]:
+    from headlab.analysis.norms import out_projections
+
+    return out_projections(model)
+
+
+def test_bad_input_is_named():
+    batch = hand_batch([3], heads={0: (0,)})
+    batch.layers[0].v = None
+    with pytest.raises(ValueError, match=r"layer 0 was captured without v; capture with what=\('pattern', 'v'\)"):
+        ValueWeighted({0: torch.ones(1, 3, 5)}).update(batch)
+    with pytest.raises(ValueError, match="layer 0 has no W_O here"):
+        ValueWeighted({1: torch.ones(1, 3, 5)}).update(hand_batch([3], heads={0: (0,)}))
+    with pytest.raises(ValueError, match=r"W_O of layer 0 has shape \(3, 5\); expected \(n_heads, d_head_v, d_model\)"):
+        ValueWeighted({0: torch.ones(3, 5)})
+    with pytest.raises(ValueError, match="ValueWeighted has no data"):
+        ValueWeighted({0: torch.ones(1, 3, 5)}).result()

@@ -1,0 +1,132 @@
+"""The reductions shared by the accumulators of a batch: each one against its formula, computed once
+per batch however many accumulators read it, and the accumulators' results unchanged by the sharing.
+
+Axis legend: patterns ``(batch, head, query_pos, key_pos)``; rows ``(batch, head, query_pos)``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
+from headlab.analysis.reductions import COLUMNS, BatchReductions, LayerReductions, reductions
+from tests.analysis.test_surface import make_batch, sentence
+
+
+def _random_batch(*, seed: int = 0, nan_padding: bool = True, dtype: torch.dtype = torch.float64):
+    """Two layers of random row-stochastic patterns over ragged items; padded query rows NaN, padded keys 0."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = [sentence(9), ["[CLS]", "a", ",", "b", ".", "c", "d", "[SEP]"], sentence(5)]
+    pos = max(len(t) for t in tokens)
+    layers = {}
+    for layer, n_heads in ((0, 3), (2, 2)):
+        scores = torch.randn(len(tokens), n_heads, pos, pos, generator=g, dtype=torch.float64)
+        for row, t in enumerate(tokens):
+            scores[row, :, :, len(t):] = float("-inf")
+        p = scores.softmax(-1)
+        if nan_padding:
+            for row, t in enumerate(tokens):
+                p[row, :, len(t):] = float("nan")
+        layers[layer] = p.to(dtype)
+    return make_batch(tokens, layers)
+
+
+def test_one_reductions_object_per_batch_and_layer():
+    batch = _random_batch()
+    shared = reductions(batch)
+    assert reductions(batch) is shared and isinstance(shared, BatchReductions)
+    assert shared.layer(2) is shared.layer(2) and isinstance(shared.layer(2), LayerReductions)
+    assert reductions(_random_batch()) is not shared  # a new batch: new reductions
+
+
+def test_each_reduction_equals_its_formula():
+    batch = _random_batch()
+    shared = reductions(batch)
+    real = batch.attention_mask.bool()
+    special = batch.special_tokens_mask.bool() & real
+    for layer, taken in batch.layers.items():
+        p, rows = taken.pattern, shared.layer(layer)
+        ok = real[:, None, :].expand(p.shape[:-1])  # real query rows
+        n = p.shape[-1]
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+
+        def close(got, want):
+            torch.testing.assert_close(got[ok], want[ok], atol=1e-12, rtol=0)
+
+        first = torch.zeros_like(special)
+        first[:, 0] = special[:, 0]
+        close(rows.mass("first_special"), (p * first[:, None, None, :]).sum(-1))
+        close(rows.mass("other_special"), (p * (special & ~first)[:, None, None, :]).sum(-1))
+        close(rows.mass("special"), (p * special[:, None, None, :]).sum(-1))
+        punctuation = torch.tensor([[t in (",", ".") for t in ts] + [False] * (n - len(ts)) for ts in batch.tokens])
+        close(rows.mass("punctuation"), (p * punctuation[:, None, None, :]).sum(-1))
+        for offset in (-1, 0, 1):
+            close(rows.diagonal(offset), (p * (j - i == offset)).sum(-1))
+        close(rows.entropy, -(p * p.clamp_min(1e-300).log()).sum(-1))
+        close(rows.distance, (p * (i - j).abs()).sum(-1))
+        close(rows.confidence, p.amax(-1))
+        want_sums = torch.where(real[:, None, :, None], p, 0.0).sum(-2)  # NaN padded rows left out
+        torch.testing.assert_close(rows.key_sums, want_sums, atol=1e-12, rtol=0)
+        segment_masses = rows.segment_masses
+        assert segment_masses.shape[-1] == int(shared.segment.max()) + 1
+        for s in range(segment_masses.shape[-1]):
+            keys = (shared.segment == s) & shared.content
+            close(segment_masses[..., s], (p * keys[:, None, None, :]).sum(-1))
+    assert len(COLUMNS) == 4
+
+
+def test_key_sums_without_nan_take_the_matmul():
+    batch = _random_batch(nan_padding=False, dtype=torch.float32)
+    p = batch.layers[0].pattern
+    real = batch.attention_mask.bool()
+    torch.testing.assert_close(reductions(batch).layer(0).key_sums, torch.where(real[:, None, :, None], p, 0.0).sum(-2),
+                               atol=1e-6, rtol=0)
+
+
+def test_a_layer_without_patterns_is_named():
+    batch = _random_batch()
+    batch.layers[0].pattern = None
+    with pytest.raises(ValueError, match="layer 0 was captured without patterns"):
+        reductions(batch).layer(0)
+
+
+def test_each_reduction_is_computed_once_for_every_accumulator(monkeypatch):
+    counts = {"matmul": 0, "amax": 0}
+    real_matmul, real_amax = torch.matmul, torch.Tensor.amax
+
+    def matmul(*args, **kwargs):
+        counts["matmul"] += 1
+        return real_matmul(*args, **kwargs)
+
+    def amax(self, *args, **kwargs):
+        counts["amax"] += 1
+        return real_amax(self, *args, **kwargs)
+
+    batch = _random_batch()
+    monkeypatch.setattr(torch, "matmul", matmul)
+    monkeypatch.setattr(torch.Tensor, "amax", amax)
+    SurfaceStats().update(batch)
+    after_surface = dict(counts)
+    TaxonomyStats().update(batch)
+    SurfaceStats().update(batch)
+    layer_state = reductions(batch).layer(0).__dict__
+    assert {"masses", "entropy", "distance", "confidence"} <= layer_state.keys()
+    # the taxonomy adds only what surface statistics did not need (the key sums); a second surface adds nothing
+    assert counts["amax"] == after_surface["amax"]
+    assert counts["matmul"] - after_surface["matmul"] <= len(batch.layers)
+
+
+def test_sharing_leaves_every_result_as_it_is_alone():
+    def run(accumulators, *, shared: bool):
+        for seed in range(3):
+            batch = _random_batch(seed=seed, dtype=torch.float32)
+            for accumulator in accumulators:
+                accumulator.update(batch if shared else _random_batch(seed=seed, dtype=torch.float32))
+        return [a.result() for a in accumulators]
+
+    make = lambda: [SurfaceStats(), TaxonomyStats(), HeadSimilarity()]  # noqa: E731
+    got = run(make(), shared=True)
+    alone = [run([a], shared=False)[0] for a in make()]
+    for g, a in zip(got, alone):
+        assert g.to_dict() == a.to_dict()
