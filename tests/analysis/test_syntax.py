@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from headlab.analysis.syntax import Parse, SyntaxAccuracy, load_pipeline, parse_texts, syntax_accuracy
+from headlab.analysis.parses import Parse, load_pipeline, parse_texts
+from headlab.analysis.syntax import SyntaxAccuracy, syntax_accuracy
 from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.capture.words import word_ids_from_spans
 from headlab.heads import Heads

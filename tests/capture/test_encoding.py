@@ -30,12 +30,19 @@ def test_tokenizer_settings_are_not_ours(tokenizer):
     """A tokenizer configured to pad/truncate (as MiniLM's tokenizer.json is) does not leak into capture."""
     tokenizer.enable_truncation(4)
     tokenizer.enable_padding(length=30)
+    settings = (tokenizer.truncation, tokenizer.padding)
     try:
         tc = tokenize_corpus(tokenizer, ["the big red dog sat on a mat"])
+        assert (tokenizer.truncation, tokenizer.padding) == settings  # put back as they were
+        with pytest.raises(TypeError):  # put back when encoding fails, too
+            tokenize_corpus(tokenizer, [None])
+        assert (tokenizer.truncation, tokenizer.padding) == settings
     finally:
         tokenizer.no_truncation()
         tokenizer.no_padding()
     assert tc.lengths == [10] and tc.truncated == []
+    tokenize_corpus(tokenizer, ["a cat"])
+    assert tokenizer.truncation is None and tokenizer.padding is None  # none set, none added
 
 
 def test_errors(tokenizer):

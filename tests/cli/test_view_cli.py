@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from headlab.analysis.flow import FLOW_MAX_LENGTH
 from headlab.cli import app
 
 runner = CliRunner()
@@ -40,6 +41,22 @@ def test_writes_a_standalone_page_and_prints_the_roles(checkpoint: Path, tmp_pat
     assert payload["items"][0]["text"] == "the cat sat on the mat" and len(payload["heads"]) == 8
     assert payload["name"] == checkpoint.name
     assert "Roles of 8 heads" in result.output and f"wrote {out}" in result.output.replace("\n", "")
+
+
+def test_the_flow_limit_is_an_option(checkpoint: Path, tmp_path: Path) -> None:
+    """Flow is solved for texts within --flow-max-length pieces (the default limit takes this short one);
+    0 turns it off, and a negative limit is refused before the model runs."""
+    for option, solved in (([], True), (["--flow-max-length", "0"], False)):
+        out = tmp_path / f"v{len(option)}.html"
+        result = runner.invoke(app, ["view", str(checkpoint), "the cat sat", "--out", str(out), *option])
+        assert result.exit_code == 0, result.output
+        payload = _payload(out)
+        levels = [item[level] for item in payload["items"] for level in ("pieces", "words") if item[level]]
+        assert levels and all((level["flow"] is not None) == solved for level in levels)
+        assert payload["flowMaxLength"] == (0 if option else FLOW_MAX_LENGTH)
+    refused = runner.invoke(app, ["view", str(checkpoint), "the cat", "--flow-max-length", "-1", "--out",
+                                  str(tmp_path / "x.html")])
+    assert refused.exit_code == 2 and "--flow-max-length" in refused.output and not (tmp_path / "x.html").exists()
 
 
 def test_text_from_a_file_and_a_head_selection(checkpoint: Path, tmp_path: Path) -> None:

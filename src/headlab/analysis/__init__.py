@@ -2,6 +2,8 @@
 Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or its ``table``).
 
     per_head.py   the accumulators' shared sums
+    reductions.py one read of a batch's patterns shared by surface, taxonomy and similarity
+    scratch.py    reusable work buffers of the accumulators
     surface.py    SurfaceStats: attention to [CLS]/[SEP]/punctuation/self/neighbours, entropy,
                   distance, confidence per head (Clark et al. 2019; Voita et al. 2019)
     roles.py      label_heads from surface statistics; duplicate-token and induction probes
@@ -12,8 +14,13 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
     norms.py      ValueWeighted: raw vs value-weighted (‖α f(x)‖) attention on the sink tokens (Kobayashi et al. 2020)
     sinks.py      SinkShare: each head's share on the first tokens by query position (Xiao et al. 2023)
     flow.py       rollout and exact attention flow of one text (Abnar & Zuidema 2020)
+    retrieval.py  retrieval scores of a causal LM's heads on copies of corpus spans (Wu et al. 2024)
+    streaming.py  each head restricted to sinks + a window of W keys: loss change, conversions (DuoAttention)
+    context_heads.py  retrieval and streaming heads of one model, sized to fit it (analyze, the report)
+    parses.py     dependency parses from any installed spaCy pipeline
     syntax.py     SyntaxAccuracy: per dependency relation, the best head vs a fixed-offset baseline
                   (Clark et al. 2019 §4.2; needs the `syntax` extra: spaCy and a pipeline)
+    analyze.py    analyze: every analysis of one model in one run, and the files it writes
 """
 
 from headlab.analysis.flow import (
@@ -24,6 +31,7 @@ from headlab.analysis.importance import (
     gradient_importance, lm_batches, pair_batches, paraphrase_loss, plot_pruning_curve, pruning_curve,
     retrieval_metric, spearman,
 )
+from headlab.analysis.parses import DEFAULT_PIPELINE, Parse, load_pipeline, parse_texts
 from headlab.analysis.patching import (
     PatchingResult, activation_patching, attribution_patching, embedding_similarity, logit_difference, plot_patching,
 )
@@ -36,10 +44,7 @@ from headlab.analysis.similarity import (
 from headlab.analysis.sinks import SinkResult, SinkShare, plot_sink_share, sink_share
 from headlab.analysis.streaming import Conversion, StreamingResult, StreamingStats, streaming_simulation
 from headlab.analysis.surface import STATISTICS, SurfaceStats, head_statistics, surface_stats
-from headlab.analysis.syntax import (
-    DEFAULT_PIPELINE, Parse, RelationAccuracy, SyntaxAccuracy, SyntaxResult, load_pipeline, parse_texts,
-    syntax_accuracy,
-)
+from headlab.analysis.syntax import RelationAccuracy, SyntaxAccuracy, SyntaxResult, syntax_accuracy
 from headlab.analysis.taxonomy import CLASSES, TaxonomyStats, class_shares, classify, taxonomy_stats
 
 __all__ = [

@@ -366,7 +366,7 @@ def analyze(
     parses = None
     if syntax:
         try:
-            from headlab.analysis.syntax import load_pipeline, parse_texts
+            from headlab.analysis.parses import load_pipeline, parse_texts
 
             load_pipeline()
             parses = parse_texts(texts)

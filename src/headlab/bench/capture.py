@@ -198,7 +198,7 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
 
 def _parses(texts: Sequence[str], area: Area) -> list[Any] | None:
     try:
-        from headlab.analysis.syntax import load_pipeline, parse_texts
+        from headlab.analysis.parses import load_pipeline, parse_texts
 
         load_pipeline()
         return parse_texts(texts)

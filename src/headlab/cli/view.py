@@ -79,6 +79,10 @@ def view(
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port for --serve; 0 picks a free one.")] = 0,
     layers: Annotated[str | None, typer.Option("--layers", help="Layers to show, e.g. 0,1,5 (default: all).")] = None,
     heads: Annotated[str | None, typer.Option("--heads", help="Heads to show in each layer, e.g. 0,3.")] = None,
+    flow_max_length: Annotated[int | None, typer.Option(
+        "--flow-max-length", min=0, help="Longest text, in pieces, whose attention flow is solved for the flow "
+                                         "toggle (cost grows like pieces⁴; default: FLOW_MAX_LENGTH, docs/analysis.md; "
+                                         "0: none).")] = None,
 ) -> None:
     """Write an interactive page: every layer x head as thumbnails, one head open with its pattern,
     what each token attends to and what attends to it, at piece or word level, with each head's
@@ -107,7 +111,8 @@ def view(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TruncationWarning)  # printed below, and shown in the page
-                data = view_data(loaded, text, heads=selection, progress=False)
+                limit = {} if flow_max_length is None else {"flow_max_length": flow_max_length}
+                data = view_data(loaded, text, heads=selection, progress=False, **limit)
         except INPUT_ERRORS as err:
             fail(str(err))
         (work / out.name).write_text(viewer_document(data), encoding="utf-8")

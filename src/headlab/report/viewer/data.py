@@ -215,10 +215,12 @@ def view_data(
         The viewer's data.
 
     Raises:
-        ValueError: no text, an empty text, a bad selection, or more than ``max_entries`` entries
-            (the message gives the count and how to cut it).
+        ValueError: no text, an empty text, a bad selection, a negative ``flow_max_length``, or more
+            than ``max_entries`` entries (the message gives the count and how to cut it).
         TypeError: the model has no fast tokenizer.
     """
+    if isinstance(flow_max_length, bool) or not isinstance(flow_max_length, int) or flow_max_length < 0:
+        raise ValueError(f"flow_max_length={flow_max_length!r}; expected an int >= 0 (pieces; 0: no flow)")
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts:
         raise ValueError("no text to view: pass at least one non-empty text")

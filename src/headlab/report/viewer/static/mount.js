@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 5 of 5: mount a viewer on every element that names a payload. */
+/* headlab attention viewer, part 6 of 6: mount a viewer on every element that names a payload. */
 (function () {
   "use strict";
   var HV = window.HeadlabViewer = window.HeadlabViewer || {};

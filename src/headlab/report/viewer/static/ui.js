@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 2 of 5: every layer x head as thumbnails, one head opened in full.
+/* headlab attention viewer, part 2 of 6: every layer x head as thumbnails, one head opened in full.
  *
  * Reads the payload written by headlab.report.viewer (data.py, encoding.py) from a
  * <script type="application/json"> element named by the root's data-headlab-viewer attribute.
@@ -17,22 +17,8 @@
 (function () {
   "use strict";
   var HV = window.HeadlabViewer = window.HeadlabViewer || {};
-  var el = HV.el, fmt = HV.fmt, shortRoles = HV.shortRoles, inflate = HV.inflate, bytesOf = HV.bytesOf;
+  var el = HV.el, shortRoles = HV.shortRoles, inflate = HV.inflate, bytesOf = HV.bytesOf;
 
-  var STAT_LABELS = [
-    ["to_cls", "to the first special token ([CLS] / BOS)", "share"],
-    ["to_sep", "to the other special tokens ([SEP] / EOS)", "share"],
-    ["to_punct", "to punctuation", "share"],
-    ["to_self", "to itself", "share"],
-    ["to_prev", "to the previous token", "share"],
-    ["to_next", "to the next token", "share"],
-    ["band", "to itself and its neighbours", "share"],
-    ["block", "to its own sentence (beyond the neighbours)", "share"],
-    ["top_columns", "to the two most attended tokens", "share"],
-    ["confidence", "largest weight of a row", "share"],
-    ["entropy", "entropy (nats)", "nats"],
-    ["distance", "mean distance attended (tokens)", "tokens"]
-  ];
   var VIEWS = [["pattern", "pattern", "the open head's attention"],
     ["rollout", "rollout", "attention rollout: every head of the layers up to the open head's, averaged, residual added, multiplied through"],
     ["flow", "flow", "attention flow: the max-flow from each input token to each position, attention as capacities"]];
@@ -322,106 +308,6 @@
       self.root.dataset.ready = "1";
     });
   };
-
-  Viewer.prototype.renderViews = function (item) {
-    var self = this, lv = (this.level === "words" && item.words) ? item.words : item.pieces, limit = this.data.flowMaxLength;
-    var flowOk = !!lv.flow;
-    if (this.view === "flow" && !flowOk) this.view = "rollout";
-    this.viewButtons.flow.disabled = !flowOk;
-    this.viewHint.textContent = flowOk ? "" : "(flow: texts of at most " + limit + " word pieces; this one has " +
-      item.pieces.n + ")";
-    Object.keys(this.viewButtons).forEach(function (k) {
-      self.viewButtons[k].setAttribute("aria-pressed", String(k === self.view));
-    });
-  };
-
-  Viewer.prototype.renderHeader = function (lh, info) {
-    this.headTitle.textContent = "Layer " + lh[0] + " \u00B7 head " + lh[1];
-    this.badges.textContent = "";
-    var self = this;
-    var pooled = this.level === "words" ? " At word level it is pooled from the pieces as patterns are." : "";
-    if (this.view !== "pattern") {
-      var what = this.view === "rollout" ? "Attention rollout" : "Attention flow";
-      this.headTitle.textContent = what + " through layer " + lh[0];
-      this.badges.appendChild(el("span", "hv-badge hv-class", "every head of layers 0\u2013" + lh[0] +
-        " averaged, residual added"));
-      this.matTitle.textContent = what + " through layer " + lh[0];
-      this.matHelp.textContent = (this.view === "rollout" ?
-        "Rows: each position above layer " + lh[0] + "; columns: the input tokens. A row is the product of the " +
-        "head-averaged attention (plus the identity for the residual) of every layer up to here, and sums to 1." :
-        "Rows: each position above layer " + lh[0] + "; columns: the input tokens. A cell is the most that can flow " +
-        "from the input token to the position with each layer's head-averaged attention (plus the residual) as " +
-        "capacities: an exact max-flow.") + pooled + " (Abnar & Zuidema 2020.) Click a thumbnail to pick the layer.";
-      return;
-    }
-    this.matTitle.textContent = "Pattern";
-    this.matHelp.textContent = "Rows: the attending token (query); columns: the token attended to (key).";
-    info.roles.forEach(function (r) { self.badges.appendChild(el("span", "hv-badge hv-role", r.replace(/_/g, " "))); });
-    if (!info.roles.length) this.badges.appendChild(el("span", "hv-badge hv-none", "no role label"));
-    this.badges.appendChild(el("span", "hv-badge hv-class", "pattern: " + info["class"]));
-    if (info.corpus) {
-      var cr = (info.corpus.roles || "").split(" ").filter(Boolean);
-      var txt = "on the corpus: " + (cr.length ? cr.join(", ").replace(/_/g, " ") : "no role") +
-        (info.corpus.pattern_class ? " \u00B7 " + info.corpus.pattern_class : "");
-      this.badges.appendChild(el("span", "hv-badge hv-corpus", txt));
-    }
-  };
-
-  Viewer.prototype.renderStats = function (lh, info) {
-    var corpus = info.corpus;
-    this.statsTitle.textContent = "Layer " + lh[0] + " \u00B7 head " + lh[1] + ": where its attention goes";
-    var table = el("table", "hv-stats");
-    var head = el("tr");
-    head.appendChild(el("th", null, "mean over the tokens, of attention\u2026"));
-    head.appendChild(el("th", "hv-num", corpus ? "these texts" : "value"));
-    if (corpus) head.appendChild(el("th", "hv-num", "corpus"));
-    var thead = el("thead");
-    thead.appendChild(head);
-    table.appendChild(thead);
-    var body = el("tbody");
-    STAT_LABELS.forEach(function (s) {
-      var v = info.stats[s[0]];
-      if (v === undefined && !(corpus && corpus[s[0]] !== undefined)) return;
-      var tr = el("tr");
-      tr.dataset.stat = s[0];
-      var name = el("td");
-      name.appendChild(el("span", null, s[1]));
-      if (s[2] === "share" && v !== undefined) {
-        var barBox = el("span", "hv-bar");
-        var fill = el("span");
-        fill.style.width = Math.max(0, Math.min(100, 100 * v)) + "%";
-        barBox.appendChild(fill);
-        name.appendChild(barBox);
-      }
-      tr.appendChild(name);
-      var cell = el("td", "hv-num", fmt(v, s[2]));
-      if (s[0] === "entropy" && info.stats.uniform_entropy !== undefined) {
-        cell.title = "uniform attention would give " + info.stats.uniform_entropy.toFixed(2) + " nats";
-        cell.textContent = fmt(v, s[2]) + " / " + info.stats.uniform_entropy.toFixed(2);
-      }
-      tr.appendChild(cell);
-      if (corpus) tr.appendChild(el("td", "hv-num", fmt(corpus[s[0]], s[2])));
-      body.appendChild(tr);
-    });
-    table.appendChild(body);
-    this.statsBody.textContent = "";
-    this.statsBody.appendChild(table);
-    var note = "Measured on " + (this.data.items.length > 1 ? "the " + this.data.items.length + " texts of this viewer" : "this text") +
-      ", word-piece level; entropy against uniform attention's.";
-    var rank = this.importanceRank(info);
-    if (rank) note += " On the corpus this head ranks " + rank + " by gradient importance (1 = most important).";
-    this.statsBody.appendChild(el("p", "hv-help", note));
-  };
-
-  Viewer.prototype.importanceRank = function (info) {
-    var mine = info.corpus ? info.corpus.importance_gradient : null;
-    if (mine === undefined || mine === null) return null;
-    var all = this.data.info.filter(function (i) { return i.corpus && i.corpus.importance_gradient !== null &&
-      i.corpus.importance_gradient !== undefined; });
-    var above = all.filter(function (i) { return i.corpus.importance_gradient > mine; }).length;
-    return (above + 1) + " of " + all.length;
-  };
-
 
   HV.Viewer = Viewer;
 })();

@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 1 of 5: small helpers shared by the other parts (window.HeadlabViewer).
+/* headlab attention viewer, part 1 of 6: small helpers shared by the other parts (window.HeadlabViewer).
  * The parts are concatenated in the order util.js, ui.js, tokens.js, canvas.js, mount.js (headlab.report.viewer.page).
  */
 (function () {
