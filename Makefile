@@ -16,7 +16,7 @@ help:
 	@echo "make report-full  the same with full experiment and analysis budgets (much longer)"
 	@echo "make test      run the test suite (without tests marked slow)"
 	@echo "make test-all  run every test, slow ones included"
-	@echo "make bench     run the benchmark suite and regenerate benchmarks/RESULTS.md"
+	@echo "make bench     run the benchmark suite and regenerate benchmarks/RESULTS.md and docs/scaling.md's numbers"
 	@echo "make readme    regenerate the README sentences written by the analysis"
 	@echo "make docs      regenerate the architecture tables of docs/models.md from the tests"
 	@echo "make clean     remove build, test and report outputs (keeps .venv)"
@@ -47,6 +47,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/headlab bench --out benchmarks/RESULTS.md
+	$(BIN)/python tests/bench/test_scaling_docs.py  # docs/scaling.md's numbers, from RESULTS.json
 
 readme: $(STAMP)
 	$(BIN)/python tests/test_readme.py

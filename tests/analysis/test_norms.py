@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from headlab.analysis.norms import COLUMNS, ValueWeighted, value_norms, weighted_pattern
+from headlab.analysis.norms import COLUMNS, ValueWeighted, compact_projections, value_norms, weighted_pattern
 from headlab.capture import CaptureBatch, LayerCapture, capture
 
 
@@ -162,6 +162,22 @@ def acc_w(model) -> dict[int, torch.Tensor]:
     from headlab.analysis.norms import out_projections
 
     return out_projections(model)
+
+
+def test_compact_projections_give_every_norm_w_o_gives():
+    """The stand-in shipped to Ray workers: d_head wide, the same ‖v W_O[h]‖ for any v, and a W_O no wider
+    than its heads kept as it is."""
+    torch.manual_seed(0)
+    W_O = {0: torch.randn(3, 4, 16), 2: torch.randn(3, 4, 16, dtype=torch.float64)}  # noqa: N806
+    compact = compact_projections(W_O)
+    v = torch.randn(5, 3, 4, dtype=torch.float64)  # (tokens, head, d_head)
+    for layer, w in W_O.items():
+        assert compact[layer].shape == (3, 4, 4) and compact[layer].dtype == torch.float64
+        full = torch.einsum("thd,hdm->thm", v, w.double()).norm(dim=-1)
+        small = torch.einsum("thd,hdm->thm", v, compact[layer]).norm(dim=-1)
+        torch.testing.assert_close(small, full, rtol=1e-12, atol=1e-12)
+    narrow = {1: torch.randn(2, 8, 8, dtype=torch.float64)}
+    assert torch.equal(compact_projections(narrow)[1], narrow[1])
 
 
 def test_bad_input_is_named():

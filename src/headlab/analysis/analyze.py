@@ -35,7 +35,7 @@ from headlab.analysis.importance import (
 )
 from headlab.heads import head_label
 from headlab.analysis.context_heads import ContextHeads, context_heads, plot_streaming
-from headlab.analysis.norms import ValueWeighted, out_projections, plot_value_weighted
+from headlab.analysis.norms import ValueWeighted, compact_projections, out_projections, plot_value_weighted
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.similarity import HeadSimilarity, MDSResult, SimilarityResult, mds, plot_mds
 from headlab.analysis.sinks import (
@@ -252,7 +252,8 @@ class AnalysisAccumulators:
             runs on a worker); None: no syntax accumulator.
         rows_per_batch: similarity's sample of query rows per batch.
         W_O: ``{layer: (n_heads, d_head_v, d_model)}`` (``headlab.analysis.norms.out_projections``) to add
-            value-weighted attention and the sink share by position; None: neither.
+            value-weighted attention and the sink share by position; None: neither. Kept (and shipped
+            to Ray workers) as ``compact_projections(W_O)``: the same norms, d_head_v wide.
 
     Attributes:
         what: what the capture pass must take for these accumulators: ``("pattern", "v")`` with W_O,
@@ -268,7 +269,8 @@ class AnalysisAccumulators:
     def __init__(self, *, causal: bool, parses: list[Any] | None = None,
                  rows_per_batch: int | None = SIMILARITY_ROWS_PER_BATCH,
                  W_O: dict[int, Any] | None = None) -> None:  # noqa: N803
-        self.causal, self.parses, self.rows_per_batch, self.W_O = causal, parses, rows_per_batch, W_O
+        self.causal, self.parses, self.rows_per_batch = causal, parses, rows_per_batch
+        self.W_O = None if W_O is None else compact_projections(W_O)  # the same norms, d_model / d_head smaller
         self.what = ("pattern",) if W_O is None else ("pattern", "v")
 
     def __call__(self, shard: Shard | None = None) -> list[Any]:

@@ -37,7 +37,8 @@ from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
 
 __all__ = [
-    "COLUMNS", "HeadSums", "ValueWeighted", "key_masks", "out_projections", "plot_value_weighted", "value_norms",
+    "COLUMNS", "HeadSums", "ValueWeighted", "compact_projections", "key_masks", "out_projections",
+    "plot_value_weighted", "value_norms",
     "value_weighted", "weighted_pattern",
 ]
 
@@ -65,6 +66,21 @@ def out_projections(model: Any) -> dict[int, Tensor]:
 
     return {site.layer: site.W_O.detach().to(device="cpu", dtype=torch.float64).clone()
             for site in attention_sites(model)}
+
+
+def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa: N803
+    """A ``(n_heads, d_head_v, d_head_v)`` stand-in for each layer's W_O that gives every norm W_O gives.
+
+    From the QR factorisation ``W_O[h]ᵀ = Q R`` (Q with orthonormal columns), ``W_O[h] = Rᵀ Qᵀ``, so
+    ``‖v W_O[h]‖ = ‖v Rᵀ‖`` for every v and the Gram matrices agree (float64 rounding aside). The
+    stand-in is d_model / d_head_v times smaller than W_O: what the Ray engine ships to its workers.
+    A W_O no wider than its heads is returned as it is.
+    """
+    out = {}
+    for layer, w in W_O.items():
+        w = w.detach().to(device="cpu", dtype=torch.float64)
+        out[int(layer)] = w if w.shape[-1] <= w.shape[-2] else torch.linalg.qr(w.mT, mode="r")[1].mT
+    return out
 
 
 def value_norms(v: Tensor, gram: Tensor) -> Tensor:
