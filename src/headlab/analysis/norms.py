@@ -19,13 +19,12 @@ BOS, or whatever token comes first) and the other special tokens ([SEP], EOS) �
 ‖f_h(x_j)‖ of those keys and of the other keys, which says why the two shares differ. Gates set on a
 site (``headlab.heads``) act on z, after the values: the norms are those of the unmodified model.
 
-``HeadSums`` is the accumulators' shared state here and in ``headlab.analysis.sinks``: float64 sums
-and counts per head, merged by adding, so two halves of a corpus merge into the whole.
+Its state is a ``headlab.analysis.per_head.HeadSums``: float64 sums and counts per head, merged by
+adding, so two halves of a corpus merge into the whole.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -33,11 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.analysis.per_head import HeadSums
 from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
 
 __all__ = [
-    "COLUMNS", "HeadSums", "ValueWeighted", "compact_projections", "key_masks", "out_projections",
+    "COLUMNS", "ValueWeighted", "compact_projections", "key_masks", "out_projections",
     "plot_value_weighted", "value_norms",
     "value_weighted", "weighted_pattern",
 ]
@@ -121,61 +121,6 @@ def key_masks(batch: CaptureBatch) -> tuple[Tensor, Tensor, Tensor]:
     first[:, 0] = real[:, 0]
     special = batch.special_tokens_mask.bool() & real & ~first
     return first, special, real & ~first & ~special
-
-
-class HeadSums:
-    """Float64 sums and counts per (layer, head), merged by adding: the state of this room's accumulators.
-
-    Subclasses add with ``_add(layer, heads, sums, counts)``, where every value is ``(len(heads), ...)``
-    (counts too: a statistic may be undefined on some heads' rows), and read means with ``_mean``.
-    """
-
-    def __init__(self) -> None:
-        self.sums: dict[int, dict[str, Tensor]] = {}  # layer → name → (heads, ...) float64
-        self.counts: dict[int, dict[str, Tensor]] = {}  # layer → name → (heads, ...) float64
-        self.heads: dict[int, tuple[int, ...]] = {}
-
-    def _settings(self) -> tuple[Any, ...]:
-        """What two accumulators must share to merge."""
-        return ()
-
-    def merge(self, other: HeadSums) -> HeadSums:
-        """Fold another accumulator's sums into this one (e.g. from another process); returns self.
-
-        Raises:
-            ValueError: another type or other settings, or other heads in a layer.
-        """
-        if type(other) is not type(self) or other._settings() != self._settings():
-            raise ValueError(f"cannot merge {type(other).__name__}{other._settings()} into "
-                             f"{type(self).__name__}{self._settings()}; expected the same type and settings")
-        for layer in other.sums:
-            self._add(layer, other.heads[layer], other.sums[layer], other.counts[layer])
-        return self
-
-    def _add(self, layer: int, heads: tuple[int, ...], sums: Mapping[str, Tensor], counts: Mapping[str, Tensor]) -> None:
-        if layer in self.heads and self.heads[layer] != tuple(heads):
-            raise ValueError(f"layer {layer}: heads {tuple(heads)} differ from the accumulated {self.heads[layer]}")
-        self.heads[layer] = tuple(heads)
-        for store, values in ((self.sums, sums), (self.counts, counts)):
-            held = store.setdefault(layer, {})
-            for name, total in values.items():
-                held[name] = held.get(name, 0) + total.detach().double().cpu()
-
-    def _order(self) -> list[tuple[int, int, int]]:
-        """``(layer, head, index in the layer's arrays)`` in layer then head order.
-
-        Raises:
-            ValueError: nothing was accumulated.
-        """
-        if not self.sums:
-            raise ValueError(f"{type(self).__name__} has no data: update it with at least one capture batch")
-        return [(layer, head, i) for layer in sorted(self.heads)
-                for i, head in sorted(enumerate(self.heads[layer]), key=lambda t: t[1])]
-
-    def _mean(self, layer: int, name: str, count: str) -> Tensor:
-        """``sums[name] / counts[count]`` of one layer, NaN where the count is 0."""
-        total, n = self.sums[layer][name], self.counts[layer][count]
-        return torch.where(n > 0, total / n.clamp_min(1.0), math.nan)
 
 
 def _sink_columns(first: Tensor, special: Tensor, norms: Tensor, dtype: torch.dtype) -> Tensor:

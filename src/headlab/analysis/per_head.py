@@ -1,4 +1,5 @@
-"""The shared machinery of accumulators that average statistics per (layer, head).
+"""The shared state of accumulators that average statistics per (layer, head): ``HeadSums``, and
+``PerHeadMeans`` for those whose counts are per layer.
 
 Sums are float64 per statistic, counts per normaliser (tokens, items, ...), both per layer;
 merging adds them, so a corpus split across processes merges exactly. The result is a
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -16,38 +18,77 @@ from torch import Tensor
 from headlab.heads import HeadTable
 
 
-class PerHeadMeans:
-    """Base of ``SurfaceStats`` and ``TaxonomyStats``: sums, counts, merge and the means.
+class HeadSums:
+    """Float64 sums and counts per (layer, head), merged by adding: the state of the per-head accumulators.
+
+    Subclasses add with ``_add(layer, heads, sums, counts)``, every sum ``(len(heads), ...)``, every count
+    a number or ``(len(heads), ...)`` (a statistic may be undefined on some heads' rows), and read means
+    with ``_mean`` or ``PerHeadMeans._table``.
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[int, dict[str, Tensor]] = {}  # layer → name → (heads, ...) float64
+        self.counts: dict[int, dict[str, Any]] = {}  # layer → name → a count, or (heads, ...) float64
+        self.heads: dict[int, tuple[int, ...]] = {}
+
+    def _settings(self) -> tuple[Any, ...]:
+        """What two accumulators must share to merge."""
+        return ()
+
+    def merge(self, other: HeadSums) -> HeadSums:
+        """Fold another accumulator's sums into this one (e.g. from another process); returns self.
+
+        Raises:
+            ValueError: another type or other settings, or other heads in a layer.
+        """
+        if type(other) is not type(self) or other._settings() != self._settings():
+            raise ValueError(f"cannot merge {type(other).__name__}{other._settings()} into "
+                             f"{type(self).__name__}{self._settings()}; expected the same type and settings")
+        for layer in other.sums:
+            self._add(layer, other.heads[layer], other.sums[layer], other.counts[layer])
+        return self
+
+    def _add(self, layer: int, heads: tuple[int, ...], sums: Mapping[str, Tensor], counts: Mapping[str, Any]) -> None:
+        if layer in self.heads and self.heads[layer] != tuple(heads):
+            raise ValueError(f"layer {layer}: heads {tuple(heads)} differ from the accumulated {self.heads[layer]}")
+        self.heads[layer] = tuple(heads)
+        for store, values in ((self.sums, sums), (self.counts, counts)):
+            held = store.setdefault(layer, {})
+            for name, total in values.items():
+                if isinstance(total, Tensor):
+                    total = total.detach().double().cpu()
+                held[name] = held.get(name, 0) + total
+
+    def _order(self) -> list[tuple[int, int, int]]:
+        """``(layer, head, index in the layer's arrays)`` in layer then head order.
+
+        Raises:
+            ValueError: nothing was accumulated.
+        """
+        if not self.sums:
+            raise ValueError(f"{type(self).__name__} has no data: update it with at least one capture batch")
+        return [(layer, head, i) for layer in sorted(self.heads)
+                for i, head in sorted(enumerate(self.heads[layer]), key=lambda t: t[1])]
+
+    def _mean(self, layer: int, name: str, count: str) -> Tensor:
+        """``sums[name] / counts[count]`` of one layer (counts per head), NaN where the count is 0."""
+        total, n = self.sums[layer][name], self.counts[layer][count]
+        return torch.where(n > 0, total / n.clamp_min(1.0), math.nan)
+
+
+class PerHeadMeans(HeadSums):
+    """Base of ``SurfaceStats`` and ``TaxonomyStats``: counts per layer, means as a ``HeadTable``.
 
     Args:
         causal: the model is causal; accumulators of different causality do not merge.
     """
 
     def __init__(self, *, causal: bool = False) -> None:
+        super().__init__()
         self.causal = causal
-        self.sums: dict[int, dict[str, Tensor]] = {}  # layer → statistic → (heads,) float64
-        self.counts: dict[int, dict[str, int]] = {}  # layer → normaliser → count
-        self.heads: dict[int, tuple[int, ...]] = {}
 
-    def merge(self, other: PerHeadMeans) -> PerHeadMeans:
-        """Fold another accumulator's sums into this one (e.g. from another process); returns self."""
-        if type(other) is not type(self) or other.causal != self.causal:
-            raise ValueError(f"cannot merge {type(other).__name__}(causal={other.causal}) into "
-                             f"{type(self).__name__}(causal={self.causal})")
-        for layer in other.sums:
-            self._add(layer, other.heads[layer], other.sums[layer], other.counts[layer])
-        return self
-
-    def _add(self, layer: int, heads: tuple[int, ...], sums: Mapping[str, Tensor], counts: Mapping[str, int]) -> None:
-        if layer in self.heads and self.heads[layer] != tuple(heads):
-            raise ValueError(f"layer {layer}: heads {tuple(heads)} differ from the accumulated {self.heads[layer]}")
-        self.heads[layer] = tuple(heads)
-        held = self.sums.setdefault(layer, {})
-        for name, total in sums.items():
-            held[name] = held.get(name, 0) + total.double().cpu()
-        held_counts = self.counts.setdefault(layer, {})
-        for name, n in counts.items():
-            held_counts[name] = held_counts.get(name, 0) + n
+    def _settings(self) -> tuple[Any, ...]:
+        return (self.causal,)
 
     def _table(self, count_of: Mapping[str, str], *, count_columns: Mapping[str, str] | None = None) -> HeadTable:
         """One row per captured head, layer then head order.

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.analysis.norms import HeadSums, out_projections, value_norms
+from headlab.analysis.norms import out_projections, value_norms
+from headlab.analysis.per_head import HeadSums
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
 

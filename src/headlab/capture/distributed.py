@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headlab.capture.corpus import Corpus, load_corpus
-from headlab.capture.run import CaptureResult, Consumer, TruncationWarning
+from headlab.capture.run import CaptureResult, Consumer, RateProgress, TruncationWarning
 from headlab.capture._shards import Shard, plan_shards
 from headlab.heads.selection import HeadSelection, resolve
 
@@ -273,7 +273,7 @@ class RayEngine:
                 texts = [corpus.texts[i] for i in cut[k].items]
                 running[actor.run.remote(cut[k], texts, factory, options)] = (k, actor)
 
-        with _Progress(progress, len(cut)) as bar:
+        with RateProgress(progress, len(cut), label="ray", unit="shards") as bar:
             for actor in actors:
                 submit(actor)
             while running:
@@ -436,28 +436,3 @@ def _model_source(model: Any) -> tuple[str | None, str | None, dict[str, Any] | 
                         f"{type(model).__name__}")
     path = Path(model).expanduser()
     return (str(path.resolve()) if path.exists() else os.fspath(model)), None, None
-
-
-class _Progress:
-    """A rich progress bar over shards with tokens per second, or nothing."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.enabled, self.total = enabled, total
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("ray"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
-                                TextColumn("{task.fields[rate]}"), TimeElapsedColumn())
-            self.bar.__enter__()
-            self.task = self.bar.add_task("ray", total=self.total, rate="")
-        return self
-
-    def advance(self, tokens_per_second: float) -> None:
-        if self.enabled:
-            self.bar.update(self.task, advance=1, rate=f"{tokens_per_second:,.0f} tokens/s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.bar.__exit__(*exc)

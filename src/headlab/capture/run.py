@@ -198,7 +198,7 @@ def capture(
     try:
         # Patterns in buffers reused from batch to batch (a batch's tensors are dropped before the next forward).
         with tapped(sites, selection, what, sink), torch.inference_mode(), reuse_pattern_memory(), \
-                _Progress(progress, len(batches)) as bar:
+                RateProgress(progress, len(batches)) as bar:
             done_tokens = 0
             for indices in batches:
                 batch = collate(tokenized, indices, device=device)
@@ -225,22 +225,28 @@ def capture(
     )
 
 
-class _Progress:
-    """A rich progress bar over batches showing tokens per second, or nothing."""
+class RateProgress:
+    """A rich progress bar over ``total`` steps showing tokens per second, or nothing when not ``enabled``.
 
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.enabled, self.total = enabled, total
+    Args:
+        enabled: show it.
+        total: steps.
+        label, unit: the words before and after the count (``capture … batches``, ``ray … shards``).
+    """
 
-    def __enter__(self) -> _Progress:
+    def __init__(self, enabled: bool, total: int, *, label: str = "capture", unit: str = "batches") -> None:
+        self.enabled, self.total, self.label, self.unit = enabled, total, label, unit
+
+    def __enter__(self) -> RateProgress:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
-                TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"),
+                TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task("capture", total=self.total, rate="")
+            self.task = self.bar.add_task(self.label, total=self.total, rate="")
         return self
 
     def advance(self, tokens_per_second: float) -> None:
