@@ -39,7 +39,7 @@ from headlab.analysis.norms import ValueWeighted, compact_projections, out_proje
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.similarity import HeadSimilarity, MDSResult, SimilarityResult, mds, plot_mds
 from headlab.analysis.sinks import (
-    CAUSAL_SINK_TOKENS, ENCODER_SINK_TOKENS, SinkResult, SinkShare, plot_sink_share, sink_sentences,
+    CAUSAL_SINK_TOKENS, ENCODER_SINK_TOKENS, SinkResult, SinkShare, plot_sink_share,
 )
 from headlab.analysis.surface import SurfaceStats, head_statistics, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, class_shares, classify
@@ -161,8 +161,9 @@ class AnalysisResult:
 
         Statistics that cannot vary for the model's kind (``head_statistics``) are never cited; the
         dependency headline names one of the ``TABLE_RELATIONS`` most frequent relations (those the
-        tables show); raw against value-weighted attention on the sinks as the report says it
-        (``sink_sentences``); a pruning curve that does not move says so instead of reading as a result.
+        tables show); a pruning curve that does not move says so instead of reading as a result. The
+        sinks have their own sentences (``headlab.analysis.sinks.sink_sentences``), as the report has a
+        section for them.
         """
         surface = self.surface
         shares = class_shares(self.classes)
@@ -188,8 +189,6 @@ class AnalysisResult:
                        f"{head_label(layer, head)} puts its largest weight on the {target} word {accuracy:.0%} of "
                        f"the time, against {rel.baseline_accuracy:.0%} for the best fixed offset "
                        f"({rel.baseline_offset:+d} {'word' if abs(rel.baseline_offset) == 1 else 'words'}).")
-        if self.value_weighted is not None and self.sinks is not None:
-            out += sink_sentences(self.value_weighted, self.sinks, causal=self.causal)
         out += [_pruning_sentence(metric, curve) for metric, curve in self.pruning.items()]
         return out
 

@@ -81,7 +81,8 @@ def render(ctx: ReportContext) -> str:
     from headlab.report.provenance import model_name
 
     loaded = ctx.load_model()
-    result = ctx.memo("analysis", lambda: analyze(loaded, ctx.text, quick=ctx.quick, progress=False))
+    # Retrieval and streaming heads have their own section (streaming.py): not run twice.
+    result = ctx.memo("analysis", lambda: analyze(loaded, ctx.text, quick=ctx.quick, streaming=False, progress=False))
     paths = result.write(ctx.assets_dir / "analysis")
     summary = result.summary()
     corpus = "the bundled corpus" if ctx.text is None else load_corpus(ctx.text).source
