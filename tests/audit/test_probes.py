@@ -87,3 +87,39 @@ def test_a_module_with_a_length_limit_is_probed_in_blocks() -> None:
     torch.testing.assert_close(result.W_QK, reference.W_QK, rtol=0, atol=1e-12)
     torch.testing.assert_close(result.W_OV, reference.W_OV, rtol=0, atol=1e-12)
     assert result.to_dict()["heads"] == reference.to_dict()["heads"]
+
+
+def _prober(module: torch.nn.Module):
+    from headlab.audit.probes import Prober
+    from headlab.audit.run import _prepare, candidate_widths
+
+    working, dtype, detected = _prepare(module, candidate_widths(module), None, 0, inferred=True)
+    prober = Prober(working, detected, dtype=dtype, seed=0)
+    return prober, prober.observe(prober.random(8)).scores.shape[0]
+
+
+def test_values_at_once_equal_head_by_head_or_step_aside() -> None:
+    """Where every head's z is read from one forward per block, W_OV and the values equal those of one
+    steered forward per head; a module whose output is not z W_O alone (a residual inside) or whose z is
+    hidden gets the per-head probe instead."""
+    from headlab.audit.examples import EXAMPLES, build
+    from headlab.audit.probes import _values_at_once, _values_head_by_head
+
+    at_once = set()
+    makers = [(f"example {name}", lambda name=name: build(name)) for name in EXAMPLES]
+    makers += [(f"layer {name}", lambda options=options: _layer(options)) for name, options in CONFIGS.items()]
+    for name, make in makers:
+        torch.manual_seed(0)
+        prober, n_heads = _prober(make())
+        fast = _values_at_once(prober, n_heads)
+        if fast is None:
+            continue
+        at_once.add(name)
+        slow = _values_head_by_head(prober, n_heads)
+        scale = float(slow.W_OV.abs().max())
+        assert float((fast.W_OV - slow.W_OV).abs().max()) <= 1e-10 * scale, name
+        assert fast.value_width == slow.value_width and len(fast.values) == len(slow.values), name
+        for a, b in zip(fast.values, slow.values):
+            assert a.shape == b.shape and (a.numel() == 0 or float((a - b).abs().max()) <= 1e-10), name
+    assert {"example gpt2_conv1d", "example nanogpt_config", "layer wide"} <= at_once
+    assert "example residual_inside" not in at_once and "example prenorm" not in at_once

@@ -23,7 +23,7 @@ from headlab.audit.structure import (
 )
 from headlab.audit.verdict import AuditResult, Equivalence, Evidence, ForwardOptions, HeadEvidence, Parameters
 from headlab.layer import AttentionConfig
-from headlab.layer.accounting import account
+from headlab.layer.accounting import count_parameters
 from headlab.layer.presets import preset_config
 
 __all__ = ["Measured", "Precision", "findings"]
@@ -215,7 +215,7 @@ def _parameters(module: nn.Module, d_model: int, n_heads: int, d_head: int, vari
             matching = preset_config(variant, d_model=d_model, n_heads=n_heads)
         except ValueError:
             matching = standard
-    standard_count = account(standard).total_parameters
+    standard_count = count_parameters(standard)
     return Parameters(module=sum(p.numel() for p in module.parameters()), standard=standard_count,
-                      variant=standard_count if matching == standard else account(matching).total_parameters,
+                      variant=standard_count if matching == standard else count_parameters(matching),
                       variant_name=variant)

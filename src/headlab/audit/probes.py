@@ -7,8 +7,10 @@ Every probe is one forward of self-attention over a batch of one, read through t
   d+a sees the key 0 (position 0) and every key e_b (positions 1…d), causal mask or not, so
   s(e_a, e_b) − s(e_a, 0) = W_QK[a, b] + w[b] and s(0, e_b) − s(0, 0) = w[b]. Terms that only
   depend on the query (x_q·u + c) cancel in these differences, as they do in the softmax.
-- ``value_maps``: one forward per head over ``[0, e_1 … e_d]`` with that head's pattern replaced
-  by the identity and every other head's by zeros, so output row 1+a − row 0 is e_a W_OV[h]
+- ``value_maps``: where the call shows z, one forward over ``[0, e_1 … e_d]`` with every head's
+  pattern replaced by the identity (z row 1+a − row 0 = e_a W_V), W_O solved from z and the output,
+  checked on heads 0 and n−1 run alone; otherwise one forward per head with that head's pattern
+  replaced by the identity and every other head's by zeros, so output row 1+a − row 0 is e_a W_OV[h]
   (= e_a W_V[h] W_O[h]), and the call's weighted values show the head's own values v_h(e_a).
 
 A module that refuses that many positions (a causal-mask buffer of a fixed block size, say) is
@@ -291,21 +293,99 @@ class ValueMaps:
 
 
 def value_maps(prober: Prober, n_heads: int) -> ValueMaps:
-    """Recover every head's W_OV (and values, if shown) with steered forwards, one per head and block."""
-    eye, zero = prober.basis(), prober.zeros(1)
+    """Recover every head's W_OV (and values, if shown): from every head's z at once where the call shows
+    z and the output is linear in it (``_values_at_once``), else with one steered forward per head and block."""
+    return _values_at_once(prober, n_heads) or _values_head_by_head(prober, n_heads)
 
+
+def _only_head(h: int) -> Callable[[Tensor, int], Tensor]:
+    """An override: head ``h``'s pattern replaced by the identity (each position attends to itself), every
+    other head's by zeros."""
+    def steer(pattern: Tensor, first_head: int) -> Tensor:
+        steered = torch.zeros_like(pattern)
+        if first_head <= h < first_head + pattern.shape[0]:
+            steered[h - first_head] = torch.eye(pattern.shape[-1], dtype=pattern.dtype)
+        return steered
+    return steer
+
+
+def _every_head(pattern: Tensor, first_head: int) -> Tensor:
+    """An override: every head's pattern replaced by the identity."""
+    return torch.eye(pattern.shape[-1], dtype=pattern.dtype).expand_as(pattern).clone()
+
+
+def _steered(prober: Prober, blocks: list[slice], steer: Callable[[Tensor, int], Tensor]
+             ) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Over ``[0, e_block]`` per block with ``steer``: the outputs and z of every e_a relative to the zero
+    input's ``(d, d_model)``, ``(d, n)``, and the zero input's z ``(n,)``; None when z is not shown."""
+    eye, zero = prober.basis(), prober.zeros(1)
+    outputs, zs = [], []
+    for block in blocks:
+        seen = prober.observe(torch.cat([zero, eye[block]]), override=steer)
+        if seen.z is None:
+            return None
+        outputs.append(seen.output[1:] - seen.output[:1])
+        zs.append(seen.z[1:] - seen.z[:1])
+    return torch.cat(outputs), torch.cat(zs), seen.z[0]
+
+
+def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
+    """Every head's values from one forward per block with every head attending to itself, and the map
+    from z to the output solved from them (z = x W_V when each head attends to itself; output = z W_O).
+
+    Used only where it is exact: z is shown, splits into ``n_heads`` equal head-major slices, has no more
+    entries than d_model and determines the output; heads 0 and n−1 steered alone (one forward per block
+    each) must give what the solved map predicts, so a residual path or a layout other than head-major
+    sends the probe back to one forward per head (``_values_head_by_head``). None then.
+    """
+    def probe(blocks: list[slice]) -> tuple[list[slice], tuple[Tensor, Tensor, Tensor] | None]:
+        return blocks, _steered(prober, blocks, _every_head)
+
+    blocks, seen = prober.in_blocks(probe)
+    if seen is None:
+        return None
+    output, z, z_zero = seen
+    d, n = z.shape
+    if n % n_heads or n > d:
+        return None
+    width = n // n_heads
+    # z = QR, W_O = R⁻¹ Qᵀ output (QR and a triangular solve: the same bits on every run, unlike lstsq)
+    q, r = torch.linalg.qr(z)
+    diagonal = r.diagonal().abs()
+    if n == 0 or float(diagonal.min()) <= torch.finfo(prober.dtype).eps * d * float(diagonal.max()):
+        return None  # z does not determine a map to the output
+    W_O = torch.linalg.solve_triangular(r, q.T @ output, upper=True)  # (n, d_model)  # noqa: N806
+    tolerance = torch.finfo(prober.dtype).eps ** 0.5 * max(float(output.abs().max()), 1.0)
+    if float((z @ W_O - output).abs().max()) > tolerance:
+        return None
+    columns = [slice(h * width, (h + 1) * width) for h in range(n_heads)]
+    for h in {0, n_heads - 1}:
+        alone = _steered(prober, blocks, _only_head(h))
+        if alone is None:
+            return None
+        out_h, z_h, _ = alone
+        outside = torch.ones(n, dtype=torch.bool)
+        outside[columns[h]] = False
+        if (bool((z_h[:, outside] != 0).any()) or float((z_h - z)[:, columns[h]].abs().max()) > tolerance
+                or float((z[:, columns[h]] @ W_O[columns[h]] - out_h).abs().max()) > tolerance):
+            return None
+    values = []
+    for cols in columns:
+        own = (z[:, cols] != 0).any(dim=0) | (z_zero[cols] != 0)
+        values.append(z[:, cols][:, own])
+    return ValueMaps(W_OV=torch.stack([z[:, cols] @ W_O[cols] for cols in columns]), values=values,
+                     value_width=width)
+
+
+def _values_head_by_head(prober: Prober, n_heads: int) -> ValueMaps:
+    """Every head's W_OV (and values, if shown) with one steered forward per head and block."""
     def probe(blocks: list[slice]) -> ValueMaps:
         ov, values, width = [], [], None
         for h in range(n_heads):
-            def only_head_h(pattern: Tensor, first_head: int, h: int = h) -> Tensor:
-                steered = torch.zeros_like(pattern)
-                if first_head <= h < first_head + pattern.shape[0]:  # each position attends to itself
-                    steered[h - first_head] = torch.eye(pattern.shape[-1], dtype=pattern.dtype)
-                return steered
-
             outputs, zs = [], []
+            eye, zero = prober.basis(), prober.zeros(1)
             for block in blocks:
-                seen = prober.observe(torch.cat([zero, eye[block]]), override=only_head_h)
+                seen = prober.observe(torch.cat([zero, eye[block]]), override=_only_head(h))
                 outputs.append(seen.output[1:] - seen.output[:1])
                 zs.append(None if seen.z is None else (seen.z[1:] - seen.z[:1], seen.z[0]))
             ov.append(torch.cat(outputs))

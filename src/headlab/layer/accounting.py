@@ -35,7 +35,7 @@ from headlab.layer.module import MultiHeadAttention
 from headlab.layer.presets import PRESETS, check_presets
 from headlab.layer.projections import PROJECTIONS
 
-__all__ = ["Accounting", "SkippedPair", "Sweep", "SweepRow", "account", "sweep"]
+__all__ = ["Accounting", "SkippedPair", "Sweep", "SweepRow", "account", "count_parameters", "sweep"]
 
 
 @dataclass(frozen=True)
@@ -96,18 +96,44 @@ def account(config: AttentionConfig, *, seq_len: int = 128) -> Accounting:
         raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} must be a positive int")
+    layer = _meta_layer(config, seq_len=seq_len)
     try:
-        with torch.device("meta"):
-            layer = MultiHeadAttention(config)
         flops = _forward_flops(layer, seq_len)
     except RuntimeError as exc:  # on the meta device only sizes can fail: more bytes than torch can address
-        raise ValueError(
-            f"d_model={config.d_model}, n_heads={config.n_heads}, d_head={config.d_head}, seq_len={seq_len}: "
-            f"the layer's tensors are too large for torch to describe ({' '.join(str(exc).split())})"
-        ) from exc
+        raise _too_large(config, exc, seq_len=seq_len) from exc
     parameters = {name: p.numel() for name, p in layer.named_parameters()}
     return Accounting(config=config, seq_len=seq_len, parameters=parameters, flops=flops,
                       qk_rank_bound=type(layer.projection).qk_rank_bound(config))
+
+
+def count_parameters(config: AttentionConfig) -> int:
+    """The parameters of ``MultiHeadAttention(config)``, as ``account(config).total_parameters`` counts them,
+    without counting FLOPs (whose counter imports torch's compiler stack: seconds, for a command that
+    only needs the count).
+
+    Raises:
+        TypeError: ``config`` is not an AttentionConfig.
+        ValueError: the sizes are too large for torch to describe.
+    """
+    if not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+    return sum(p.numel() for p in _meta_layer(config).parameters())
+
+
+def _meta_layer(config: AttentionConfig, *, seq_len: int | None = None) -> MultiHeadAttention:
+    """``MultiHeadAttention(config)`` on the meta device: sizes only, nothing allocated."""
+    try:
+        with torch.device("meta"):
+            return MultiHeadAttention(config)
+    except RuntimeError as exc:
+        raise _too_large(config, exc, seq_len=seq_len) from exc
+
+
+def _too_large(config: AttentionConfig, exc: RuntimeError, *, seq_len: int | None) -> ValueError:
+    sizes = f"d_model={config.d_model}, n_heads={config.n_heads}, d_head={config.d_head}" + (
+        "" if seq_len is None else f", seq_len={seq_len}")
+    return ValueError(f"{sizes}: the layer's tensors are too large for torch to describe "
+                      f"({' '.join(str(exc).split())})")
 
 
 def _products(*args: Any, out_shape: Sequence[int], **kwargs: Any) -> int:
