@@ -315,18 +315,20 @@ def _every_head(pattern: Tensor, first_head: int) -> Tensor:
 
 
 def _steered(prober: Prober, blocks: list[slice], steer: Callable[[Tensor, int], Tensor]
-             ) -> tuple[Tensor, Tensor, Tensor] | None:
+             ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Over ``[0, e_block]`` per block with ``steer``: the outputs and z of every e_a relative to the zero
-    input's ``(d, d_model)``, ``(d, n)``, and the zero input's z ``(n,)``; None when z is not shown."""
+    input's, ``(d, d_model)`` and ``(d, n)``, and the zero input's z ``(n,)``; both z None when not shown."""
     eye, zero = prober.basis(), prober.zeros(1)
-    outputs, zs = [], []
+    outputs, zs, z_zero = [], [], None
     for block in blocks:
         seen = prober.observe(torch.cat([zero, eye[block]]), override=steer)
-        if seen.z is None:
-            return None
         outputs.append(seen.output[1:] - seen.output[:1])
-        zs.append(seen.z[1:] - seen.z[:1])
-    return torch.cat(outputs), torch.cat(zs), seen.z[0]
+        if seen.z is not None and zs is not None:
+            zs.append(seen.z[1:] - seen.z[:1])
+            z_zero = seen.z[0] if z_zero is None else z_zero
+        else:
+            zs = None
+    return torch.cat(outputs), None if zs is None else torch.cat(zs), None if zs is None else z_zero
 
 
 def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
@@ -338,13 +340,12 @@ def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
     each) must give what the solved map predicts, so a residual path or a layout other than head-major
     sends the probe back to one forward per head (``_values_head_by_head``). None then.
     """
-    def probe(blocks: list[slice]) -> tuple[list[slice], tuple[Tensor, Tensor, Tensor] | None]:
+    def probe(blocks: list[slice]) -> tuple[list[slice], tuple[Tensor, Tensor | None, Tensor | None]]:
         return blocks, _steered(prober, blocks, _every_head)
 
-    blocks, seen = prober.in_blocks(probe)
-    if seen is None:
+    blocks, (output, z, z_zero) = prober.in_blocks(probe)
+    if z is None:
         return None
-    output, z, z_zero = seen
     d, n = z.shape
     if n % n_heads or n > d:
         return None
@@ -360,10 +361,9 @@ def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
         return None
     columns = [slice(h * width, (h + 1) * width) for h in range(n_heads)]
     for h in {0, n_heads - 1}:
-        alone = _steered(prober, blocks, _only_head(h))
-        if alone is None:
+        out_h, z_h, _ = _steered(prober, blocks, _only_head(h))
+        if z_h is None:
             return None
-        out_h, z_h, _ = alone
         outside = torch.ones(n, dtype=torch.bool)
         outside[columns[h]] = False
         if (bool((z_h[:, outside] != 0).any()) or float((z_h - z)[:, columns[h]].abs().max()) > tolerance
@@ -382,18 +382,12 @@ def _values_head_by_head(prober: Prober, n_heads: int) -> ValueMaps:
     def probe(blocks: list[slice]) -> ValueMaps:
         ov, values, width = [], [], None
         for h in range(n_heads):
-            outputs, zs = [], []
-            eye, zero = prober.basis(), prober.zeros(1)
-            for block in blocks:
-                seen = prober.observe(torch.cat([zero, eye[block]]), override=_only_head(h))
-                outputs.append(seen.output[1:] - seen.output[:1])
-                zs.append(None if seen.z is None else (seen.z[1:] - seen.z[:1], seen.z[0]))
-            ov.append(torch.cat(outputs))
-            if values is None or any(z is None for z in zs):
+            output, relative, z_zero = _steered(prober, blocks, _only_head(h))
+            ov.append(output)
+            if values is None or relative is None:
                 values = None
                 continue
-            relative = torch.cat([z for z, _ in zs])  # (d, every head's entries); the other heads' are zero
-            own = (relative != 0).any(dim=0) | (zs[0][1] != 0)
+            own = (relative != 0).any(dim=0) | (z_zero != 0)  # the other heads' entries are zero
             values.append(relative[:, own])
             width = relative.shape[1] // n_heads if relative.shape[1] % n_heads == 0 else None
         return ValueMaps(W_OV=torch.stack(ov), values=values, value_width=width if values is not None else None)
