@@ -117,6 +117,9 @@ def plot_streaming(result: Any, path: str | os.PathLike[str], *, title: str | No
     ax.set_xlabel(f"window W (plus {result.sinks} sink tokens)")
     ax.set_ylabel("loss change")
     ax.set_yscale("symlog", linthresh=max(result.budget, 1e-4))
+    changes = [*single.ravel(), *result.all_heads, *(c.loss_change for c in result.conversions)]
+    if min(changes) >= 0:  # no negative axis when nothing got better
+        ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:

@@ -267,7 +267,7 @@ def plot_sink_share(result: SinkResult, path: str | os.PathLike[str], *, top: in
                     label=f"{name}, {kind}" if row is None or kind == "raw" else None)
     ax.set_xticks(xs, labels, rotation=45, fontsize="small")
     ax.set_xlabel("query position")
-    ax.set_ylabel(f"share on the first {result.n_sink} position{'s' if result.n_sink > 1 else ''}")
+    ax.set_ylabel("share on the first position" if result.n_sink == 1 else f"share on the first {result.n_sink} positions")
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", ncols=2)

@@ -85,11 +85,12 @@ def render_sinks(report: SinkReport, *, description: str, hrefs: Mapping[str, st
         cells += ["–" if np.isnan(share) else _pct(share), "–" if np.isnan(growth) else f"{growth * 100:+.1f}"]
         rows.append(cells)
     n_sink = sinks.n_sink
+    first = "the first position" if n_sink == 1 else f"the first {n_sink} positions"
     parts.append(table(["head", "raw on sinks", "value-weighted", "‖f(x)‖ first token", "‖f(x)‖ other tokens",
-                        f"raw on first {n_sink}", "points per doubling"], rows, numeric_cols=(1, 2, 3, 4, 5, 6),
+                        f"raw on {first}", "points per doubling"], rows, numeric_cols=(1, 2, 3, 4, 5, 6),
                        caption=f"The {len(rows)} heads with most raw attention on the first and special tokens "
-                               f"(L = layer, H = head, from 0); the last two columns count the first {n_sink} "
-                               "position(s) as sinks, over queries after them"))
+                               f"(L = layer, H = head, from 0); the last two columns count {first} as "
+                               "sinks, over queries after them"))
     return Html("".join(parts))
 
 
