@@ -1,4 +1,5 @@
-"""``headlab analyze``: roles, patterns, similarity, importance and syntax of a model's heads."""
+"""``headlab analyze``: roles, patterns, similarity, sinks, retrieval and streaming heads, importance and syntax
+of a model's heads."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from headlab.analysis.analyze import AnalysisResult
+
+TOP_HEADS = 8  # rows of the sink and retrieval tables
 
 
 def analyze(
@@ -124,7 +127,7 @@ def analyze(
                               f"{accuracy:.2f}",
                               f"{rel.baseline_accuracy:.2f} ({rel.baseline_offset:+d})")
         console.print(relations)
-    for part in _newer_tables(result):
+    for part in _sink_and_context_tables(result):
         console.print(part)
     if result.importance_spearman is not None:
         console.print(f"Spearman(|gradient importance|, |ablation|) = {result.importance_spearman:.3f}")
@@ -133,10 +136,7 @@ def analyze(
     console.print("wrote " + ", ".join(escape(str(p)) for p in paths))
 
 
-TOP_HEADS = 8  # rows of the sink and retrieval tables
-
-
-def _newer_tables(result: AnalysisResult) -> list[Table]:
+def _sink_and_context_tables(result: AnalysisResult) -> list[Table]:
     """Tables of the parts that ran: the sink heads (raw vs value-weighted attention), the retrieval heads, and
     the streaming conversions per window."""
     from rich.table import Table
