@@ -324,7 +324,7 @@ def analyze(
     quick: bool = False,
     importance: bool = True,
     syntax: bool = True,
-    streaming: bool = True,
+    streaming: bool = False,
     engine: str = "local",
     address: str | None = None,
     workers: int | None = None,
@@ -340,8 +340,9 @@ def analyze(
         quick: smaller budgets (the first 60 corpus items, fewer probe sequences and task batches).
         importance: run importance and the pruning curve (the slowest part).
         syntax: run the dependency-syntax part when spaCy and its pipeline are installed.
-        streaming: run retrieval scores (causal language models) and the streaming-head simulation,
-            on every head of the model (``headlab.analysis.context_heads``; their own passes).
+        streaming: also run retrieval scores (causal language models) and the streaming-head
+            simulation on every head of the model (``headlab.analysis.context_heads``; their own passes,
+            one forward per head and window: minutes for MiniLM, hours for a model of a thousand heads).
         engine: where the capture pass runs: ``"local"`` (this process) or ``"ray"`` (the corpus in
             shards on Ray workers that each load the model from its source; docs/scaling.md). The
             probes, retrieval and streaming heads, importance and pruning run in this process either way.
@@ -424,7 +425,7 @@ def analyze(
     else:
         skipped["causal probes"] = "duplicate-token and induction probes need a causal model"
     if not streaming:
-        skipped["retrieval and streaming heads"] = "not asked for"
+        skipped["retrieval and streaming heads"] = "not asked for (streaming=True, --streaming)"
     elif getattr(model, "tokenizer", None) is None:
         skipped["retrieval and streaming heads"] = "the model has no tokenizer; both run on corpus text"
     else:

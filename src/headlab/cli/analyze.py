@@ -32,9 +32,10 @@ def analyze(
     quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items, no exact ablation.")] = False,
     importance: Annotated[bool, typer.Option("--importance/--no-importance", help="Importance and pruning.")] = True,
     syntax: Annotated[bool, typer.Option("--syntax/--no-syntax", help="Dependency syntax (needs spaCy).")] = True,
-    streaming: Annotated[bool, typer.Option("--streaming/--no-streaming", help="Retrieval heads (causal language "
-                                                                               "models) and the streaming-head "
-                                                                               "simulation, every head.")] = True,
+    streaming: Annotated[bool, typer.Option("--streaming/--no-streaming", help="Also retrieval heads (causal "
+                                                                               "language models) and the streaming-"
+                                                                               "head simulation, every head: one "
+                                                                               "forward per head and window.")] = False,
     engine: Annotated[str, typer.Option("--engine", help="Where the capture pass runs: local (this process) or "
                                                          "ray (the corpus in shards on Ray workers; docs/scaling.md; "
                                                          "needs headlab[ray]).")] = "local",
