@@ -78,3 +78,9 @@ def test_an_architecture_headlab_cannot_serve_is_one_line_with_the_reason(tmp_pa
             said = " ".join(result.output.split())  # the console wraps long lines
             assert said.startswith("error: ") and len(said) < 400
             assert ("encoder-decoder" if name == "t5" else "outside transformers' AttentionInterface") in said
+
+
+def test_help_names_the_ray_extra_as_pip_takes_it():
+    """Rich reads "[ray]" as markup unless escaped: the help must still print the extra's name."""
+    result = CliRunner().invoke(app, ["analyze", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "pip install headlab[ray]" in " ".join(result.output.replace("│", " ").split())

@@ -38,7 +38,8 @@ def analyze(
                                                                                "forward per head and window.")] = False,
     engine: Annotated[str, typer.Option("--engine", help="Where the capture pass runs: local (this process) or "
                                                          "ray (the corpus in shards on Ray workers; docs/scaling.md; "
-                                                         "needs headlab[ray]).")] = "local",
+                                                         "needs the extra ray: pip install headlab\\[ray]).")
+                      ] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --engine ray: join the Ray cluster at "
                                                                   "ADDR (auto, host:port); default: start a local "
                                                                   "Ray on this machine.")] = None,
