@@ -37,7 +37,7 @@ from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
 
 __all__ = [
-    "COLUMNS", "ValueWeighted", "compact_projections", "key_masks", "out_projections",
+    "COLUMNS", "ValueWeighted", "compact_projections", "gram_matrices", "key_masks", "layer_norms", "out_projections",
     "plot_value_weighted", "value_norms",
     "value_weighted", "weighted_pattern",
 ]
@@ -81,6 +81,40 @@ def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa
         w = w.detach().to(device="cpu", dtype=torch.float64)
         out[int(layer)] = w if w.shape[-1] <= w.shape[-2] else torch.linalg.qr(w.mT, mode="r")[1].mT
     return out
+
+
+def gram_matrices(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa: N803
+    """``{layer: W_O[h] W_O[h]ᵀ (n_heads, d_head_v, d_head_v)}`` in float64 on the CPU: what ``layer_norms`` reads.
+
+    Raises:
+        ValueError: a W_O that is not 3-D.
+    """
+    grams = {}
+    for layer, w in W_O.items():
+        if w.dim() != 3:
+            raise ValueError(f"W_O of layer {layer} has shape {tuple(w.shape)}; expected (n_heads, d_head_v, d_model)")
+        w = w.detach().double().cpu()
+        grams[int(layer)] = w @ w.transpose(1, 2)
+    return grams
+
+
+def layer_norms(grams: Mapping[int, Tensor], layer: int, taken: LayerCapture, *,
+                fix: str = "capture with what=('pattern', 'v')") -> Tensor:
+    """``(batch, head, key_pos)`` float64: ``‖f_h(x_j)‖`` of one captured layer's heads (``gram_matrices``).
+
+    Raises:
+        ValueError: the layer was captured without v (the message ends with ``fix``), has no W_O
+            here, or holds a head beyond it.
+    """
+    if taken.v is None:
+        raise ValueError(f"layer {layer} was captured without v; {fix}")
+    if layer not in grams:
+        raise ValueError(f"layer {layer} has no W_O here; expected one of the layers {sorted(grams)}")
+    gram = grams[layer]
+    index = torch.tensor(taken.heads)
+    if int(index.max()) >= len(gram):
+        raise ValueError(f"layer {layer}: head {int(index.max())} is beyond W_O's {len(gram)} heads")
+    return value_norms(taken.v, gram.index_select(0, index))
 
 
 def value_norms(v: Tensor, gram: Tensor) -> Tensor:
@@ -143,33 +177,12 @@ class ValueWeighted(HeadSums):
 
     def __init__(self, W_O: Mapping[int, Tensor]) -> None:  # noqa: N803
         super().__init__()
-        self.grams: dict[int, Tensor] = {}  # layer → (n_heads, d_head_v, d_head_v) float64
-        for layer, w in W_O.items():
-            if w.dim() != 3:
-                raise ValueError(f"W_O of layer {layer} has shape {tuple(w.shape)}; expected (n_heads, d_head_v, d_model)")
-            w = w.detach().double().cpu()
-            self.grams[int(layer)] = w @ w.transpose(1, 2)
+        self.grams = gram_matrices(W_O)
 
     @classmethod
     def from_model(cls, model: Any) -> ValueWeighted:
         """An accumulator for every layer of ``model`` (a ``LoadedModel`` or an attached model)."""
         return cls(out_projections(model))
-
-    def norms(self, layer: int, taken: LayerCapture) -> Tensor:
-        """``(batch, head, key_pos)`` float64: ``‖f_h(x_j)‖`` of one captured layer's heads.
-
-        Raises:
-            ValueError: the layer was captured without v, or has no W_O here.
-        """
-        if taken.v is None:
-            raise ValueError(f"layer {layer} was captured without v; capture with what=('pattern', 'v')")
-        if layer not in self.grams:
-            raise ValueError(f"layer {layer} has no W_O here; expected one of the layers {sorted(self.grams)}")
-        gram = self.grams[layer]
-        index = torch.tensor(taken.heads)
-        if int(index.max()) >= len(gram):
-            raise ValueError(f"layer {layer}: head {int(index.max())} is beyond W_O's {len(gram)} heads")
-        return value_norms(taken.v, gram.index_select(0, index))
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry pattern and v)."""
@@ -178,7 +191,7 @@ class ValueWeighted(HeadSums):
         for layer, taken in batch.layers.items():
             if taken.pattern is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern', 'v')")
-            norms = torch.where(real[:, None, :], self.norms(layer, taken), 0.0)  # (batch, head, key); padding: 0
+            norms = torch.where(real[:, None, :], layer_norms(self.grams, layer, taken), 0.0)  # padding: 0
             p = taken.pattern
             # one matmul: each row's raw and weighted mass on first / special and its weighted total
             masses = torch.matmul(p, _sink_columns(first, special, norms, p.dtype)).double()  # (b, h, q, 5)

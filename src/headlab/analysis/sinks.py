@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.analysis.norms import out_projections, value_norms
+from headlab.analysis.norms import gram_matrices, layer_norms, out_projections
 from headlab.analysis.per_head import HeadSums
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
@@ -126,8 +126,7 @@ class SinkShare(HeadSums):
         if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"edges={edges}; expected increasing positions starting at 0")
         self.n_sink, self.edges = n_sink, edges
-        self.grams = None if W_O is None else {int(k): (w.double().cpu() @ w.double().cpu().transpose(1, 2))
-                                                for k, w in W_O.items()}
+        self.grams = None if W_O is None else gram_matrices(W_O)
 
     @classmethod
     def from_model(cls, model: Any, *, n_sink: int | None = None, weighted: bool = True,
@@ -177,12 +176,8 @@ class SinkShare(HeadSums):
 
     def _weighted(self, layer: int, taken: Any, p: Tensor, real: Tensor, s: int) -> tuple[Tensor, Tensor]:
         """``(valid, share)`` of the value-weighted rows: valid where the row's weighted total is > 0."""
-        if taken.v is None:
-            raise ValueError(f"layer {layer} was captured without v; capture with what=('pattern', 'v') or pass W_O=None")
-        if layer not in self.grams:
-            raise ValueError(f"layer {layer} has no W_O here; expected one of the layers {sorted(self.grams)}")
-        gram = self.grams[layer].index_select(0, torch.tensor(taken.heads))
-        norms = torch.where(real[:, None, :], value_norms(taken.v, gram), 0.0)  # (batch, head, key)
+        fix = "capture with what=('pattern', 'v') or pass W_O=None"
+        norms = torch.where(real[:, None, :], layer_norms(self.grams, layer, taken, fix=fix), 0.0)  # (batch, head, key)
         sink = torch.zeros_like(norms)
         sink[..., :s] = norms[..., :s]
         masses = torch.matmul(p, torch.stack([sink, norms], -1).to(p.dtype)).double()  # (b, h, q, 2)
