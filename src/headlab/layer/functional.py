@@ -188,7 +188,7 @@ def attend(
         grouped = kv_index is None and k.shape[1] != n_heads and q.device.type == "cpu" and _SDPA_HAS_GQA
         k_all, v_all = (k, v) if grouped else (expand_kv(k, n_heads, kv_index), expand_kv(v, n_heads, kv_index))
         fused = None if pattern_heads is None else fused_attention_with_lse(
-            q, k_all, v_all, bias=_additive(mask.bias, q.dtype), is_causal=mask.is_causal, scale=scale,
+            q, k_all, v_all, bias=additive_bias(mask.bias, q.dtype), is_causal=mask.is_causal, scale=scale,
             dropout_p=dropout_p)
         if fused is not None:
             z, lse = fused
@@ -205,9 +205,9 @@ def attend(
     return z, patterns
 
 
-def _additive(bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+def additive_bias(bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """A mask as the kernel adds it: bool (True = not allowed) becomes 0 / -inf in ``dtype``, as
-    ``scaled_dot_product_attention`` converts a bool mask itself."""
+    ``scaled_dot_product_attention`` converts a bool mask itself; a float mask or None as it is."""
     if bias is None or bias.dtype != torch.bool:
         return bias
     return torch.zeros(bias.shape, dtype=dtype, device=bias.device).masked_fill_(bias, float("-inf"))

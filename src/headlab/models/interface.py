@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headlab.layer.functional import fused_attention_with_lse, select_heads, softmax_from_lse
+from headlab.layer.functional import additive_bias, fused_attention_with_lse, select_heads, softmax_from_lse
 from headlab.models.site import SITE_ATTRIBUTE, AttentionSite, TapOutput
 
 IMPLEMENTATION = "headlab"  # the name under which the function is registered
@@ -285,10 +285,14 @@ def _per_head(x: Tensor, kv_of: Tensor | None, heads: list[int]) -> Tensor:
 def _head_patterns(query: Tensor, key: Tensor, mask: Tensor | None, kv_of: Tensor | None, heads: list[int], *,
                    scaling: float) -> Tensor:
     """The eager patterns of the query heads ``heads`` only: ``(batch, len(heads), query_pos, key_pos)``."""
-    kv_heads = heads if kv_of is None else kv_of[heads].tolist()
     if mask is not None and mask.shape[1] > 1:  # a mask per head
         mask = select_heads(mask, heads)
-    return eager_pattern(select_heads(query, heads), select_heads(key, kv_heads), mask, scaling=scaling)
+    return eager_pattern(*_query_and_key(query, key, kv_of, heads), mask, scaling=scaling)
+
+
+def _query_and_key(query: Tensor, key: Tensor, kv_of: Tensor | None, heads: list[int]) -> tuple[Tensor, Tensor]:
+    """The query heads ``heads`` and the key head each reads, views where the heads run consecutively."""
+    return select_heads(query, heads), select_heads(key, heads if kv_of is None else kv_of[heads].tolist())
 
 
 def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,
@@ -310,10 +314,9 @@ def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor
     q_len, k_len = query.shape[2], key.shape[2]
     causal = kwargs.get("is_causal")
     causal = q_len > 1 and attention_mask is None and (getattr(module, "is_causal", True) if causal is None else causal)
-    bias = attention_mask
+    bias = attention_mask  # transformers' bool masks say True = allowed
     if attention_mask is not None and attention_mask.dtype == torch.bool:
-        bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
-            ~attention_mask, float("-inf"))
+        bias = additive_bias(~attention_mask, query.dtype)
     keys = q_len if causal else k_len  # transformers crops the keys a causal prefill cannot see
     fused = fused_attention_with_lse(query, key[:, :, :keys], value[:, :, :keys], bias=bias, is_causal=causal,
                                      scale=scaling, dropout_p=dropout)
@@ -331,10 +334,9 @@ def _patterns_from_lse(query: Tensor, key: Tensor, bias: Tensor | None, lse: Ten
     Returns:
         ``(batch, len(heads), query_pos, key_pos)``.
     """
-    kv_heads = heads if kv_of is None else kv_of[heads].tolist()
     if bias is not None and bias.dim() == 4 and bias.shape[1] > 1:  # a mask per head
         bias = select_heads(bias, heads)
-    scores = _scores(select_heads(query, heads), select_heads(key, kv_heads), scaling)
+    scores = _scores(*_query_and_key(query, key, kv_of, heads), scaling)
     return softmax_from_lse(scores, bias, select_heads(lse, heads))
 
 
