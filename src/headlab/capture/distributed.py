@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headlab.capture.corpus import Corpus, load_corpus
-from headlab.capture.run import CaptureResult, Consumer, RateProgress, TruncationWarning
+from headlab.capture.run import CaptureResult, Consumer, RateProgress, warn_truncated
 from headlab.capture._shards import Shard, plan_shards
 from headlab.heads.selection import HeadSelection, resolve
 
@@ -252,11 +252,7 @@ class RayEngine:
                              "save it with headlab.heads.save(model, folder) and pass the folder")
         resolve(heads, fingerprints[0]["heads"])  # a bad selection fails here, as capture's ValueError, not per shard
         plan = self._get([self.actors[0].plan.remote(list(corpus.texts), max_length)])[0]
-        if plan.truncated:
-            shown = ", ".join(map(str, plan.truncated[:10])) + (" …" if len(plan.truncated) > 10 else "")
-            warnings.warn(f"{len(plan.truncated)} of {len(corpus)} items are longer than max_length={plan.max_length} "
-                          f"pieces and were truncated (corpus indices {shown}); CaptureResult.truncated lists them all",
-                          TruncationWarning, stacklevel=2)
+        warn_truncated(plan.truncated, len(corpus), plan.max_length)
         # As many shards whichever of the engine's workers run: the same shards merged in the same order
         # give bit-identical results with 1 worker or all of them.
         cut = plan_shards(plan.lengths, shards=shards or SHARDS_PER_WORKER * len(self.actors),

@@ -174,13 +174,7 @@ def capture(
     max_length = model_max_length(model, tokenizer) if max_length is None else max_length
     tokenized = tokenize_corpus(tokenizer, corpus.texts, max_length=max_length)
     truncated = tokenized.truncated
-    if truncated:
-        shown = ", ".join(map(str, truncated[:10])) + (" …" if len(truncated) > 10 else "")
-        warnings.warn(
-            f"{len(truncated)} of {len(tokenized)} items are longer than max_length={max_length} pieces and were "
-            f"truncated (corpus indices {shown}); CaptureResult.truncated lists them all",
-            TruncationWarning, stacklevel=2,
-        )
+    warn_truncated(truncated, len(tokenized), max_length)
     batches = plan_batches(tokenized.lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
@@ -223,6 +217,16 @@ def capture(
         truncated=truncated, max_length=max_length, layers=selection, what=what,
         seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
     )
+
+
+def warn_truncated(truncated: Sequence[int], items: int, max_length: int | None) -> None:
+    """A ``TruncationWarning`` naming the first truncated items, attributed to the caller's caller
+    (the user's call of ``capture`` or of the Ray engine); nothing when none was truncated."""
+    if truncated:
+        shown = ", ".join(map(str, truncated[:10])) + (" …" if len(truncated) > 10 else "")
+        warnings.warn(f"{len(truncated)} of {items} items are longer than max_length={max_length} pieces and were "
+                      f"truncated (corpus indices {shown}); CaptureResult.truncated lists them all",
+                      TruncationWarning, stacklevel=3)
 
 
 class RateProgress:
