@@ -160,7 +160,8 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
         f"different consumers, the patterns captured, and v too where a consumer reads the values; "
         f"{_rounds(plan.analysis_rounds)}, median. Dependency parses are made once before timing (parsing is "
         "spaCy's cost, not the accumulator's)."))
-    projections = out_projections(loaded)
+    projections = out_projections(loaded)  # read once, outside the timed calls
+    n_sink = SinkShare.from_model(loaded, weighted=False).n_sink
     patterns, values = ("pattern",), ("pattern", "v")
     # name → (the consumers, what the capture takes)
     consumers: dict[str, tuple[Callable[[], list[Any]], tuple[str, ...]]] = {
@@ -170,7 +171,7 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
         f"similarity ({SIMILARITY_ROWS_PER_BATCH} rows per batch)": (
             lambda: [HeadSimilarity(rows_per_batch=SIMILARITY_ROWS_PER_BATCH)], patterns),
         "value-weighted attention + sink share (v captured too)": (
-            lambda: [ValueWeighted(projections), SinkShare.from_model(loaded)], values),
+            lambda: [ValueWeighted(projections), SinkShare(n_sink=n_sink, W_O=projections)], values),
     }
     parses = _parses(texts, area)
     if parses is not None:
