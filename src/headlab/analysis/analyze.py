@@ -376,13 +376,13 @@ def analyze(
             skipped["syntax"] = str(err)
     else:
         skipped["syntax"] = "not asked for"
-    # Similarity from a sample of 32 query rows per batch: all head pairs on every row cost many
-    # times the forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
     projections = None
     try:
         projections = out_projections(model)
     except ValueError as err:  # no output projection that takes the heads' z: no value vectors to weigh
         skipped["value-weighted attention and sink share"] = str(err)
+    # Similarity from a sample of 32 query rows per batch: all head pairs on every row cost many
+    # times the forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
     accumulators = AnalysisAccumulators(causal=causal, parses=parses, rows_per_batch=SIMILARITY_ROWS_PER_BATCH,
                                         W_O=projections)
     if engine == "ray":
