@@ -123,9 +123,11 @@ def test_a_short_first_value_moves_weight_off_the_first_token():
 def test_norms_and_weighted_pattern_match_their_definitions():
     g = torch.Generator().manual_seed(3)
     v, w = torch.randn(2, 3, 4, 5, generator=g), torch.randn(3, 5, 7, generator=g, dtype=torch.float64)
-    norms = value_norms(v, w @ w.transpose(1, 2))
+    norms = value_norms(v, w)
+    assert norms.dtype == torch.float64  # v's float32 widened to W_O's dtype
     np.testing.assert_allclose(norms, torch.linalg.vector_norm(torch.einsum("bhkd,hdm->bhkm", v.double(), w), dim=-1),
                                rtol=1e-10)
+    np.testing.assert_allclose(value_norms(v, w.float()), norms, rtol=1e-5)  # float32 throughout
     pattern = torch.softmax(torch.randn(2, 3, 4, 4, generator=g), -1)
     weighted = weighted_pattern(pattern, norms)
     np.testing.assert_allclose(weighted.sum(-1), 1.0, rtol=1e-12)

@@ -76,6 +76,31 @@ def test_hand_built_batches_equal_the_loop_and_halves_merge(causal):
         np.testing.assert_allclose(merged.table[name], result.table[name], rtol=1e-10, equal_nan=True)
 
 
+def test_value_weighted_and_sink_share_read_each_batchs_values_once_and_equal_their_runs_alone(monkeypatch):
+    from headlab.analysis.norms import ValueProjections, ValueWeighted, value_reductions
+
+    W_O = w_o({0: 2, 1: 3})  # noqa: N806
+    make = lambda: [ValueWeighted(W_O), SinkShare(n_sink=1, edges=EDGES, W_O=W_O)]  # noqa: E731
+    alone = []
+    for accumulator in make():
+        accumulator.update(hand_batch([9, 4, 6], heads=HEADS, seed=0))
+        alone.append(accumulator)
+    calls = []
+    real_norms = ValueProjections.norms
+    monkeypatch.setattr(ValueProjections, "norms", lambda self, *a, **k: calls.append(a[0]) or real_norms(self, *a, **k))
+    batch = hand_batch([9, 4, 6], heads=HEADS, seed=0)
+    together = make()  # two ValueProjections of equal W_O: one key, so one ValueReductions per batch
+    for accumulator in together:
+        accumulator.update(batch)
+    assert sorted(calls) == sorted(HEADS) and value_reductions(batch, together[1].projections) is \
+        value_reductions(batch, together[0].projections)
+    for name in alone[0].result().columns:
+        np.testing.assert_array_equal(together[0].result()[name], alone[0].result()[name])
+    np.testing.assert_array_equal(together[1].result().weighted, alone[1].result().weighted)
+    other = ValueWeighted(w_o({0: 2, 1: 3}, seed=5))  # another W_O: its own reductions
+    assert other.projections.key != together[0].projections.key
+
+
 def test_a_causal_query_before_the_sink_ends_sees_only_sinks_and_a_sink_head_is_found():
     batch = hand_batch([10], heads={0: (0, 1)}, causal=True)
     p = batch.layers[0].pattern

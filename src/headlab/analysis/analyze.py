@@ -35,7 +35,7 @@ from headlab.analysis.importance import (
 )
 from headlab.heads import head_label
 from headlab.analysis.context_heads import ContextHeads, context_heads, plot_streaming
-from headlab.analysis.norms import ValueWeighted, compact_projections, out_projections, plot_value_weighted
+from headlab.analysis.norms import ValueProjections, ValueWeighted, out_projections, plot_value_weighted
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.similarity import HeadSimilarity, MDSResult, SimilarityResult, mds, plot_mds
 from headlab.analysis.sinks import (
@@ -252,7 +252,7 @@ class AnalysisAccumulators:
         rows_per_batch: similarity's sample of query rows per batch.
         W_O: ``{layer: (n_heads, d_head_v, d_model)}`` (``headlab.analysis.norms.out_projections``) to add
             value-weighted attention and the sink share by position; None: neither. Kept (and shipped
-            to Ray workers) as ``compact_projections(W_O)``: the same norms, d_head_v wide.
+            to Ray workers) as their ``ValueProjections``: the same norms, d_head_v wide, shared by both.
 
     Attributes:
         what: what the capture pass must take for these accumulators: ``("pattern", "v")`` with W_O,
@@ -269,7 +269,7 @@ class AnalysisAccumulators:
                  rows_per_batch: int | None = SIMILARITY_ROWS_PER_BATCH,
                  W_O: dict[int, Any] | None = None) -> None:  # noqa: N803
         self.causal, self.parses, self.rows_per_batch = causal, parses, rows_per_batch
-        self.W_O = None if W_O is None else compact_projections(W_O)  # the same norms, d_model / d_head smaller
+        self.projections = None if W_O is None else ValueProjections(W_O)  # d_model / d_head_v times smaller
         self.what = ("pattern",) if W_O is None else ("pattern", "v")
 
     def __call__(self, shard: Shard | None = None) -> list[Any]:
@@ -277,9 +277,9 @@ class AnalysisAccumulators:
         parts: list[Any] = [SurfaceStats(causal=self.causal), TaxonomyStats(causal=self.causal), similarity]
         if shard is not None:
             similarity.batches_seen = shard.first_batch
-        if self.W_O is not None:
+        if self.projections is not None:
             n_sink = CAUSAL_SINK_TOKENS if self.causal else ENCODER_SINK_TOKENS
-            parts += [ValueWeighted(self.W_O), SinkShare(n_sink=n_sink, W_O=self.W_O)]
+            parts += [ValueWeighted(self.projections), SinkShare(n_sink=n_sink, W_O=self.projections)]
         if self.parses is not None:
             from headlab.analysis.syntax import SyntaxAccuracy
 

@@ -19,14 +19,21 @@ BOS, or whatever token comes first) and the other special tokens ([SEP], EOS) �
 ‖f_h(x_j)‖ of those keys and of the other keys, which says why the two shares differ. Gates set on a
 site (``headlab.heads``) act on z, after the values: the norms are those of the unmodified model.
 
+The norms are computed in float32 from a d_head_v-wide factor of each W_O (``ValueProjections``), and
+with one product of the patterns they are shared by every accumulator built from the same W_O
+(``ValueReductions``, kept on the batch with ``CaptureBatch.shared``): ``ValueWeighted`` and
+``headlab.analysis.sinks.SinkShare`` read each batch's values once between them.
+
 Its state is a ``headlab.analysis.per_head.HeadSums``: float64 sums and counts per head, merged by
 adding, so two halves of a corpus merge into the whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -37,9 +44,8 @@ from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
 
 __all__ = [
-    "COLUMNS", "ValueWeighted", "compact_projections", "gram_matrices", "key_masks", "layer_norms", "out_projections",
-    "plot_value_weighted", "value_norms",
-    "value_weighted", "weighted_pattern",
+    "COLUMNS", "ValueProjections", "ValueReductions", "ValueWeighted", "compact_projections", "key_masks",
+    "out_projections", "plot_value_weighted", "value_norms", "value_reductions", "value_weighted", "weighted_pattern",
 ]
 
 # Columns of ValueWeighted.result(), after n_queries: mean over real queries of each row's share.
@@ -83,53 +89,64 @@ def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa
     return out
 
 
-def gram_matrices(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa: N803
-    """``{layer: W_O[h] W_O[h]ᵀ (n_heads, d_head_v, d_head_v)}`` in float64 on the CPU: what ``layer_norms`` reads.
+class ValueProjections:
+    """Each layer's W_O reduced to what the value norms read, and a fingerprint of it.
+
+    ``factors[layer]`` is ``compact_projections(W_O)[layer]`` in float32: ``‖v F[h]‖ = ‖v W_O[h]‖`` for every
+    v, d_head_v wide. ``key`` names the factors by content: the accumulators built from equal W_O ask a
+    batch for its ``ValueReductions`` under the same key and share them.
+
+    Args:
+        W_O: ``{layer: (n_heads, d_head_v, d_model)}`` (``out_projections``, or its ``compact_projections``).
 
     Raises:
         ValueError: a W_O that is not 3-D.
     """
-    grams = {}
-    for layer, w in W_O.items():
-        if w.dim() != 3:
-            raise ValueError(f"W_O of layer {layer} has shape {tuple(w.shape)}; expected (n_heads, d_head_v, d_model)")
-        w = w.detach().double().cpu()
-        grams[int(layer)] = w @ w.transpose(1, 2)
-    return grams
+
+    def __init__(self, W_O: Mapping[int, Tensor]) -> None:  # noqa: N803
+        for layer, w in W_O.items():
+            if w.dim() != 3:
+                raise ValueError(f"W_O of layer {layer} has shape {tuple(w.shape)}; "
+                                 "expected (n_heads, d_head_v, d_model)")
+        compact = compact_projections(W_O)
+        digest = hashlib.blake2b(digest_size=16)
+        for layer in sorted(compact):
+            digest.update(f"{layer}:{tuple(compact[layer].shape)}".encode())
+            digest.update(compact[layer].contiguous().numpy().tobytes())
+        self.factors = {layer: f.float() for layer, f in compact.items()}
+        self.key = ("value reductions", digest.hexdigest())
+
+    def norms(self, layer: int, taken: LayerCapture, *, fix: str) -> Tensor:
+        """``(batch, head, key_pos)`` float32: ``‖f_h(x_j)‖`` of one captured layer's heads.
+
+        Raises:
+            ValueError: the layer was captured without v (the message ends with ``fix``), has no W_O
+                here, or holds a head beyond it.
+        """
+        if taken.v is None:
+            raise ValueError(f"layer {layer} was captured without v; {fix}")
+        if layer not in self.factors:
+            raise ValueError(f"layer {layer} has no W_O here; expected one of the layers {sorted(self.factors)}")
+        factor = self.factors[layer]
+        index = torch.tensor(taken.heads)
+        if int(index.max()) >= len(factor):
+            raise ValueError(f"layer {layer}: head {int(index.max())} is beyond W_O's {len(factor)} heads")
+        return value_norms(taken.v, factor.index_select(0, index))
 
 
-def layer_norms(grams: Mapping[int, Tensor], layer: int, taken: LayerCapture, *,
-                fix: str = "capture with what=('pattern', 'v')") -> Tensor:
-    """``(batch, head, key_pos)`` float64: ``‖f_h(x_j)‖`` of one captured layer's heads (``gram_matrices``).
-
-    Raises:
-        ValueError: the layer was captured without v (the message ends with ``fix``), has no W_O
-            here, or holds a head beyond it.
-    """
-    if taken.v is None:
-        raise ValueError(f"layer {layer} was captured without v; {fix}")
-    if layer not in grams:
-        raise ValueError(f"layer {layer} has no W_O here; expected one of the layers {sorted(grams)}")
-    gram = grams[layer]
-    index = torch.tensor(taken.heads)
-    if int(index.max()) >= len(gram):
-        raise ValueError(f"layer {layer}: head {int(index.max())} is beyond W_O's {len(gram)} heads")
-    return value_norms(taken.v, gram.index_select(0, index))
-
-
-def value_norms(v: Tensor, gram: Tensor) -> Tensor:
-    """``‖v_j W_O[h]‖`` from the Gram matrices ``W_O[h] W_O[h]ᵀ``, without forming ``v W_O``.
+def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
+    """``‖v_j W_O[h]‖``, in the wider of v's and W_O's dtypes (at least float32).
 
     Args:
         v: ``(batch, head, key_pos, d_head_v)``.
-        gram: ``(head, d_head_v, d_head_v)``, the same heads in the same order.
+        W_O: ``(head, d_head_v, width)``, the same heads in the same order: W_O itself or its
+            ``compact_projections`` (the same norms, d_head_v wide).
 
     Returns:
-        ``(batch, head, key_pos)`` float64.
+        ``(batch, head, key_pos)``.
     """
-    v = v.double()
-    squared = torch.einsum("bhkd,hde,bhke->bhk", v, gram.to(device=v.device, dtype=torch.float64), v)
-    return squared.clamp_min(0.0).sqrt()
+    dtype = torch.promote_types(torch.promote_types(v.dtype, W_O.dtype), torch.float32)
+    return torch.linalg.vector_norm(torch.matmul(v.to(dtype), W_O.to(device=v.device, dtype=dtype)), dim=-1)
 
 
 def weighted_pattern(pattern: Tensor, norms: Tensor) -> Tensor:
@@ -157,11 +174,65 @@ def key_masks(batch: CaptureBatch) -> tuple[Tensor, Tensor, Tensor]:
     return first, special, real & ~first & ~special
 
 
-def _sink_columns(first: Tensor, special: Tensor, norms: Tensor, dtype: torch.dtype) -> Tensor:
-    """``(batch, head, key_pos, 5)``: first, special, n·first, n·special, n — one matmul gives every share."""
-    b, h = norms.shape[:2]
-    masks = torch.stack([first, special], -1)[:, None].expand(b, h, -1, 2).to(norms.dtype)
-    return torch.cat([masks, masks * norms[..., None], norms[..., None]], -1).to(dtype)
+def value_reductions(batch: CaptureBatch, projections: ValueProjections) -> ValueReductions:
+    """The batch's ``ValueReductions`` for these projections, made by the first accumulator that asks."""
+    return batch.shared(projections.key, lambda b: ValueReductions(b, projections))
+
+
+class ValueReductions:
+    """What the value-reading accumulators (``ValueWeighted``, ``SinkShare``) take from one batch, per layer
+    computed once on first access: the value norms and one product of the patterns with the sink columns.
+
+    Attributes:
+        real: ``(batch, pos)`` bool, True at real tokens.
+        first, special, other: ``key_masks(batch)``.
+    """
+
+    def __init__(self, batch: CaptureBatch, projections: ValueProjections) -> None:
+        self.batch, self.projections = batch, projections
+        self.real = batch.attention_mask.bool()
+        self.first, self.special, self.other = key_masks(batch)
+        self._norms: dict[int, Tensor] = {}
+        self._masses: dict[int, Tensor] = {}
+
+    def norms(self, layer: int, *, fix: str) -> Tensor:
+        """``(batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding (``ValueProjections.norms``)."""
+        if layer not in self._norms:
+            norms = self.projections.norms(layer, self.batch.layers[layer], fix=fix)
+            self._norms[layer] = norms.masked_fill(~self.real[:, None, :], 0.0)
+        return self._norms[layer]
+
+    def masses(self, layer: int, *, fix: str) -> Tensor:
+        """``(batch, head, query_pos, 5)`` float64: each row's mass ``Σ_j α_ij c_j`` on the columns c = first,
+        special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total."""
+        if layer not in self._masses:
+            p = self.batch.layers[layer].pattern
+            if p is None:
+                raise ValueError(f"layer {layer} was captured without patterns; {fix}")
+            norms = self.norms(layer, fix=fix).to(p.dtype)  # (b, h, k)
+            b, h, q, _ = p.shape
+            total = torch.matmul(p, norms[..., None]).squeeze(-1)  # the one full read of the patterns
+            # The first position and the few special tokens are read where they are, not by a product.
+            first = p[..., 0] * self.first[:, None, None, 0].to(p.dtype)
+            index, valid = self._special_positions  # (b, s) each
+            valid = valid.to(p.dtype)
+            taken = p.gather(-1, index[:, None, None, :].expand(b, h, q, index.shape[1]))  # (b, h, q, s)
+            at_norms = norms.gather(-1, index[:, None, :].expand(b, h, index.shape[1])) * valid[:, None, :]
+            special = (taken * valid[:, None, None, :]).sum(-1)
+            weighted_special = (taken * at_norms[:, :, None, :]).sum(-1)
+            columns = [first, special, first * norms[..., None, 0], weighted_special, total]
+            self._masses[layer] = torch.stack(columns, -1).double()
+        return self._masses[layer]
+
+    @cached_property
+    def _special_positions(self) -> tuple[Tensor, Tensor]:
+        """``(index, valid)``, each ``(batch, s)``: the positions of each item's special tokens other than the
+        first position, left-aligned and padded with position 0 (``valid`` False there)."""
+        count = self.special.sum(-1)
+        width = int(count.max()) if len(count) else 0
+        order = torch.argsort((~self.special).to(torch.int8), dim=-1, stable=True)[:, :width]  # specials first
+        valid = torch.arange(width, device=count.device)[None, :] < count[:, None]
+        return torch.where(valid, order, 0), valid
 
 
 class ValueWeighted(HeadSums):
@@ -169,15 +240,17 @@ class ValueWeighted(HeadSums):
 
     Args:
         W_O: ``{layer: (n_heads, d_head_v, d_model)}``, every layer that will be captured
-            (``out_projections(model)``, or ``ValueWeighted.from_model``).
+            (``out_projections(model)``, or ``ValueWeighted.from_model``), or their ``ValueProjections``.
 
     Raises:
         ValueError: a W_O that is not 3-D.
     """
 
-    def __init__(self, W_O: Mapping[int, Tensor]) -> None:  # noqa: N803
+    FIX = "capture with what=('pattern', 'v')"
+
+    def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:  # noqa: N803
         super().__init__()
-        self.grams = gram_matrices(W_O)
+        self.projections = W_O if isinstance(W_O, ValueProjections) else ValueProjections(W_O)
 
     @classmethod
     def from_model(cls, model: Any) -> ValueWeighted:
@@ -186,27 +259,26 @@ class ValueWeighted(HeadSums):
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry pattern and v)."""
-        first, special, other = key_masks(batch)
-        real = batch.attention_mask.bool()
+        shared = value_reductions(batch, self.projections)
+        real = shared.real[:, None, :, None]  # (batch, 1, query, 1)
+        keys = torch.stack([shared.first, shared.special, shared.other], -1).double()  # (batch, key, 3)
+        n_keys = keys.sum((0, 1))  # (3,): first, special, other
+        n_queries = float(shared.real.sum())
         for layer, taken in batch.layers.items():
-            if taken.pattern is None:
-                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern', 'v')")
-            norms = torch.where(real[:, None, :], layer_norms(self.grams, layer, taken), 0.0)  # padding: 0
-            p = taken.pattern
-            # one matmul: each row's raw and weighted mass on first / special and its weighted total
-            masses = torch.matmul(p, _sink_columns(first, special, norms, p.dtype)).double()  # (b, h, q, 5)
-            total = masses[..., 4]
-            defined = real[:, None, :] & (total > 0)  # (batch, head, query)
-            weighted = masses[..., 2:4] / total.clamp_min(torch.finfo(torch.float64).tiny)[..., None]
-            stats = {"raw_first": masses[..., 0], "raw_special": masses[..., 1],
-                     "weighted_first": weighted[..., 0], "weighted_special": weighted[..., 1]}
-            sums = {name: torch.where(defined if name.startswith("weighted") else real[:, None, :], s, 0.0).sum((0, 2))
-                    for name, s in stats.items()}
+            masses = shared.masses(layer, fix=self.FIX)  # (b, h, q, 5)
+            total = masses[..., 4:]
+            defined = real & (total > 0)  # (batch, head, query, 1)
+            weighted = masses[..., 2:4] / total.clamp_min(torch.finfo(torch.float64).tiny)
+            raw = torch.where(real, masses[..., :2], 0.0).sum((0, 2))  # (head, 2): first, special
+            shares = torch.where(defined, weighted, 0.0).sum((0, 2))
+            norms = torch.einsum("bhk,bkc->hc", shared.norms(layer, fix=self.FIX).double(), keys)  # (head, 3)
             n_heads = len(taken.heads)
-            counts = {"queries": real.sum().double().expand(n_heads), "weighted": defined.double().sum((0, 2))}
-            for name, keys in (("first", first), ("special", special), ("other", other)):
-                sums[f"norm_{name}"] = torch.where(keys[:, None, :], norms, 0.0).sum((0, 2))
-                counts[f"keys_{name}"] = keys.sum().double().expand(n_heads)
+            sums = {"raw_first": raw[:, 0], "raw_special": raw[:, 1], "weighted_first": shares[:, 0],
+                    "weighted_special": shares[:, 1], "norm_first": norms[:, 0], "norm_special": norms[:, 1],
+                    "norm_other": norms[:, 2]}
+            counts = {"queries": torch.full((n_heads,), n_queries, dtype=torch.float64),
+                      "weighted": defined.double().sum((0, 2, 3)),
+                      **{f"keys_{name}": n_keys[k].expand(n_heads) for k, name in enumerate(("first", "special", "other"))}}
             self._add(layer, taken.heads, sums, counts)
 
     def result(self) -> HeadTable:

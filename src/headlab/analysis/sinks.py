@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.analysis.norms import gram_matrices, layer_norms, out_projections
+from headlab.analysis.norms import ValueProjections, out_projections, value_reductions
 from headlab.analysis.per_head import HeadSums
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
@@ -111,14 +111,15 @@ class SinkShare(HeadSums):
         n_sink: positions counted as sinks (``CAUSAL_SINK_TOKENS`` for a causal model, ``ENCODER_SINK_TOKENS``
             for an encoder: ``from_model`` picks).
         edges: the bins' lower edges, increasing from 0.
-        W_O: ``{layer: (n_heads, d_head_v, d_model)}`` to add the value-weighted share, or None.
+        W_O: ``{layer: (n_heads, d_head_v, d_model)}`` (or their ``ValueProjections``) to add the
+            value-weighted share, or None.
 
     Raises:
         ValueError: ``n_sink`` < 1, or edges that do not start at 0 and increase.
     """
 
     def __init__(self, *, n_sink: int = CAUSAL_SINK_TOKENS, edges: Sequence[int] = DEFAULT_EDGES,
-                 W_O: Mapping[int, Tensor] | None = None) -> None:  # noqa: N803
+                 W_O: Mapping[int, Tensor] | ValueProjections | None = None) -> None:  # noqa: N803
         super().__init__()
         if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 1:
             raise ValueError(f"n_sink={n_sink!r}; expected an int >= 1 (the sink positions)")
@@ -126,7 +127,7 @@ class SinkShare(HeadSums):
         if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"edges={edges}; expected increasing positions starting at 0")
         self.n_sink, self.edges = n_sink, edges
-        self.grams = None if W_O is None else gram_matrices(W_O)
+        self.projections = W_O if W_O is None or isinstance(W_O, ValueProjections) else ValueProjections(W_O)
 
     @classmethod
     def from_model(cls, model: Any, *, n_sink: int | None = None, weighted: bool = True,
@@ -140,7 +141,7 @@ class SinkShare(HeadSums):
 
     @property
     def weighted(self) -> bool:
-        return self.grams is not None
+        return self.projections is not None
 
     def _settings(self) -> tuple[Any, ...]:
         return (self.n_sink, self.edges, self.weighted)
@@ -160,8 +161,8 @@ class SinkShare(HeadSums):
             if p is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
             shares = {"raw": (real[:, None, :], p[..., :s].sum(-1).double())}
-            if self.grams is not None:
-                shares["weighted"] = self._weighted(layer, taken, p, real, s)
+            if self.projections is not None:
+                shares["weighted"] = self._weighted(batch, layer, s)
             sums, counts = {}, {}
             for kind, (valid, share) in shares.items():
                 share = torch.where(valid, share, 0.0)  # (batch, head, query)
@@ -174,16 +175,16 @@ class SinkShare(HeadSums):
                 sums[f"{kind}_xx"], sums[f"{kind}_xy"] = (mine * x * x).sum((0, 2)), (y * x).sum((0, 2))
             self._add(layer, taken.heads, sums, counts)
 
-    def _weighted(self, layer: int, taken: Any, p: Tensor, real: Tensor, s: int) -> tuple[Tensor, Tensor]:
+    def _weighted(self, batch: CaptureBatch, layer: int, s: int) -> tuple[Tensor, Tensor]:
         """``(valid, share)`` of the value-weighted rows: valid where the row's weighted total is > 0."""
         fix = "capture with what=('pattern', 'v') or pass W_O=None"
-        norms = torch.where(real[:, None, :], layer_norms(self.grams, layer, taken, fix=fix), 0.0)  # (batch, head, key)
-        sink = torch.zeros_like(norms)
-        sink[..., :s] = norms[..., :s]
-        masses = torch.matmul(p, torch.stack([sink, norms], -1).to(p.dtype)).double()  # (b, h, q, 2)
-        total = masses[..., 1]
-        valid = real[:, None, :] & (total > 0)
-        return valid, masses[..., 0] / total.clamp_min(torch.finfo(torch.float64).tiny)
+        shared = value_reductions(batch, self.projections)  # the norms and totals ValueWeighted reads too
+        total = shared.masses(layer, fix=fix)[..., 4]  # (batch, head, query): Σ_j α_ij n_j
+        norms = shared.norms(layer, fix=fix)[..., :s]  # (batch, head, sink)
+        p = batch.layers[layer].pattern[..., :s]  # (batch, head, query, sink)
+        sink = (p * norms[:, :, None, :].to(p.dtype)).sum(-1).double()  # Σ_{j < s} α_ij n_j
+        valid = shared.real[:, None, :] & (total > 0)
+        return valid, sink / total.clamp_min(torch.finfo(torch.float64).tiny)
 
     def result(self, *, threshold: float = SINK_HEAD_SHARE) -> SinkResult:
         """Means per head and per bin.
