@@ -13,8 +13,8 @@ punctuation and segments, the diagonals, the entropy, the distance, the largest 
 with ``CaptureBatch.shared``); each reduction of a layer is computed by the first accumulator that
 asks for it and then reused, so each pattern is read once per kind of reduction however many
 accumulators run: one matmul for every column mass (``COLUMNS``: surface's and the taxonomy's key
-masks side by side), one for the key sums, one for the distance, one max, the entropy in blocks that
-stay in cache, and the diagonals as views.
+masks side by side), one for the key sums, one max, the entropy and the distance together in blocks
+that stay in cache, and the diagonals as views.
 
 Reductions run in the patterns' dtype (float32 row sums are exact to ~1e-7, far below anything a
 statistic is read at); the accumulators widen the per-row values to float64 before summing over the
@@ -24,7 +24,9 @@ rows with ``real``, never by multiplying.
 
 from __future__ import annotations
 
+import functools
 import string
+from collections.abc import Callable
 from functools import cached_property
 
 import torch
@@ -39,7 +41,7 @@ __all__ = [
 # The key columns of ``LayerReductions.masses``, in order; segment s of ``segments`` is column
 # ``len(COLUMNS) + s`` (its content tokens only).
 COLUMNS = ("first_special", "other_special", "punctuation", "special")
-_ENTROPY_BLOCK = 1 << 18  # elements per block of the entropy's temporaries (1 MiB in float32): they stay in cache
+_BLOCK = 1 << 18  # elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
 _SENTENCE_ENDS = frozenset({".", "!", "?"})
 # Word-piece markers stripped before the punctuation test: WordPiece "##", byte-level BPE "Ġ"
 # (a leading space), SentencePiece "▁".
@@ -47,6 +49,7 @@ _PIECE_PREFIXES = ("##", "Ġ", "▁")
 _PUNCTUATION = frozenset(string.punctuation)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_punctuation(token: str) -> bool:
     """True when ``token``, its word-piece marker stripped, is non-empty and all ``string.punctuation``."""
     for prefix in _PIECE_PREFIXES:
@@ -56,12 +59,20 @@ def is_punctuation(token: str) -> bool:
     return bool(token) and all(c in _PUNCTUATION for c in token)
 
 
+def _flags(batch: CaptureBatch, test: Callable[[str], bool]) -> Tensor:
+    """``(batch, pos)`` bool: ``test`` of each item's pieces, False at padding (one tensor per batch)."""
+    width = batch.input_ids.shape[1]
+    flags = [[test(t) for t in tokens] + [False] * (width - len(tokens)) for tokens in batch.tokens]
+    return torch.tensor(flags, dtype=torch.bool).reshape(len(batch.tokens), width).to(batch.input_ids.device)
+
+
 def punctuation_mask(batch: CaptureBatch) -> Tensor:
     """``(batch, pos)`` bool: True at punctuation pieces that are not special tokens."""
-    mask = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
-    for row, tokens in enumerate(batch.tokens):
-        mask[row, : len(tokens)] = torch.tensor([is_punctuation(t) for t in tokens], dtype=torch.bool)
-    return mask.to(batch.special_tokens_mask.device) & ~batch.special_tokens_mask.bool()
+    return _flags(batch, is_punctuation) & ~batch.special_tokens_mask.bool()
+
+
+def _is_sentence_end(token: str) -> bool:
+    return token.lstrip("Ġ▁") in _SENTENCE_ENDS
 
 
 def segments(batch: CaptureBatch) -> tuple[Tensor, Tensor]:
@@ -76,16 +87,15 @@ def segments(batch: CaptureBatch) -> tuple[Tensor, Tensor]:
     """
     real = batch.attention_mask.bool()
     special = batch.special_tokens_mask.bool() & real
-    ends = torch.zeros_like(real)
-    for row, tokens in enumerate(batch.tokens):
-        ends[row, : len(tokens)] = torch.tensor([t.lstrip("Ġ▁") in _SENTENCE_ENDS for t in tokens], dtype=torch.bool)
-    boundary = (special | ends) & real
+    boundary = (special | _flags(batch, _is_sentence_end)) & real
     segment = torch.zeros_like(batch.input_ids)
     segment[:, 1:] = boundary[:, :-1].long().cumsum(-1)
     content = real & ~special
-    n_content = torch.tensor([torch.unique(segment[row][content[row]]).numel() for row in range(len(segment))],
-                             dtype=torch.long, device=segment.device)
-    return segment, n_content
+    # segments only grow along an item: a content piece opens a new one where the last content piece's differs
+    last = torch.where(content, segment, -1).cummax(-1).values  # the segment of the last content piece so far
+    opens = content.clone()
+    opens[:, 1:] &= segment[:, 1:] != last[:, :-1]
+    return segment, opens.sum(-1)
 
 
 def reductions(batch: CaptureBatch) -> BatchReductions:
@@ -198,27 +208,35 @@ class LayerReductions:
             self._diagonals[offset] = out
         return self._diagonals[offset]
 
-    @cached_property
+    @property
     def entropy(self) -> Tensor:
         """``(batch, head, query_pos)``: ``−Σ_j p_ij ln p_ij`` (nats; ``0 ln 0 = 0``)."""
-        p = self.pattern
-        rows = p.reshape(-1, p.shape[-1])  # (row, key_pos)
-        out = p.new_empty(rows.shape[0])
-        step = max(1, _ENTROPY_BLOCK // max(1, rows.shape[1]))
-        buffer = p.new_empty(min(step, rows.shape[0]), rows.shape[1])
-        for start in range(0, rows.shape[0], step):
-            block = rows[start:start + step]
-            log_p = torch.clamp_min(block, torch.finfo(p.dtype).tiny, out=buffer[: len(block)]).log_()  # finite at 0
-            torch.sum(log_p.mul_(block), -1, out=out[start:start + step])
-        return out.neg_().view(p.shape[:-1])
+        return self._entropy_and_distance[0]
 
-    @cached_property
+    @property
     def distance(self) -> Tensor:
         """``(batch, head, query_pos)``: ``Σ_j p_ij |i − j|``."""
+        return self._entropy_and_distance[1]
+
+    @cached_property
+    def _entropy_and_distance(self) -> tuple[Tensor, Tensor]:
+        """Both row sums in one pass over the patterns, in blocks of whole (query, key) matrices whose
+        temporaries stay in cache."""
         p = self.pattern
         n_q, n_k = p.shape[-2:]
-        offsets = torch.arange(n_q, device=p.device)[:, None] - torch.arange(n_k, device=p.device)[None, :]
-        return torch.einsum("bhqk,qk->bhq", p, offsets.abs().to(p.dtype))
+        matrices = p.reshape(-1, n_q, n_k)
+        offsets = (torch.arange(n_q, device=p.device)[:, None] - torch.arange(n_k, device=p.device)).abs().to(p.dtype)
+        entropy, distance = p.new_empty(matrices.shape[:2]), p.new_empty(matrices.shape[:2])
+        step = max(1, _BLOCK // max(1, n_q * n_k))
+        buffer = p.new_empty(min(step, len(matrices)), n_q, n_k)
+        tiny = torch.finfo(p.dtype).tiny
+        for start in range(0, len(matrices), step):
+            block = matrices[start:start + step]
+            scratch = buffer[: len(block)]
+            torch.sum(torch.mul(block, offsets, out=scratch), -1, out=distance[start:start + step])
+            log_p = torch.clamp_min(block, tiny, out=scratch).log_()  # finite at 0
+            torch.sum(log_p.mul_(block), -1, out=entropy[start:start + step])
+        return entropy.neg_().view(p.shape[:-1]), distance.view(p.shape[:-1])
 
     @cached_property
     def confidence(self) -> Tensor:
