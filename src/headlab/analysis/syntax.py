@@ -212,10 +212,7 @@ class SyntaxAccuracy:
 
             predictions.append(words.best_keys(pattern, keys=is_word, workspace=workspace))
         predicted = torch.cat(predictions, dim=1).cpu()  # (batch, head_slot, query_word)
-        units, word_ids = units.cpu(), word_ids.cpu()
-        for row, parse in enumerate(parses):
-            if aligned[row]:
-                self._add_item(parse, predicted[row], units[row], word_ids[row])
+        self._add_arcs(parses, aligned, predicted, units.tolist(), word_ids.tolist())
 
     def merge(self, other: SyntaxAccuracy) -> SyntaxAccuracy:
         """Fold another accumulator's counts into this one; returns self."""
@@ -283,29 +280,38 @@ class SyntaxAccuracy:
             raise KeyError(f"no parse for corpus indices {missing[:10]}; parse the same corpus the capture runs")
         return [self.parses[int(i)] for i in batch.corpus_indices]
 
-    def _add_item(self, parse: Parse, predicted: Tensor, units: Tensor, word_ids: Tensor) -> None:
-        """``predicted`` (head_slot, unit): each head's argmax unit; ``units``/``word_ids`` (pos,)."""
-        unit_of = {}  # spaCy token → its unit (tokens without a piece are absent)
-        for unit, token in zip(units.tolist(), word_ids.tolist()):
-            if token >= 0 and token not in unit_of:
-                unit_of[token] = unit
-        arcs = parse.arcs()
-        kept = [(d, h, r) for d, h, r in arcs if d in unit_of and h in unit_of]
-        self.skipped["arcs_without_pieces"] += len(arcs) - len(kept)
-        if not kept:
-            self.skipped["items_without_arcs"] += 1
+    def _add_arcs(self, parses: Sequence[Parse], aligned: Sequence[bool], predicted: Tensor,
+                  units: list[list[int]], word_ids: list[list[int]]) -> None:
+        """Score the arcs of a batch's aligned items: ``predicted`` (batch, head_slot, unit) is each head's
+        argmax unit; ``units``/``word_ids`` (batch, pos) as lists."""
+        rows, deps, heads, labels = [], [], [], []  # one entry per arc kept
+        label_of: dict[str, int] = {}  # relation → its row (``_label``), looked up once per batch
+        for row, parse in enumerate(parses):
+            if not aligned[row]:
+                continue
+            unit_of = {}  # spaCy token → the unit of its first piece (tokens without a piece are absent)
+            for unit, token in zip(units[row], word_ids[row]):
+                if token >= 0 and token not in unit_of:
+                    unit_of[token] = unit
+            arcs = parse.arcs()
+            kept = [(d, h, r) for d, h, r in arcs if d in unit_of and h in unit_of]
+            self.skipped["arcs_without_pieces"] += len(arcs) - len(kept)
+            if not kept:
+                self.skipped["items_without_arcs"] += 1
+                continue
+            self.items += 1
+            for d, h, r in kept:
+                rows.append(row)
+                deps.append(unit_of[d])
+                heads.append(unit_of[h])
+                labels.append(label_of[r] if r in label_of else label_of.setdefault(r, self._label(r)))
+                self.offsets[r][h - d] += 1
+        if not rows:
             return
-        self.items += 1
-        dep = torch.tensor([unit_of[d] for d, _, _ in kept])
-        head = torch.tensor([unit_of[h] for _, h, _ in kept])
-        labels = torch.tensor([self._label(r) for _, _, r in kept])
-        d2h = (predicted[:, dep] == head).long().T  # (arc, head_slot)
-        h2d = (predicted[:, head] == dep).long().T
-        self.dep_to_head.index_add_(0, labels, d2h)
-        self.head_to_dep.index_add_(0, labels, h2d)
-        self.counts.index_add_(0, labels, torch.ones_like(labels))
-        for d, h, r in kept:
-            self.offsets[r][h - d] += 1
+        row, dep, head, label = (torch.tensor(x) for x in (rows, deps, heads, labels))
+        self.dep_to_head.index_add_(0, label, (predicted[row, :, dep] == head[:, None]).long())  # (arc, head_slot)
+        self.head_to_dep.index_add_(0, label, (predicted[row, :, head] == dep[:, None]).long())
+        self.counts.index_add_(0, label, torch.ones_like(label))
 
     def _label(self, label: str) -> int:
         if label not in self.offsets:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -116,6 +118,8 @@ class WordMap:
         pieces[item[kept], unit[kept], rank[kept]] = positions[kept]
         self.pieces = pieces[:, :n]  # (item, unit, rank): position of the unit's rank-th piece (0 past its count)
         self._multi = (self.counts > 1).nonzero(as_tuple=True)  # units of several pieces: (items, units)
+        self._every: _ScorePlan | None = None  # apply's plan (every key unit)
+        self._choice: tuple[Tensor, _ScorePlan] | None = None  # best_keys' last keys and their plan
 
     def apply(self, pattern: Tensor) -> Tensor:
         """The unit-level pattern (see ``pattern_to_words``).
@@ -131,8 +135,9 @@ class WordMap:
         """
         p = self._items(pattern)
         n_items, n = p.shape[0], self.n_units
-        columns = torch.arange(n, device=self.units.device).expand(n_items, n)
-        words = self._unit_scores(p, columns)
+        if self._every is None:
+            self._every = self._plan(torch.arange(n, device=self.units.device).expand(n_items, n))
+        words = self._unit_scores(p, self._every)
         absent = self.counts == 0  # (item, unit): units shorter items lack
         words.masked_fill_(absent[:, None, None, :], 0.0)
         i, u = absent.nonzero(as_tuple=True)
@@ -162,14 +167,18 @@ class WordMap:
         """
         p = self._items(pattern)
         n_items, n = p.shape[0], self.n_units
-        kept = (self.counts > 0) & keys.reshape(n_items, n).to(self.counts.device)
-        units = torch.arange(n, device=kept.device)
-        columns = torch.where(kept, units, n + units).argsort(dim=-1)  # kept units first, each in unit order
-        width = max(1, int(kept.sum(-1).max()))
-        columns = torch.where(units[:width] < kept.sum(-1, keepdim=True), columns[:, :width], columns[:, :1])
-        out = None if workspace is None else workspace((n_items, p.shape[1], n, width))
-        best = self._unit_scores(p, columns, out=out).max(-1).indices  # the first largest, as argmax (faster on CPU)
-        best = columns.gather(1, best.reshape(n_items, -1)).view(best.shape)
+        keys = keys.reshape(n_items, n).to(self.counts.device)
+        if self._choice is None or not torch.equal(self._choice[0], keys):  # worked out once for every layer
+            kept = (self.counts > 0) & keys
+            units = torch.arange(n, device=kept.device)
+            columns = torch.where(kept, units, n + units).argsort(dim=-1)  # kept units first, each in unit order
+            width = max(1, int(kept.sum(-1).max()))
+            columns = torch.where(units[:width] < kept.sum(-1, keepdim=True), columns[:, :width], columns[:, :1])
+            self._choice = (keys.clone(), self._plan(columns))
+        plan = self._choice[1]
+        out = None if workspace is None else workspace((n_items, p.shape[1], n, plan.columns.shape[1]))
+        best = self._unit_scores(p, plan, out=out).max(-1).indices  # the first largest, as argmax (faster on CPU)
+        best = plan.columns.gather(1, best.reshape(n_items, -1)).view(best.shape)
         return best.view(*pattern.shape[:-2], n)
 
     def _items(self, pattern: Tensor) -> Tensor:
@@ -186,36 +195,64 @@ class WordMap:
             )
         return pattern.reshape(self.pieces.shape[0], -1, pos, pos)
 
-    def _unit_scores(self, p: Tensor, columns: Tensor, *, out: Tensor | None = None) -> Tensor:
-        """``(item, rest, n_units, width)``: unit-level weights of every query unit on the key units ``columns``
-        ``(item, width)``; the entries of units an item lacks are not meaningful."""
-        n_items, rest, pos, _ = p.shape
+    def _plan(self, columns: Tensor) -> _ScorePlan:
+        """The indices ``_unit_scores`` reads for the key units ``columns`` ``(item, width)``: worked out once
+        for any number of patterns."""
         n, width = self.n_units, columns.shape[1]
+        pos = self.units.shape[-1]
         first = self.pieces[..., 0]  # (item, unit)
         ranks = self.pieces.shape[2]
         column_pieces = self.pieces.gather(1, columns[..., None].expand(-1, -1, ranks))  # (item, width, rank)
         column_counts = self.counts.gather(1, columns)  # (item, width)
-        index = (first[:, :, None] * pos + column_pieces[:, None, :, 0]).reshape(n_items, 1, n * width)
-        flat = None if out is None else out.view(n_items, rest, n * width)
-        words = torch.gather(p.reshape(n_items, rest, pos * pos), 2, index.expand(n_items, rest, n * width),
-                             out=flat).view(n_items, rest, n, width)
-        for r in range(1, column_pieces.shape[2]):  # key units of several pieces: add their later pieces' columns
+        index = (first[:, :, None] * pos + column_pieces[:, None, :, 0]).reshape(len(columns), 1, n * width)
+        later_keys = []  # key units of several pieces: per later rank, (items, columns, their pieces)
+        for r in range(1, ranks):
             i, c = (column_counts > r).nonzero(as_tuple=True)
-            k = column_pieces[i, c, r]
+            later_keys.append((i, c, column_pieces[i, c, r]))
+        i, u = self._multi  # query units of several pieces
+        counts, pieces = self.counts[i, u], self.pieces[i, u]  # (m,), (m, rank)
+        later_queries = [(counts > r, pieces[:, r]) for r in range(1, pieces.shape[1])]
+        query_columns = [column_pieces[i, :, r] for r in range(ranks)]  # (m, width) each
+        more_columns = [(column_counts[i] > r)[:, None, :] for r in range(ranks)]
+        return _ScorePlan(columns=columns, index=index, first=first, later_keys=later_keys, later_queries=later_queries,
+                          query_columns=query_columns, more_columns=more_columns)
+
+    def _unit_scores(self, p: Tensor, plan: _ScorePlan, *, out: Tensor | None = None) -> Tensor:
+        """``(item, rest, n_units, width)``: unit-level weights of every query unit on the key units of ``plan``
+        (``_plan``); the entries of units an item lacks are not meaningful."""
+        n_items, rest, pos, _ = p.shape
+        n, width = self.n_units, plan.columns.shape[1]
+        flat = None if out is None else out.view(n_items, rest, n * width)
+        words = torch.gather(p.reshape(n_items, rest, pos * pos), 2, plan.index.expand(n_items, rest, n * width),
+                             out=flat).view(n_items, rest, n, width)
+        first = plan.first
+        for i, c, k in plan.later_keys:  # key units of several pieces: add their later pieces' columns
             words[i, :, :, c] += p[i[:, None], :, first[i], k[:, None]].transpose(1, 2)
         if self._multi[0].numel():  # query units of several pieces: sum their rows first, then as above
             i, u = self._multi
-            counts, pieces = self.counts[i, u], self.pieces[i, u]  # (m,), (m, rank)
-            rows = p[i, :, pieces[:, 0]]  # (m, rest, k)
-            for r in range(1, pieces.shape[1]):
-                more = counts > r
-                rows[more] += p[i[more], :, pieces[more, r]]
-            sums = rows.gather(2, column_pieces[i, :, 0][:, None, :].expand(len(i), rest, width))  # (m, rest, w)
-            for r in range(1, column_pieces.shape[2]):
-                later = column_pieces[i, :, r][:, None, :].expand(len(i), rest, width)
-                sums = torch.where((column_counts[i] > r)[:, None, :], sums + rows.gather(2, later), sums)
+            counts = self.counts[i, u]
+            rows = p[i, :, self.pieces[i, u, 0]]  # (m, rest, k)
+            for more, piece in plan.later_queries:
+                rows[more] += p[i[more], :, piece[more]]
+            sums = rows.gather(2, plan.query_columns[0][:, None, :].expand(len(i), rest, width))  # (m, rest, w)
+            for r in range(1, len(plan.query_columns)):
+                later = plan.query_columns[r][:, None, :].expand(len(i), rest, width)
+                sums = torch.where(plan.more_columns[r], sums + rows.gather(2, later), sums)
             words[i, :, u] = sums / counts[:, None, None].to(sums.dtype)  # the mean over the query pieces
         return words
+
+
+@dataclass(frozen=True)
+class _ScorePlan:
+    """``WordMap._plan``: the indices of one choice of key units, for every pattern of a batch."""
+
+    columns: Tensor  # (item, width) the key units
+    index: Tensor  # (item, 1, n_units · width) flat (query piece, key piece) of each unit pair's first pieces
+    first: Tensor  # (item, unit) each unit's first piece
+    later_keys: list[tuple[Tensor, Tensor, Tensor]]  # per later rank: items, columns, pieces of multi-piece keys
+    later_queries: list[tuple[Tensor, Tensor]]  # per later rank: which multi-piece query units, their pieces
+    query_columns: list[Tensor]  # per rank: (m, width) key pieces, for the multi-piece query units' items
+    more_columns: list[Tensor]  # per rank: (m, 1, width) whether each key unit has that many pieces
 
 
 def unit_labels(text: str, tokens: Sequence[str], offsets: Sequence[Sequence[int]], units: Sequence[int]) -> list[str]:
@@ -279,26 +316,27 @@ def word_ids_from_spans(
     Raises:
         ValueError: a non-special piece starts outside every span.
     """
-    bounds = torch.tensor(spans, dtype=torch.long, device=offsets.device).reshape(-1, 2)
-    start = offsets[:, 0].clone()
-    blank = torch.zeros_like(start, dtype=torch.bool)
-    if text is not None:  # built as lists, then one tensor each: element-wise tensor writes cost microseconds apiece
-        starts, blanks = [], []
-        for s, e in offsets.tolist():
-            piece = text[s:e]
-            starts.append(s + len(piece) - len(piece.lstrip()))
-            blanks.append(e > s and not piece.strip())
-        start = torch.tensor(starts, dtype=torch.long, device=offsets.device).reshape(start.shape)
-        blank = torch.tensor(blanks, dtype=torch.bool, device=offsets.device).reshape(blank.shape)
-    inside = (bounds[:, 0] <= start[:, None]) & (start[:, None] < bounds[:, 1])  # (pos, word)
-    word_ids = torch.where(inside.any(-1), inside.long().argmax(-1), -1)
-    if len(bounds):
-        following = torch.searchsorted(bounds[:, 0].contiguous(), offsets[:, 1].contiguous())
-        word_ids = torch.where(blank & (word_ids < 0), following.clamp(max=len(bounds) - 1), word_ids)
-    special = special_tokens_mask.bool()
-    orphans = (~special & (word_ids < 0)).nonzero().flatten().tolist()
+    # numpy, not torch: a few hundred pieces per item, where torch's per-call cost would dominate
+    pieces = offsets.cpu().numpy().reshape(-1, 2)
+    bounds = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    start, blank = pieces[:, 0], np.zeros(len(pieces), dtype=bool)
+    if text is not None:
+        # the first character at or after each piece's start that is not whitespace (len(text) if none)
+        runs = np.asarray(whitespace_spans(text), dtype=np.int64).reshape(-1, 2)
+        run = np.searchsorted(runs[:, 1], pieces[:, 0], side="right")  # the first run ending after the start
+        visible = np.maximum(np.append(runs[:, 0], len(text))[run], pieces[:, 0])
+        start = np.minimum(visible, pieces[:, 1])  # a piece of whitespace only: its end
+        blank = (pieces[:, 1] > pieces[:, 0]) & (visible >= pieces[:, 1])
+    word = np.searchsorted(bounds[:, 0], start, side="right") - 1  # the last word starting at or before it
+    inside = (word >= 0) & (start < bounds[np.maximum(word, 0), 1]) if len(bounds) else np.zeros_like(blank)
+    word_ids = np.where(inside, word, -1)
+    if len(bounds):  # a piece of whitespace only joins the word after it, or the last word
+        following = np.minimum(np.searchsorted(bounds[:, 0], pieces[:, 1]), len(bounds) - 1)
+        word_ids = np.where(blank & (word_ids < 0), following, word_ids)
+    special = special_tokens_mask.cpu().numpy().astype(bool).reshape(-1)
+    orphans = np.flatnonzero(~special & (word_ids < 0)).tolist()
     if orphans:
         raise ValueError(
-            f"pieces {orphans[:10]} start outside every word span (offsets {offsets[orphans[:3]].tolist()})"
+            f"pieces {orphans[:10]} start outside every word span (offsets {pieces[orphans[:3]].tolist()})"
         )
-    return word_ids.masked_fill(special, -1)
+    return torch.from_numpy(np.where(special, -1, word_ids)).to(offsets.device).reshape(offsets.shape[:-1])
