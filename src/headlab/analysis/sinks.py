@@ -153,9 +153,13 @@ class SinkShare(HeadSums):
         s = min(self.n_sink, n_q)
         position = torch.arange(n_q, device=real.device)
         bins = torch.bucketize(position, torch.tensor(self.edges, device=real.device), right=True) - 1
-        one_hot = torch.nn.functional.one_hot(bins, len(self.edges)).double()  # (query, bin)
-        past = (position >= self.n_sink)[None, :] & real  # the queries of the per-head means
+        n_bins = len(self.edges)
+        one_hot = torch.nn.functional.one_hot(bins, n_bins).double()  # (query, bin)
+        past = ((position >= self.n_sink)[None, :] & real).double()  # (batch, query): the queries of the per-head means
         x = position.double().clamp_min(1).log2()  # (query,)
+        # Per (item, query), what each row adds up: its bin, and for the past queries 1, x, x².
+        features = torch.cat([one_hot.expand(len(real), -1, -1),
+                              torch.stack([past, past * x, past * x * x], -1)], -1)  # (batch, query, n_bins + 3)
         for layer, taken in batch.layers.items():
             p = taken.pattern
             if p is None:
@@ -166,13 +170,12 @@ class SinkShare(HeadSums):
             sums, counts = {}, {}
             for kind, (valid, share) in shares.items():
                 share = torch.where(valid, share, 0.0)  # (batch, head, query)
-                sums[f"{kind}_bins"] = share.sum(0) @ one_hot  # (head, bin)
-                counts[f"{kind}_bins"] = valid.double().expand_as(share).sum(0) @ one_hot
-                mine = (valid & past[:, None, :]).expand_as(share).double()
-                y = share * mine
-                counts[kind] = mine.sum((0, 2))
-                sums[kind], sums[f"{kind}_x"] = y.sum((0, 2)), (mine * x).sum((0, 2))
-                sums[f"{kind}_xx"], sums[f"{kind}_xy"] = (mine * x * x).sum((0, 2)), (y * x).sum((0, 2))
+                held = torch.einsum("bhq,bqf->hf", valid.expand_as(share).double(), features)  # (head, n_bins + 3)
+                added = torch.einsum("bhq,bqf->hf", share, features[..., : n_bins + 2])  # (head, n_bins + 2)
+                counts[f"{kind}_bins"], counts[kind] = held[:, :n_bins], held[:, n_bins]
+                sums[f"{kind}_x"], sums[f"{kind}_xx"] = held[:, n_bins + 1], held[:, n_bins + 2]
+                sums[f"{kind}_bins"], sums[kind], sums[f"{kind}_xy"] = (
+                    added[:, :n_bins], added[:, n_bins], added[:, n_bins + 1])
             self._add(layer, taken.heads, sums, counts)
 
     def _weighted(self, batch: CaptureBatch, layer: int, s: int) -> tuple[Tensor, Tensor]:
