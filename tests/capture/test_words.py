@@ -162,6 +162,10 @@ def test_best_keys_equal_the_first_largest_of_the_kept_columns(case, seed):
     # one map, many patterns: the same as a map of its own
     again = pattern.flip(-2)
     assert torch.equal(words.apply(again), WordMap(units).apply(again))
+    # the key choice's plan is kept for the next pattern, and worked out anew for other keys
+    assert torch.equal(words.best_keys(again, keys=keys), WordMap(units).best_keys(again, keys=keys))
+    others = ~keys
+    assert torch.equal(words.best_keys(again, keys=others), WordMap(units).best_keys(again, keys=others))
 
 
 def test_word_map_refuses_units_of_the_wrong_shape():
