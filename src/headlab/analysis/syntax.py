@@ -165,7 +165,8 @@ class SyntaxAccuracy:
         self.pipeline = pipeline
         self.max_offset = max_offset
         self.head_slots: list[tuple[int, int]] = []
-        self.labels: list[str] = []
+        self.labels: list[str] = []  # relations in the order of the rows below
+        self._rows: dict[str, int] = {}  # relation → its row
         self.dep_to_head = torch.zeros(0, 0, dtype=torch.int64)  # (relation, head_slot) correct
         self.head_to_dep = torch.zeros(0, 0, dtype=torch.int64)
         self.counts = torch.zeros(0, dtype=torch.int64)  # (relation,) arcs evaluated
@@ -285,7 +286,6 @@ class SyntaxAccuracy:
         """Score the arcs of a batch's aligned items: ``predicted`` (batch, head_slot, unit) is each head's
         argmax unit; ``units``/``word_ids`` (batch, pos) as lists."""
         rows, deps, heads, labels = [], [], [], []  # one entry per arc kept
-        label_of: dict[str, int] = {}  # relation → its row (``_label``), looked up once per batch
         for row, parse in enumerate(parses):
             if not aligned[row]:
                 continue
@@ -304,7 +304,7 @@ class SyntaxAccuracy:
                 rows.append(row)
                 deps.append(unit_of[d])
                 heads.append(unit_of[h])
-                labels.append(label_of[r] if r in label_of else label_of.setdefault(r, self._label(r)))
+                labels.append(self._label(r))
                 self.offsets[r][h - d] += 1
         if not rows:
             return
@@ -316,8 +316,9 @@ class SyntaxAccuracy:
     def _label(self, label: str) -> int:
         if label not in self.offsets:
             self.offsets[label] = Counter()
-        if label in self.labels:
-            return self.labels.index(label)
+        if label in self._rows:
+            return self._rows[label]
+        self._rows[label] = len(self.labels)
         self.labels.append(label)
         grow = torch.zeros(1, len(self.head_slots), dtype=torch.int64)
         self.dep_to_head = torch.cat([self.dep_to_head, grow])
