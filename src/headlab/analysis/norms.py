@@ -181,7 +181,8 @@ def value_reductions(batch: CaptureBatch, projections: ValueProjections) -> Valu
 
 class ValueReductions:
     """What the value-reading accumulators (``ValueWeighted``, ``SinkShare``) take from one batch, per layer
-    computed once on first access: the value norms and one product of the patterns with the sink columns.
+    computed once on first access: the value norms, each row's weighted total (the one full read of the
+    patterns), and the masses on the first and special tokens.
 
     Attributes:
         real: ``(batch, pos)`` bool, True at real tokens.
@@ -193,6 +194,7 @@ class ValueReductions:
         self.real = batch.attention_mask.bool()
         self.first, self.special, self.other = key_masks(batch)
         self._norms: dict[int, Tensor] = {}
+        self._totals: dict[int, Tensor] = {}
         self._masses: dict[int, Tensor] = {}
 
     def norms(self, layer: int, *, fix: str) -> Tensor:
@@ -202,16 +204,20 @@ class ValueReductions:
             self._norms[layer] = norms.masked_fill(~self.real[:, None, :], 0.0)
         return self._norms[layer]
 
+    def total(self, layer: int, *, fix: str) -> Tensor:
+        """``(batch, head, query_pos)`` in the patterns' dtype: each row's weighted total ``Σ_j α_ij n_j``."""
+        if layer not in self._totals:
+            p = self._pattern(layer, fix)
+            self._totals[layer] = torch.matmul(p, self.norms(layer, fix=fix).to(p.dtype)[..., None]).squeeze(-1)
+        return self._totals[layer]
+
     def masses(self, layer: int, *, fix: str) -> Tensor:
         """``(batch, head, query_pos, 5)`` float64: each row's mass ``Σ_j α_ij c_j`` on the columns c = first,
         special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total."""
         if layer not in self._masses:
-            p = self.batch.layers[layer].pattern
-            if p is None:
-                raise ValueError(f"layer {layer} was captured without patterns; {fix}")
+            p = self._pattern(layer, fix)
             norms = self.norms(layer, fix=fix).to(p.dtype)  # (b, h, k)
             b, h, q, _ = p.shape
-            total = torch.matmul(p, norms[..., None]).squeeze(-1)  # the one full read of the patterns
             # The first position and the few special tokens are read where they are, not by a product.
             first = p[..., 0] * self.first[:, None, None, 0].to(p.dtype)
             index, valid = self._special_positions  # (b, s) each
@@ -220,9 +226,15 @@ class ValueReductions:
             at_norms = norms.gather(-1, index[:, None, :].expand(b, h, index.shape[1])) * valid[:, None, :]
             special = (taken * valid[:, None, None, :]).sum(-1)
             weighted_special = (taken * at_norms[:, :, None, :]).sum(-1)
-            columns = [first, special, first * norms[..., None, 0], weighted_special, total]
+            columns = [first, special, first * norms[..., None, 0], weighted_special, self.total(layer, fix=fix)]
             self._masses[layer] = torch.stack(columns, -1).double()
         return self._masses[layer]
+
+    def _pattern(self, layer: int, fix: str) -> Tensor:
+        p = self.batch.layers[layer].pattern
+        if p is None:
+            raise ValueError(f"layer {layer} was captured without patterns; {fix}")
+        return p
 
     @cached_property
     def _special_positions(self) -> tuple[Tensor, Tensor]:
