@@ -118,6 +118,7 @@ class WordMap:
         pieces[item[kept], unit[kept], rank[kept]] = positions[kept]
         self.pieces = pieces[:, :n]  # (item, unit, rank): position of the unit's rank-th piece (0 past its count)
         self._multi = (self.counts > 1).nonzero(as_tuple=True)  # units of several pieces: (items, units)
+        self._multi_counts, self._multi_pieces = self.counts[self._multi], self.pieces[self._multi]  # (m,), (m, rank)
         self._every: _ScorePlan | None = None  # apply's plan (every key unit)
         self._choice: tuple[Tensor, _ScorePlan] | None = None  # best_keys' last keys and their plan
 
@@ -209,13 +210,11 @@ class WordMap:
         for r in range(1, ranks):
             i, c = (column_counts > r).nonzero(as_tuple=True)
             later_keys.append((i, c, column_pieces[i, c, r]))
-        i, u = self._multi  # query units of several pieces
-        counts, pieces = self.counts[i, u], self.pieces[i, u]  # (m,), (m, rank)
-        later_queries = [(counts > r, pieces[:, r]) for r in range(1, pieces.shape[1])]
+        i = self._multi[0]  # the items of the query units of several pieces
         query_columns = [column_pieces[i, :, r] for r in range(ranks)]  # (m, width) each
         more_columns = [(column_counts[i] > r)[:, None, :] for r in range(ranks)]
-        return _ScorePlan(columns=columns, index=index, first=first, later_keys=later_keys, later_queries=later_queries,
-                          query_columns=query_columns, more_columns=more_columns)
+        return _ScorePlan(columns=columns, index=index, later_keys=later_keys, query_columns=query_columns,
+                          more_columns=more_columns)
 
     def _unit_scores(self, p: Tensor, plan: _ScorePlan, *, out: Tensor | None = None) -> Tensor:
         """``(item, rest, n_units, width)``: unit-level weights of every query unit on the key units of ``plan``
@@ -225,15 +224,16 @@ class WordMap:
         flat = None if out is None else out.view(n_items, rest, n * width)
         words = torch.gather(p.reshape(n_items, rest, pos * pos), 2, plan.index.expand(n_items, rest, n * width),
                              out=flat).view(n_items, rest, n, width)
-        first = plan.first
+        first = self.pieces[..., 0]  # (item, unit)
         for i, c, k in plan.later_keys:  # key units of several pieces: add their later pieces' columns
             words[i, :, :, c] += p[i[:, None], :, first[i], k[:, None]].transpose(1, 2)
         if self._multi[0].numel():  # query units of several pieces: sum their rows first, then as above
             i, u = self._multi
-            counts = self.counts[i, u]
-            rows = p[i, :, self.pieces[i, u, 0]]  # (m, rest, k)
-            for more, piece in plan.later_queries:
-                rows[more] += p[i[more], :, piece[more]]
+            counts, pieces = self._multi_counts, self._multi_pieces  # (m,), (m, rank)
+            rows = p[i, :, pieces[:, 0]]  # (m, rest, k)
+            for r in range(1, pieces.shape[1]):
+                more = counts > r
+                rows[more] += p[i[more], :, pieces[more, r]]
             sums = rows.gather(2, plan.query_columns[0][:, None, :].expand(len(i), rest, width))  # (m, rest, w)
             for r in range(1, len(plan.query_columns)):
                 later = plan.query_columns[r][:, None, :].expand(len(i), rest, width)
@@ -248,9 +248,7 @@ class _ScorePlan:
 
     columns: Tensor  # (item, width) the key units
     index: Tensor  # (item, 1, n_units · width) flat (query piece, key piece) of each unit pair's first pieces
-    first: Tensor  # (item, unit) each unit's first piece
     later_keys: list[tuple[Tensor, Tensor, Tensor]]  # per later rank: items, columns, pieces of multi-piece keys
-    later_queries: list[tuple[Tensor, Tensor]]  # per later rank: which multi-piece query units, their pieces
     query_columns: list[Tensor]  # per rank: (m, width) key pieces, for the multi-piece query units' items
     more_columns: list[Tensor]  # per rank: (m, 1, width) whether each key unit has that many pieces
 
