@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "has_logits", "plot_streaming"]
+__all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "plot_streaming"]
 
 # Settings of the two runs: a few seconds on a tiny model, under a minute for MiniLM on two cores.
 FULL = dict(needles=24, needle_length=10, haystack_length=96, windows=(4, 8, 16, 32), length=96, texts=4, sinks=4)
@@ -62,7 +62,7 @@ def context_heads(model: Any, corpus: Any = None, *, quick: bool = False, seed: 
         seed: where the needles are hidden.
     """
     from headlab.analysis.retrieval import retrieval_scores
-    from headlab.analysis.streaming import streaming_simulation
+    from headlab.analysis.streaming import has_logits, streaming_simulation
     from headlab.capture.run import model_max_length
     from headlab.models import attention_sites
 
@@ -83,15 +83,6 @@ def context_heads(model: Any, corpus: Any = None, *, quick: bool = False, seed: 
     streaming = streaming_simulation(model, corpus=corpus, windows=windows, sinks=settings["sinks"], length=length,
                                      texts=settings["texts"])
     return ContextHeads(retrieval, reason, needle, haystack, streaming)
-
-
-def has_logits(model: Any) -> bool:
-    """The model's output has logits (a language-model head), checked with a one-token forward."""
-    import torch
-
-    ids = torch.tensor([[model.tokenizer.bos_token_id or 0]], device=model.model.device)
-    with torch.no_grad():
-        return getattr(model.model(input_ids=ids), "logits", None) is not None
 
 
 def plot_streaming(result: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:

@@ -41,7 +41,9 @@ from headlab.capture.corpus import ShortCorpus
 from headlab.heads import HeadTable, windowed
 from headlab.models import LoadedModel, attention_sites
 
-__all__ = ["BUDGETS", "Conversion", "StreamingResult", "StreamingStats", "corpus_batches", "streaming_simulation"]
+__all__ = [
+    "BUDGETS", "Conversion", "StreamingResult", "StreamingStats", "corpus_batches", "has_logits", "streaming_simulation",
+]
 
 BUDGETS = {"causal": 0.02, "bidirectional": 0.001}  # default loss budgets: nats per token; 1 − cosine
 
@@ -276,6 +278,13 @@ def corpus_batches(tokenizer: Any, texts: Sequence[str], *, length: int, count: 
     return batches
 
 
+def has_logits(model: LoadedModel) -> bool:
+    """The model's output has logits (a language-model head), checked with a one-token forward."""
+    ids = torch.tensor([[model.tokenizer.bos_token_id or 0]], device=next(model.model.parameters()).device)
+    with torch.no_grad():
+        return getattr(model.model(input_ids=ids), "logits", None) is not None
+
+
 def streaming_simulation(model: LoadedModel, *, corpus: Any = None, windows: Sequence[int] = (8, 16, 32, 64),
                          sinks: int = 4, budget: float | None = None, length: int = 128, texts: int = 8,
                          batch_size: int = 8) -> StreamingResult:
@@ -315,9 +324,7 @@ def streaming_simulation(model: LoadedModel, *, corpus: Any = None, windows: Seq
     device = next(model.model.parameters()).device
     batches = corpus_batches(model.tokenizer, load_corpus(corpus).texts, length=length, count=texts,
                              batch_size=batch_size, device=device)
-    with torch.no_grad():
-        probe = model.model(**{k: v[:1, :2] for k, v in batches[0].items()}) if stats.causal else None
-    if stats.causal and getattr(probe, "logits", None) is None:
+    if stats.causal and not has_logits(model):
         raise ValueError(f"{model.source} is causal but its output has no logits: no next-token loss to measure")
     for batch in batches:
         stats.update(batch)
