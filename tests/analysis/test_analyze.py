@@ -271,18 +271,18 @@ def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
         analyze(None, TEXTS, engine="ray", progress=False)
 
 
-def _numbers_equal(ours, theirs, *, where=""):
-    """Two JSON documents equal, numbers to 1e-12 (float64 sums merged in another order)."""
+def _numbers_equal(ours, theirs, *, where="", rel=1e-12):
+    """Two JSON documents equal, numbers to ``rel`` (float64 sums merged in another order: 1e-12)."""
     if isinstance(ours, dict):
         assert list(ours) == list(theirs), where
         for key in ours:
-            _numbers_equal(ours[key], theirs[key], where=f"{where}.{key}")
+            _numbers_equal(ours[key], theirs[key], where=f"{where}.{key}", rel=rel)
     elif isinstance(ours, list):
         assert len(ours) == len(theirs), where
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            _numbers_equal(a, b, where=f"{where}[{i}]")
+            _numbers_equal(a, b, where=f"{where}[{i}]", rel=rel)
     elif isinstance(ours, float) and isinstance(theirs, float):
-        assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-12), where
+        assert ours == pytest.approx(theirs, rel=rel, abs=rel, nan_ok=True), where
     else:
         assert ours == theirs, where
 
@@ -311,6 +311,38 @@ def test_the_ray_engine_gives_the_local_result_from_the_command_line(tmp_path):
         documents[engine] = json.loads(result.stdout)
     assert documents["ray"]["summary"]["items"] == 40
     _numbers_equal(documents["ray"], documents["local"])
+
+
+def test_length_groups_leave_every_accumulator_result_as_one_padded_block_gives(monkeypatch):
+    pytest.importorskip("spacy")
+    from headlab.analysis.analyze import AnalysisAccumulators
+    from headlab.analysis.norms import out_projections
+    from headlab.analysis.parses import parse_texts
+    from headlab.analysis.syntax import SyntaxAccuracy
+    from headlab.capture import capture
+
+    model = minilm()
+    texts = [" ".join(TEXTS[: 1 + i % len(TEXTS)]) for i in range(12)]  # from ~8 to ~70 pieces
+    accumulators = AnalysisAccumulators(causal=False, parses=parse_texts(texts), W_O=out_projections(model))
+
+    class Groups:
+        def __init__(self):
+            self.counts = []
+
+        def update(self, batch):
+            self.counts.append(len(batch.length_groups()))
+
+    def results(group_cost):
+        monkeypatch.setattr("headlab.capture.batching.GROUP_COST", group_cost)
+        parts, groups = accumulators(), Groups()
+        capture(model, corpus=texts, consumers=[*parts, groups], what=accumulators.what, progress=False)
+        tables = [(p.result(min_count=1) if isinstance(p, SyntaxAccuracy) else p.result()).to_dict() for p in parts]
+        return json.loads(json.dumps(tables)), groups.counts
+
+    whole, one = results(10**12)
+    grouped, many = results(0)
+    assert set(one) == {1} and max(many) > 1  # the second pass does read its batches in groups
+    _numbers_equal(grouped, whole, rel=1e-6)  # float32 row sums over shorter rows: rounding only
 
 
 @pytest.mark.slow  # MiniLM loaded on 2 workers, spaCy parses, ~1 min on 2 cores

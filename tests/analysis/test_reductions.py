@@ -40,8 +40,12 @@ def test_one_reductions_object_per_batch_and_layer():
     assert reductions(_random_batch()) is not shared  # a new batch: new reductions
 
 
-def test_each_reduction_equals_its_formula():
+@pytest.mark.parametrize("group_cost", [None, 0], ids=["default groups", "every item its own group"])
+def test_each_reduction_equals_its_formula(group_cost, monkeypatch):
+    if group_cost is not None:
+        monkeypatch.setattr("headlab.capture.batching.GROUP_COST", group_cost)
     batch = _random_batch()
+    assert len(batch.length_groups()) == (1 if group_cost is None else len(batch))
     shared = reductions(batch)
     real = batch.attention_mask.bool()
     special = batch.special_tokens_mask.bool() & real

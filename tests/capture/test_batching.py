@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headlab.capture import naive_batches, padding_stats, plan_batches
+from headlab.capture import length_groups, naive_batches, padding_stats, plan_batches
 
 lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=200)
 bound_st = st.one_of(st.none(), st.integers(1, 2000))
@@ -69,3 +69,40 @@ def test_zero_length_item_refused():
         plan_batches([3, 0])
     with pytest.raises(ValueError, match="batch_size=0"):
         naive_batches(3, batch_size=0)
+
+
+def _partitions(n):
+    """Every way to cut ``range(n)`` into runs of consecutive items, as lists of (start, end)."""
+    if n == 0:
+        yield []
+        return
+    for first in range(n):
+        for rest in _partitions(first):
+            yield [*rest, (first, n)]
+
+
+@given(lengths=st.lists(st.integers(1, 60), min_size=0, max_size=8), group_cost=st.integers(0, 5000))
+def test_length_groups_cover_the_batch_in_order_at_the_least_cost(lengths, group_cost):
+    groups = length_groups(lengths, group_cost=group_cost)
+    cuts = [(items.start, items.stop) for items, _ in groups]
+    assert [i for start, stop in cuts for i in range(start, stop)] == list(range(len(lengths)))
+    assert [pos for _, pos in groups] == [max(lengths[start:stop]) for start, stop in cuts]
+
+    def cost(runs):
+        return sum(group_cost + (stop - start) * max(lengths[start:stop]) ** 2 for start, stop in runs)
+
+    assert cost(cuts) == min(cost(runs) for runs in _partitions(len(lengths)))  # brute force over every cut
+
+
+def test_length_groups_cut_off_a_long_item_and_keep_similar_ones_together():
+    assert length_groups([200, 100, 99, 98], group_cost=1000) == [(slice(0, 1), 200), (slice(1, 4), 100)]
+    assert length_groups([5, 5, 5], group_cost=0) == [(slice(0, 3), 5)]  # nothing to gain: one run
+    assert length_groups([200, 100], group_cost=10**9) == [(slice(0, 2), 200)]  # a run costs more than padding
+
+
+@pytest.mark.parametrize("kwargs, match", [({"lengths": [3, 0]}, r"\(1, 0\)"),
+                                           ({"lengths": [3], "group_cost": -1}, "group_cost=-1"),
+                                           ({"lengths": [3], "group_cost": 1.5}, "group_cost=1.5")])
+def test_length_groups_refuse_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        length_groups(**kwargs)

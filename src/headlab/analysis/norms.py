@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from headlab.analysis.per_head import HeadSums
+from headlab.analysis.reductions import by_group
 from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
 
@@ -146,7 +147,11 @@ def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
         ``(batch, head, key_pos)``.
     """
     dtype = torch.promote_types(torch.promote_types(v.dtype, W_O.dtype), torch.float32)
-    return torch.linalg.vector_norm(torch.matmul(v.to(dtype), W_O.to(device=v.device, dtype=dtype)), dim=-1)
+    batch, heads, n_keys, d_head = v.shape
+    # one (batch · key_pos × d_head_v) product per head: a broadcast matmul would run batch × head small ones
+    per_head = v.to(dtype).transpose(0, 1).reshape(heads, batch * n_keys, d_head)
+    f = torch.bmm(per_head, W_O.to(device=v.device, dtype=dtype))  # (head, batch · key_pos, width)
+    return torch.linalg.vector_norm(f, dim=-1).view(heads, batch, n_keys).transpose(0, 1)
 
 
 def weighted_pattern(pattern: Tensor, norms: Tensor) -> Tensor:
@@ -208,7 +213,9 @@ class ValueReductions:
         """``(batch, head, query_pos)`` in the patterns' dtype: each row's weighted total ``Σ_j α_ij n_j``."""
         if layer not in self._totals:
             p = self._pattern(layer, fix)
-            self._totals[layer] = torch.matmul(p, self.norms(layer, fix=fix).to(p.dtype)[..., None]).squeeze(-1)
+            norms = self.norms(layer, fix=fix).to(p.dtype)[..., None]  # (b, h, k, 1)
+            self._totals[layer] = by_group(p, self.batch.length_groups(),
+                                           lambda block, items, pos: torch.matmul(block, norms[items, :, :pos]).squeeze(-1))
         return self._totals[layer]
 
     def masses(self, layer: int, *, fix: str) -> Tensor:

@@ -35,7 +35,7 @@ from torch import Tensor
 from headlab.capture.batch import CaptureBatch
 
 __all__ = [
-    "COLUMNS", "BatchReductions", "LayerReductions", "is_punctuation", "punctuation_mask", "reductions", "segments",
+    "COLUMNS", "BatchReductions", "LayerReductions", "by_group", "is_punctuation", "punctuation_mask", "reductions", "segments",
 ]
 
 # The key columns of ``LayerReductions.masses``, in order; segment s of ``segments`` is column
@@ -103,6 +103,27 @@ def reductions(batch: CaptureBatch) -> BatchReductions:
     return batch.shared(BatchReductions, BatchReductions)
 
 
+def by_group(pattern: Tensor, groups: list[tuple[slice, int]], reduce: Callable[[Tensor, slice, int], Tensor]) -> Tensor:
+    """``(batch, head, pos, …)``: ``reduce(block, items, pos)`` of each length group's block
+    ``pattern[items, :, :pos, :pos]`` side by side, 0 past each group's ``pos``.
+
+    Args:
+        pattern: ``(batch, head, query_pos, key_pos)``; when not square (not self-attention) the whole
+            pattern is one block.
+        groups: ``CaptureBatch.length_groups()``.
+        reduce: maps a block ``(items, head, pos, pos)`` to ``(items, head, pos, …)``.
+    """
+    if pattern.shape[-1] != pattern.shape[-2]:
+        return reduce(pattern, slice(None), pattern.shape[-1])
+    out = None
+    for items, pos in groups:
+        part = reduce(pattern[items, :, :pos, :pos], items, pos)
+        if out is None:
+            out = pattern.new_zeros(pattern.shape[:3] + part.shape[3:])
+        out[items, :, :pos] = part
+    return out
+
+
 class BatchReductions:
     """The key masks of one batch and, per captured layer, its ``LayerReductions``.
 
@@ -113,6 +134,7 @@ class BatchReductions:
         punctuation: ``(batch, pos)`` bool, True at punctuation pieces that are not special tokens.
         segment: ``(batch, pos)`` int64, each position's segment (``segments``).
         n_content: ``(batch,)`` int64, content segments per item.
+        groups: ``CaptureBatch.length_groups``: the runs of items each reduction reads as one block.
     """
 
     def __init__(self, batch: CaptureBatch) -> None:
@@ -121,6 +143,7 @@ class BatchReductions:
         self.special = batch.special_tokens_mask.bool() & self.real
         self.punctuation = punctuation_mask(batch)
         self.segment, self.n_content = segments(batch)
+        self.groups = batch.length_groups()
         self._layers: dict[int, LayerReductions] = {}
         self._columns: dict[torch.dtype, Tensor] = {}
 
@@ -162,7 +185,9 @@ class LayerReductions:
     """The row reductions of one layer's patterns, each computed on first access.
 
     All are in the patterns' dtype. Rows are ``(batch, head, query_pos)``; padded query rows
-    hold whatever the patterns hold there.
+    hold whatever the patterns hold there, or 0. Each reduction reads the batch's length groups
+    (``CaptureBatch.length_groups``) as their own shorter blocks, never the padding past a group's
+    longest item.
 
     Args:
         pattern: ``(batch, head, query_pos, key_pos)``.
@@ -174,17 +199,22 @@ class LayerReductions:
         self.keys = keys
         self._diagonals: dict[int, Tensor] = {}
 
+    def _by_group(self, reduce: Callable[[Tensor, slice, int], Tensor]) -> Tensor:
+        return by_group(self.pattern, self.keys.groups, reduce)
+
     @cached_property
     def masses(self) -> Tensor:
         """``(batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
-        # A matmul reduces short rows far faster than elementwise products followed by sum(-1); with
-        # every head's rows of an item stacked, one (head · query_pos × key_pos) product per item.
-        p = self.pattern
-        columns = self.keys.columns(p.dtype).to(p.device)  # (batch, key_pos, column)
-        if not p.is_contiguous():
-            return torch.matmul(p, columns[:, None])
-        batch, heads, n_q, n_k = p.shape
-        return torch.matmul(p.view(batch, heads * n_q, n_k), columns).view(batch, heads, n_q, -1)
+        columns = self.keys.columns(self.pattern.dtype).to(self.pattern.device)  # (batch, key_pos, column)
+
+        def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
+            # A matmul reduces short rows far faster than elementwise products followed by sum(-1); with
+            # every head's rows of an item stacked, one (head · query_pos × key_pos) product per item.
+            n, heads = block.shape[:2]
+            return torch.bmm(block.reshape(n, heads * block.shape[2], pos), columns[items, :pos]).view(
+                n, heads, block.shape[2], -1)
+
+        return self._by_group(reduce)
 
     def mass(self, column: str) -> Tensor:
         """``(batch, head, query_pos)``: each row's mass on the key column ``column`` of ``COLUMNS``."""
@@ -211,45 +241,54 @@ class LayerReductions:
     @property
     def entropy(self) -> Tensor:
         """``(batch, head, query_pos)``: ``−Σ_j p_ij ln p_ij`` (nats; ``0 ln 0 = 0``)."""
-        return self._entropy_and_distance[0]
+        return self._entropy_and_distance[..., 0]
 
     @property
     def distance(self) -> Tensor:
         """``(batch, head, query_pos)``: ``Σ_j p_ij |i − j|``."""
-        return self._entropy_and_distance[1]
+        return self._entropy_and_distance[..., 1]
 
     @cached_property
-    def _entropy_and_distance(self) -> tuple[Tensor, Tensor]:
-        """Both row sums in one pass over the patterns, in blocks of whole (query, key) matrices whose
-        temporaries stay in cache."""
-        p = self.pattern
-        n_q, n_k = p.shape[-2:]
-        matrices = p.reshape(-1, n_q, n_k)
-        offsets = (torch.arange(n_q, device=p.device)[:, None] - torch.arange(n_k, device=p.device)).abs().to(p.dtype)
-        entropy, distance = p.new_empty(matrices.shape[:2]), p.new_empty(matrices.shape[:2])
-        step = max(1, _BLOCK // max(1, n_q * n_k))
-        buffer = p.new_empty(min(step, len(matrices)), n_q, n_k)
-        tiny = torch.finfo(p.dtype).tiny
-        for start in range(0, len(matrices), step):
-            block = matrices[start:start + step]
-            scratch = buffer[: len(block)]
-            torch.sum(torch.mul(block, offsets, out=scratch), -1, out=distance[start:start + step])
-            log_p = torch.clamp_min(block, tiny, out=scratch).log_()  # finite at 0
-            torch.sum(log_p.mul_(block), -1, out=entropy[start:start + step])
-        return entropy.neg_().view(p.shape[:-1]), distance.view(p.shape[:-1])
+    def _entropy_and_distance(self) -> Tensor:
+        """``(batch, head, query_pos, 2)``: both row sums in one pass over each group's block, in blocks of
+        whole (query, key) matrices whose temporaries stay in cache."""
+
+        def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
+            n_q, n_k = block.shape[-2:]
+            matrices = block.reshape(-1, n_q, n_k)
+            offsets = (torch.arange(n_q, device=block.device)[:, None] - torch.arange(n_k, device=block.device))
+            offsets = offsets.abs().to(block.dtype)
+            sums = block.new_empty(2, len(matrices), n_q)  # entropy, distance
+            step = max(1, _BLOCK // max(1, n_q * n_k))
+            buffer = block.new_empty(min(step, len(matrices)), n_q, n_k)
+            tiny = torch.finfo(block.dtype).tiny
+            for start in range(0, len(matrices), step):
+                part = matrices[start:start + step]
+                scratch = buffer[: len(part)]
+                torch.sum(torch.mul(part, offsets, out=scratch), -1, out=sums[1, start:start + step])
+                log_p = torch.clamp_min(part, tiny, out=scratch).log_()  # finite at 0
+                torch.sum(log_p.mul_(part), -1, out=sums[0, start:start + step])
+            sums[0].neg_()
+            return sums.movedim(0, -1).view(*block.shape[:-1], 2)
+
+        return self._by_group(reduce)
 
     @cached_property
     def confidence(self) -> Tensor:
         """``(batch, head, query_pos)``: ``max_j p_ij``."""
-        return self.pattern.amax(-1)
+        return self._by_group(lambda block, items, pos: block.amax(-1))
 
     @cached_property
     def key_sums(self) -> Tensor:
         """``(batch, head, key_pos)``: ``Σ_i p_ij`` over the real queries ``i``."""
         p = self.pattern
-        real_rows = self.keys.real.to(device=p.device, dtype=p.dtype)[:, None, None, :]  # (batch, 1, 1, query_pos)
-        sums = torch.matmul(real_rows, p).squeeze(-2)
-        if not torch.isfinite(sums).all():  # padded query rows may hold anything (NaN): keep them out
-            sums = torch.where(real_rows.squeeze(1)[..., None].bool(), p, 0.0).sum(-2)
-        return sums
+        real = self.keys.real.to(p.device)
 
+        def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
+            rows = real[items, : block.shape[-2]]  # (n, query_pos)
+            sums = torch.matmul(rows.to(block.dtype)[:, None, None, :], block).squeeze(-2)  # (n, head, key_pos)
+            if not torch.isfinite(sums).all():  # padded query rows may hold anything (NaN): keep them out
+                sums = torch.where(rows[:, None, :, None], block, 0.0).sum(-2)
+            return sums
+
+        return self._by_group(reduce)  # (batch, head, key_pos): each group's sums fill its first pos keys

@@ -198,22 +198,31 @@ class SyntaxAccuracy:
                 aligned[row] = False
         # a token with no piece must not become a unit: word_units numbers units by position
         units, _ = word_units(word_ids, batch.attention_mask)
-        words = WordMap(units)  # once per batch, applied to every layer
-        is_word = torch.zeros(len(batch), words.n_units, dtype=torch.bool, device=units.device)
+        predicted = torch.zeros(len(batch), len(slots), int(units.max()) + 1, dtype=torch.long)  # (batch, slot, unit)
+        for items, pos in batch.length_groups():  # each run of items as its own shorter block
+            best = self._best_keys(batch, units[items, :pos], word_ids[items, :pos], items)
+            predicted[items, :, : best.shape[-1]] = best
+        self._add_arcs(parses, aligned, predicted, units.tolist(), word_ids.tolist())
+
+    def _best_keys(self, batch: CaptureBatch, units: Tensor, word_ids: Tensor, items: slice) -> Tensor:
+        """``(items, head_slot, unit)``: every captured head's heaviest word unit from each query unit, for the
+        batch's ``items`` (``units``/``word_ids`` cut to their longest item)."""
+        pos = units.shape[1]
+        words = WordMap(units)  # once per run of items, applied to every layer
+        is_word = torch.zeros(len(units), words.n_units, dtype=torch.bool, device=units.device)
         real_word = (units >= 0) & (word_ids >= 0)
         is_word[real_word.nonzero()[:, 0], units[real_word]] = True  # special tokens stay False
-        predictions = []  # per layer (batch, head, query_word)
+        predictions = []  # per layer (items, head, query_unit)
         for layer, taken in sorted(batch.layers.items()):
             if taken.pattern is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
-            pattern = taken.pattern.float()
+            pattern = taken.pattern[items, :, :pos, :pos].float()
 
             def workspace(shape: tuple[int, ...], like: Tensor = pattern) -> Tensor:
                 return self._scratch.take(shape, dtype=like.dtype, device=like.device)
 
             predictions.append(words.best_keys(pattern, keys=is_word, workspace=workspace))
-        predicted = torch.cat(predictions, dim=1).cpu()  # (batch, head_slot, query_word)
-        self._add_arcs(parses, aligned, predicted, units.tolist(), word_ids.tolist())
+        return torch.cat(predictions, dim=1).cpu()
 
     def merge(self, other: SyntaxAccuracy) -> SyntaxAccuracy:
         """Fold another accumulator's counts into this one; returns self."""

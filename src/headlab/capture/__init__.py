@@ -4,7 +4,7 @@ selected heads' tensors handed to consumers).
     cache.py      run_with_cache(...) -> Cache: blocks.{layer}.attn.{pattern,z,result,q,k,v}
     corpus.py     load_corpus: a file, a list of strings, or the bundled corpus
     encoding.py   tokenize once, with offsets and word ids; truncation on the record
-    batching.py   length-bucketed batches under a token budget
+    batching.py   length-bucketed batches under a token budget; a batch's length groups for its readers
     batch.py      CaptureBatch: what a consumer receives per batch
     taps.py       what a tap takes; taps that are always removed
     run.py        capture(...) -> CaptureResult
@@ -16,7 +16,7 @@ selected heads' tensors handed to consumers).
 
 from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.cache import Cache, run_with_cache
-from headlab.capture.batching import PaddingStats, naive_batches, padding_stats, plan_batches
+from headlab.capture.batching import PaddingStats, length_groups, naive_batches, padding_stats, plan_batches
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.distributed import RayEngine, Shard, ShardError, ShardedCapture, plan_shards, sharded_capture
 from headlab.capture.encoding import TokenizedCorpus, tokenize_corpus
@@ -31,7 +31,7 @@ __all__ = [
     "Cache", "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "MeanZ", "PaddingStats",
     "RayEngine", "Shard", "ShardError", "ShardedCapture", "TokenizedCorpus", "TruncationWarning", "WordMap", "capture",
     "collate",
-    "load_corpus", "mean_z", "model_max_length", "naive_batches", "padding_stats", "pattern_to_words", "plan_batches",
+    "length_groups", "load_corpus", "mean_z", "model_max_length", "naive_batches", "padding_stats", "pattern_to_words", "plan_batches",
     "plan_shards", "run_with_cache", "sharded_capture", "tapped", "tokenize_corpus", "unit_labels", "whitespace_spans",
     "word_ids_from_spans", "word_units",
 ]

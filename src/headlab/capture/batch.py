@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from headlab.capture.batching import length_groups
 from headlab.capture.encoding import TokenizedCorpus
 from headlab.capture.words import word_units
 from headlab.models import TapOutput
@@ -105,6 +106,11 @@ class CaptureBatch:
     def n_tokens(self) -> int:
         """Real tokens in the batch."""
         return int(self.lengths.sum())
+
+    def length_groups(self) -> list[tuple[slice, int]]:
+        """Runs of items that readers of the patterns take as their own ``(items, pos, pos)`` blocks, each
+        ``(items, its longest length)`` (``headlab.capture.batching.length_groups``), worked out once."""
+        return self.shared(length_groups, lambda batch: length_groups(batch.lengths.tolist()))
 
     def word_units(self) -> tuple[Tensor, Tensor]:
         """``(units (batch, pos), n_units (batch,))``: words and special tokens, for
