@@ -4,8 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headlab.capture import (
-    WordMap, collate, pattern_to_words, tokenize_corpus, unit_labels, whitespace_spans, word_ids_from_spans,
-    word_units,
+    WordMap, batch_word_ids_from_spans, collate, pattern_to_words, tokenize_corpus, unit_labels, whitespace_spans,
+    word_ids_from_spans, word_units,
 )
 
 # [CLS] the cat ##s [SEP]: "cats" is two pieces; [CLS] and [SEP] are units of their own.
@@ -195,6 +195,42 @@ def test_word_ids_from_spans(tokenizer):
     assert labels == ["[CLS]", "the", "cats", "sat.", "[SEP]"]
     with pytest.raises(ValueError, match=r"pieces \[4, 5\] start outside"):
         word_ids_from_spans(batch.offsets[0], spans[:2], special_tokens_mask=batch.special_tokens_mask[0])
+
+
+BATCH_TEXTS = ["The cat sat on  the mat.", "  leading spaces, then   runs", "x", "I don't know -- well-known (no!)",
+               "end with space ", "a b c d e f g h i j k l m n o p"]
+
+
+@pytest.mark.parametrize("with_text", [True, False])
+@pytest.mark.parametrize("kind", ["wordpiece", "byte-level bpe"])
+def test_a_batch_at_once_gives_what_each_item_alone_gives(tokenizer, kind, with_text):
+    from tests.capture.byte_bpe import byte_level_tokenizer
+
+    chosen = tokenizer if kind == "wordpiece" else byte_level_tokenizer()
+    batch = collate(tokenize_corpus(chosen, BATCH_TEXTS), range(len(BATCH_TEXTS)))
+    spans = [whitespace_spans(t) for t in BATCH_TEXTS]
+    spans[3] = spans[3][:2]  # later pieces of item 3 lie outside every span: that item alone fails
+    texts = BATCH_TEXTS if with_text else None
+    got, orphans = batch_word_ids_from_spans(batch.offsets, batch.lengths.tolist(), spans,
+                                             special_tokens_mask=batch.special_tokens_mask, texts=texts)
+    for row, text in enumerate(BATCH_TEXTS):
+        n = int(batch.lengths[row])
+        one = {"offsets": batch.offsets[row, :n], "spans": spans[row],
+               "special_tokens_mask": batch.special_tokens_mask[row, :n], "text": text if with_text else None}
+        try:
+            alone = word_ids_from_spans(one.pop("offsets"), one.pop("spans"), **one)
+        except ValueError as err:
+            assert orphans[row] and f"pieces {orphans[row][:10]}" in str(err)
+            continue
+        assert not orphans[row] and got[row, :n].tolist() == alone.tolist()
+        assert (got[row, n:] == -1).all()
+    assert orphans[3]  # the item cut short is found whatever the tokenizer
+
+
+def test_a_batch_needs_one_entry_per_item(tokenizer):
+    batch = collate(tokenize_corpus(tokenizer, ["a b", "c"]), [0, 1])
+    with pytest.raises(ValueError, match="spans has 1 entries for a batch of 2 items"):
+        batch_word_ids_from_spans(batch.offsets, [4, 3], [[(0, 1)]], special_tokens_mask=batch.special_tokens_mask)
 
 
 def test_byte_level_bpe_pieces_carry_their_leading_space_and_still_find_their_words():

@@ -208,10 +208,13 @@ class LayerReductions:
         columns = self.keys.columns(self.pattern.dtype).to(self.pattern.device)  # (batch, key_pos, column)
 
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
-            # A matmul reduces short rows far faster than elementwise products followed by sum(-1); with
-            # every head's rows of an item stacked, one (head · query_pos × key_pos) product per item.
+            # A matmul reduces short rows far faster than elementwise products followed by sum(-1). A whole
+            # block (contiguous) stacks every head's rows of an item into one (head · query_pos × key_pos)
+            # product; a trimmed block (rows strided) takes one product per item and head, copying nothing.
+            if not block.is_contiguous():
+                return torch.matmul(block, columns[items, None, :pos])
             n, heads = block.shape[:2]
-            return torch.bmm(block.reshape(n, heads * block.shape[2], pos), columns[items, :pos]).view(
+            return torch.bmm(block.view(n, heads * block.shape[2], pos), columns[items, :pos]).view(
                 n, heads, block.shape[2], -1)
 
         return self._by_group(reduce)

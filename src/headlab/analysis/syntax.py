@@ -48,7 +48,7 @@ from torch import Tensor
 from headlab.analysis.parses import DEFAULT_PIPELINE, Parse, parse_texts
 from headlab.analysis.scratch import Scratch
 from headlab.capture.batch import CaptureBatch
-from headlab.capture.words import WordMap, word_ids_from_spans, word_units
+from headlab.capture.words import WordMap, batch_word_ids_from_spans, word_units
 from headlab.heads import HeadTable
 
 __all__ = ["RelationAccuracy", "SyntaxAccuracy", "SyntaxResult", "syntax_accuracy"]
@@ -182,20 +182,20 @@ class SyntaxAccuracy:
         slots = [(layer, h) for layer, taken in sorted(batch.layers.items()) for h in taken.heads]
         self._check_slots(slots)
         parses = self._parses(batch)
+        # items without a word keep -1 everywhere; an item with a piece outside every spaCy token is skipped whole
+        rows = [row for row, parse in enumerate(parses) if parse.spans]
         word_ids = torch.full_like(batch.word_ids, -1)
         aligned = [True] * len(parses)
-        for row, parse in enumerate(parses):
-            n = int(batch.lengths[row])
-            if not parse.spans:
-                continue
-            try:
-                word_ids[row, :n] = word_ids_from_spans(
-                    batch.offsets[row, :n], parse.spans, special_tokens_mask=batch.special_tokens_mask[row, :n],
-                    text=batch.texts[row],
-                )
-            except ValueError:  # a piece outside every spaCy token: the item is skipped whole
-                self.skipped["items_unaligned"] += 1
-                aligned[row] = False
+        if rows:
+            index = torch.tensor(rows, device=batch.offsets.device)
+            found, orphans = batch_word_ids_from_spans(
+                batch.offsets[index], batch.lengths[index].tolist(), [parses[row].spans for row in rows],
+                special_tokens_mask=batch.special_tokens_mask[index], texts=[batch.texts[row] for row in rows])
+            for row, lost in zip(rows, orphans):
+                aligned[row] = not lost
+            self.skipped["items_unaligned"] += aligned.count(False)
+            kept = [i for i, row in enumerate(rows) if aligned[row]]
+            word_ids[index[kept]] = found[kept].to(word_ids.device)
         # a token with no piece must not become a unit: word_units numbers units by position
         units, _ = word_units(word_ids, batch.attention_mask)
         predicted = torch.zeros(len(batch), len(slots), int(units.max()) + 1, dtype=torch.long)  # (batch, slot, unit)

@@ -24,13 +24,14 @@ from headlab.capture.means import MeanZ, mean_z
 from headlab.capture.run import CaptureResult, Consumer, TruncationWarning, capture, model_max_length
 from headlab.capture.taps import tapped
 from headlab.capture.words import (
-    WordMap, pattern_to_words, unit_labels, whitespace_spans, word_ids_from_spans, word_units,
+    WordMap, batch_word_ids_from_spans, pattern_to_words, unit_labels, whitespace_spans, word_ids_from_spans,
+    word_units,
 )
 
 __all__ = [
     "Cache", "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "MeanZ", "PaddingStats",
-    "RayEngine", "Shard", "ShardError", "ShardedCapture", "TokenizedCorpus", "TruncationWarning", "WordMap", "capture",
-    "collate",
+    "RayEngine", "Shard", "ShardError", "ShardedCapture", "TokenizedCorpus", "TruncationWarning", "WordMap",
+    "batch_word_ids_from_spans", "capture", "collate",
     "length_groups", "load_corpus", "mean_z", "model_max_length", "naive_batches", "padding_stats", "pattern_to_words", "plan_batches",
     "plan_shards", "run_with_cache", "sharded_capture", "tapped", "tokenize_corpus", "unit_labels", "whitespace_spans",
     "word_ids_from_spans", "word_units",

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "WordMap", "pattern_to_words", "unit_labels", "whitespace_spans", "word_ids_from_spans", "word_units",
+    "WordMap", "batch_word_ids_from_spans", "pattern_to_words", "unit_labels", "whitespace_spans",
+    "word_ids_from_spans", "word_units",
 ]
 
 
@@ -299,7 +300,8 @@ def word_ids_from_spans(
     piece the space before it ("Ġcat" spans " cat"), and words never start with whitespace, so
     the piece's own first character would fall between words. A piece of whitespace only (the
     "Ġ" of a double space) joins the word after it, or the last word when none follows: BPE
-    attaches spaces to the word they precede.
+    attaches spaces to the word they precede. ``batch_word_ids_from_spans`` does the same for a
+    whole batch at once.
 
     Args:
         offsets: ``(pos, 2)`` each piece's character span.
@@ -314,27 +316,85 @@ def word_ids_from_spans(
     Raises:
         ValueError: a non-special piece starts outside every span.
     """
-    # numpy, not torch: a few hundred pieces per item, where torch's per-call cost would dominate
-    pieces = offsets.cpu().numpy().reshape(-1, 2)
-    bounds = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    pos = offsets.reshape(-1, 2).shape[0]
+    word_ids, orphans = batch_word_ids_from_spans(
+        offsets.reshape(1, pos, 2), [pos], [spans], special_tokens_mask=special_tokens_mask.reshape(1, pos),
+        texts=None if text is None else [text])
+    if orphans[0]:
+        pieces = offsets.reshape(-1, 2)[orphans[0][:3]].tolist()
+        raise ValueError(f"pieces {orphans[0][:10]} start outside every word span (offsets {pieces})")
+    return word_ids.reshape(offsets.shape[:-1])
+
+
+def batch_word_ids_from_spans(
+    offsets: Tensor, lengths: Sequence[int], spans: Sequence[Sequence[tuple[int, int]]], *,
+    special_tokens_mask: Tensor, texts: Sequence[str] | None = None,
+) -> tuple[Tensor, list[list[int]]]:
+    """``word_ids_from_spans`` of every item of a batch in one pass.
+
+    Each item's characters are moved to their own stretch of one long line (item r's after every
+    earlier item's text and a gap), so one sorted search over every item's words and whitespace serves
+    the whole batch; a piece never reaches another item's word.
+
+    Args:
+        offsets: ``(batch, pos, 2)`` each piece's character span in its item's text.
+        lengths: each item's real pieces (the rest is padding).
+        spans: per item, its words' ``(start, end)`` spans, in order, not overlapping.
+        special_tokens_mask: ``(batch, pos)`` True at special tokens.
+        texts: each item's text (see ``word_ids_from_spans``), or None.
+
+    Returns:
+        ``(word_ids, orphans)``: ``(batch, pos)`` int64 word index of each piece within its item, -1 at special
+        tokens and padding; per item, the positions of its non-special pieces that start outside every span
+        (empty where every piece found its word; those items' word ids are not meaningful).
+
+    Raises:
+        ValueError: ``lengths``, ``spans`` or ``texts`` do not give one entry per item.
+    """
+    n_items, pos = offsets.shape[:2]
+    for name, given in (("lengths", lengths), ("spans", spans), ("texts", texts)):
+        if given is not None and len(given) != n_items:
+            raise ValueError(f"{name} has {len(given)} entries for a batch of {n_items} items")
+    # numpy, not torch: a few thousand pieces per batch, where torch's per-call cost would dominate
+    lengths = np.asarray(lengths, dtype=np.int64)
+    real = np.arange(pos)[None, :] < lengths[:, None]  # (batch, pos)
+    item = np.repeat(np.arange(n_items), lengths)  # each real piece's item
+    offsets = offsets.cpu().numpy().reshape(n_items, pos, 2)
+    counts = np.array([len(s) for s in spans], dtype=np.int64)
+    bounds = np.asarray([span for item_spans in spans for span in item_spans], dtype=np.int64).reshape(-1, 2)
+    if texts is not None:
+        sizes = np.array([len(t) for t in texts], dtype=np.int64)
+    else:  # the item's characters reach as far as its pieces and its words
+        ends = np.where(real, offsets[..., 1], 0).max(-1, initial=0)
+        last = np.zeros(n_items, dtype=np.int64)
+        np.maximum.at(last, np.repeat(np.arange(n_items), counts), bounds[:, 1])
+        sizes = np.maximum(ends, last)
+    shift = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]])  # where each item's characters start
+    pieces = offsets[real] + shift[item][:, None]
+    bounds = bounds + np.repeat(shift, counts)[:, None]
+    first_word = np.cumsum(counts) - counts  # each item's first word among every item's
     start, blank = pieces[:, 0], np.zeros(len(pieces), dtype=bool)
-    if text is not None:
-        # the first character at or after each piece's start that is not whitespace (len(text) if none)
-        runs = np.asarray(whitespace_spans(text), dtype=np.int64).reshape(-1, 2)
+    if texts is not None:
+        # the first character at or after each piece's start that is not whitespace (the item's end if none)
+        runs = np.asarray([(a + s, b + s) for t, s in zip(texts, shift.tolist()) for a, b in whitespace_spans(t)],
+                          dtype=np.int64).reshape(-1, 2)
         run = np.searchsorted(runs[:, 1], pieces[:, 0], side="right")  # the first run ending after the start
-        visible = np.maximum(np.append(runs[:, 0], len(text))[run], pieces[:, 0])
+        visible = np.maximum(np.append(runs[:, 0], int(shift[-1] + sizes[-1]) if n_items else 0)[run], pieces[:, 0])
         start = np.minimum(visible, pieces[:, 1])  # a piece of whitespace only: its end
         blank = (pieces[:, 1] > pieces[:, 0]) & (visible >= pieces[:, 1])
     word = np.searchsorted(bounds[:, 0], start, side="right") - 1  # the last word starting at or before it
     inside = (word >= 0) & (start < bounds[np.maximum(word, 0), 1]) if len(bounds) else np.zeros_like(blank)
     word_ids = np.where(inside, word, -1)
-    if len(bounds):  # a piece of whitespace only joins the word after it, or the last word
-        following = np.minimum(np.searchsorted(bounds[:, 0], pieces[:, 1]), len(bounds) - 1)
-        word_ids = np.where(blank & (word_ids < 0), following, word_ids)
-    special = special_tokens_mask.cpu().numpy().astype(bool).reshape(-1)
-    orphans = np.flatnonzero(~special & (word_ids < 0)).tolist()
-    if orphans:
-        raise ValueError(
-            f"pieces {orphans[:10]} start outside every word span (offsets {pieces[orphans[:3]].tolist()})"
-        )
-    return torch.from_numpy(np.where(special, -1, word_ids)).to(offsets.device).reshape(offsets.shape[:-1])
+    if len(bounds):  # a piece of whitespace only joins the word after it, or its item's last word
+        following = np.minimum(np.searchsorted(bounds[:, 0], pieces[:, 1]), first_word[item] + counts[item] - 1)
+        word_ids = np.where(blank & (word_ids < 0) & (counts[item] > 0), following, word_ids)
+    word_ids = np.where(word_ids >= 0, word_ids - first_word[item], -1)  # within the item
+    special = special_tokens_mask.cpu().numpy().astype(bool).reshape(n_items, pos)[real]
+    orphan = ~special & (word_ids < 0)
+    out = np.full((n_items, pos), -1, dtype=np.int64)
+    out[real] = np.where(special, -1, word_ids)
+    positions = np.nonzero(real)[1]
+    orphans = [[] for _ in range(n_items)]
+    for i, position in zip(item[orphan].tolist(), positions[orphan].tolist()):
+        orphans[i].append(position)
+    return torch.from_numpy(out).to(special_tokens_mask.device), orphans
