@@ -166,6 +166,12 @@ def test_best_keys_equal_the_first_largest_of_the_kept_columns(case, seed):
     assert torch.equal(words.best_keys(again, keys=keys), WordMap(units).best_keys(again, keys=keys))
     others = ~keys
     assert torch.equal(words.best_keys(again, keys=others), WordMap(units).best_keys(again, keys=others))
+    # a block cut from a longer batch (rows further apart than its positions) is read in place, to the same result
+    wider = torch.rand(*pattern.shape[:-2], pattern.shape[-2] + 3, pattern.shape[-1] + 3)
+    wider[..., : pattern.shape[-2], : pattern.shape[-1]] = pattern
+    block = wider[..., : pattern.shape[-2], : pattern.shape[-1]]
+    assert block.stride(-2) == pattern.shape[-1] + 3  # a view of the wider rows
+    assert torch.equal(words.best_keys(block, keys=keys), words.best_keys(pattern, keys=keys))
 
 
 def test_word_map_refuses_units_of_the_wrong_shape():

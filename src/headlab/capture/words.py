@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -214,7 +214,7 @@ class WordMap:
         i = self._multi[0]  # the items of the query units of several pieces
         query_columns = [column_pieces[i, :, r] for r in range(ranks)]  # (m, width) each
         more_columns = [(column_counts[i] > r)[:, None, :] for r in range(ranks)]
-        return _ScorePlan(columns=columns, index=index, later_keys=later_keys, query_columns=query_columns,
+        return _ScorePlan(columns=columns, pos=pos, index=index, later_keys=later_keys, query_columns=query_columns,
                           more_columns=more_columns)
 
     def _unit_scores(self, p: Tensor, plan: _ScorePlan, *, out: Tensor | None = None) -> Tensor:
@@ -223,7 +223,14 @@ class WordMap:
         n_items, rest, pos, _ = p.shape
         n, width = self.n_units, plan.columns.shape[1]
         flat = None if out is None else out.view(n_items, rest, n * width)
-        words = torch.gather(p.reshape(n_items, rest, pos * pos), 2, plan.index.expand(n_items, rest, n * width),
+        # Each (query, key) matrix read flat where it lies: a block cut from a longer batch has rows `row` apart,
+        # not pos, and is read in place (its first pos rows), not copied.
+        row = p.stride(-2) if p.stride(-1) == 1 else pos
+        if row != pos:
+            source = p.as_strided((n_items, rest, (pos - 1) * row + pos), (p.stride(0), p.stride(1), 1))
+        else:
+            source = p.reshape(n_items, rest, pos * pos)
+        words = torch.gather(source, 2, plan.flat_index(row).expand(n_items, rest, n * width),
                              out=flat).view(n_items, rest, n, width)
         first = self.pieces[..., 0]  # (item, unit)
         for i, c, k in plan.later_keys:  # key units of several pieces: add their later pieces' columns
@@ -248,10 +255,20 @@ class _ScorePlan:
     """``WordMap._plan``: the indices of one choice of key units, for every pattern of a batch."""
 
     columns: Tensor  # (item, width) the key units
+    pos: int  # the patterns' positions
     index: Tensor  # (item, 1, n_units · width) flat (query piece, key piece) of each unit pair's first pieces
     later_keys: list[tuple[Tensor, Tensor, Tensor]]  # per later rank: items, columns, pieces of multi-piece keys
     query_columns: list[Tensor]  # per rank: (m, width) key pieces, for the multi-piece query units' items
     more_columns: list[Tensor]  # per rank: (m, 1, width) whether each key unit has that many pieces
+    _strided: dict[int, Tensor] = field(default_factory=dict)  # flat_index's by row stride
+
+    def flat_index(self, row: int) -> Tensor:
+        """``index`` for matrices whose rows lie ``row`` entries apart (``index`` itself: rows of pos)."""
+        if row == self.pos:
+            return self.index
+        if row not in self._strided:
+            self._strided[row] = self.index + torch.div(self.index, self.pos, rounding_mode="floor") * (row - self.pos)
+        return self._strided[row]
 
 
 def unit_labels(text: str, tokens: Sequence[str], offsets: Sequence[Sequence[int]], units: Sequence[int]) -> list[str]:
