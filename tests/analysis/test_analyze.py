@@ -313,6 +313,30 @@ def test_the_ray_engine_gives_the_local_result_from_the_command_line(tmp_path):
     _numbers_equal(documents["ray"], documents["local"])
 
 
+def test_each_batch_is_freed_before_the_next_forward_with_every_accumulator():
+    """What the accumulators derive from a batch (shared reductions holding the batch) must not keep it alive:
+    capture reuses a batch's pattern memory for the next forward only once nothing refers to it."""
+    import weakref
+
+    from headlab.analysis.analyze import AnalysisAccumulators
+    from headlab.analysis.norms import out_projections
+    from headlab.capture import capture
+
+    class Watch:
+        def __init__(self):
+            self.last, self.alive, self.batches = None, [], 0
+
+        def update(self, batch):
+            self.alive.append(self.last is not None and self.last() is not None)
+            self.last, self.batches = weakref.ref(batch), self.batches + 1
+
+    model, watch = minilm(), Watch()
+    accumulators = AnalysisAccumulators(causal=False, W_O=out_projections(model))
+    capture(model, corpus=TEXTS, consumers=[*accumulators(), watch], what=accumulators.what, max_batch_size=2,
+            progress=False)
+    assert watch.batches > 2 and not any(watch.alive)
+
+
 def test_length_groups_leave_every_accumulator_result_as_one_padded_block_gives(monkeypatch):
     pytest.importorskip("spacy")
     from headlab.analysis.analyze import AnalysisAccumulators

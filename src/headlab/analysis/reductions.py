@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import string
+import weakref
 from collections.abc import Callable
 from functools import cached_property
 
@@ -191,12 +192,14 @@ class LayerReductions:
 
     Args:
         pattern: ``(batch, head, query_pos, key_pos)``.
-        keys: the batch's masks.
+        keys: the batch's masks, which make and hold this object (``BatchReductions.layer``); held weakly here.
     """
 
     def __init__(self, pattern: Tensor, keys: BatchReductions) -> None:
         self.pattern = pattern
-        self.keys = keys
+        # held weakly: keys holds this object, and a cycle would keep the batch's patterns alive until the next
+        # garbage collection after the batch is done (capture then could not reuse their memory)
+        self.keys = weakref.proxy(keys)
         self._diagonals: dict[int, Tensor] = {}
 
     def _by_group(self, reduce: Callable[[Tensor, slice, int], Tensor]) -> Tensor:

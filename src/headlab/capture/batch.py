@@ -99,6 +99,12 @@ class CaptureBatch:
             self._shared[key] = compute(self)
         return self._shared[key]
 
+    def release_shared(self) -> None:
+        """Drop everything ``shared`` holds. What consumers derive often holds the batch itself (a reference
+        cycle), which would keep the batch's tensors alive until the next garbage collection; ``capture``
+        calls this when the batch's turn ends, so they are freed (and their memory reused) at once."""
+        self._shared.clear()
+
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 

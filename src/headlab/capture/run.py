@@ -206,6 +206,7 @@ def capture(
                 for consumer in consumers:
                     consumer.update(batch)
                 done_tokens += batch.n_tokens
+                batch.release_shared()  # what consumers derived may hold the batch: freed now, not at the next GC
                 del batch  # nothing of a batch outlives its turn
                 bar.advance(done_tokens / max(time.perf_counter() - start, 1e-9))
     finally:
