@@ -214,8 +214,11 @@ class ValueReductions:
         if layer not in self._totals:
             p = self._pattern(layer, fix)
             norms = self.norms(layer, fix=fix).to(p.dtype)[..., None]  # (b, h, k, 1)
-            self._totals[layer] = by_group(p, self.batch.length_groups(),
-                                           lambda block, items, pos: torch.matmul(block, norms[items, :, :pos]).squeeze(-1))
+
+            def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
+                return torch.matmul(block, norms[items, :, :pos]).squeeze(-1)
+
+            self._totals[layer] = by_group(p, self.batch.length_groups(), reduce)
         return self._totals[layer]
 
     def masses(self, layer: int, *, fix: str) -> Tensor:

@@ -14,7 +14,9 @@ with ``CaptureBatch.shared``); each reduction of a layer is computed by the firs
 asks for it and then reused, so each pattern is read once per kind of reduction however many
 accumulators run: one matmul for every column mass (``COLUMNS``: surface's and the taxonomy's key
 masks side by side), one for the key sums, one max, the entropy and the distance together in blocks
-that stay in cache, and the diagonals as views.
+that stay in cache, and the diagonals as views. Each reads every run of items of similar length
+(``CaptureBatch.length_groups``) as its own block, cut to the run's longest item (``by_group``): the
+padding a long item gives the rest of its batch is never read.
 
 Reductions run in the patterns' dtype (float32 row sums are exact to ~1e-7, far below anything a
 statistic is read at); the accumulators widen the per-row values to float64 before summing over the
@@ -36,7 +38,8 @@ from torch import Tensor
 from headlab.capture.batch import CaptureBatch
 
 __all__ = [
-    "COLUMNS", "BatchReductions", "LayerReductions", "by_group", "is_punctuation", "punctuation_mask", "reductions", "segments",
+    "COLUMNS", "BatchReductions", "LayerReductions", "by_group", "is_punctuation", "punctuation_mask", "reductions",
+    "segments",
 ]
 
 # The key columns of ``LayerReductions.masses``, in order; segment s of ``segments`` is column
@@ -104,7 +107,8 @@ def reductions(batch: CaptureBatch) -> BatchReductions:
     return batch.shared(BatchReductions, BatchReductions)
 
 
-def by_group(pattern: Tensor, groups: list[tuple[slice, int]], reduce: Callable[[Tensor, slice, int], Tensor]) -> Tensor:
+def by_group(pattern: Tensor, groups: list[tuple[slice, int]],
+             reduce: Callable[[Tensor, slice, int], Tensor]) -> Tensor:
     """``(batch, head, pos, …)``: ``reduce(block, items, pos)`` of each length group's block
     ``pattern[items, :, :pos, :pos]`` side by side, 0 past each group's ``pos``.
 
