@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["GROUP_COST", "PaddingStats", "length_groups", "naive_batches", "padding_stats", "plan_batches"]
 
 # What one more group costs a reader of the patterns, in pattern entries per head (pos² of one item):
@@ -130,15 +132,14 @@ def length_groups(lengths: Sequence[int], *, group_cost: int | None = None) -> l
     if bad:
         raise ValueError(f"items have no token: (index, length) {bad[:5]}")
     n = len(lengths)
-    best = [0] + [0] * n  # best[e]: the least cost of items 0 … e − 1
+    sizes = np.asarray(lengths, dtype=np.int64)
+    best = np.zeros(n + 1, dtype=np.int64)  # best[e]: the least cost of items 0 … e − 1
     start = [0] * (n + 1)  # start[e]: where the last run of that best cut begins
-    for end in range(1, n + 1):
-        longest, best[end] = 0, -1
-        for first in range(end - 1, -1, -1):
-            longest = max(longest, lengths[first])
-            cost = best[first] + group_cost + (end - first) * longest * longest
-            if best[end] < 0 or cost <= best[end]:  # on a tie the longer last run: fewer runs
-                best[end], start[end] = cost, first
+    for end in range(1, n + 1):  # every start of the last run at once: its longest item is a suffix maximum
+        longest = np.maximum.accumulate(sizes[end - 1::-1])[::-1]  # (end,): max of lengths[first:end]
+        cost = best[:end] + group_cost + (end - np.arange(end)) * longest * longest
+        start[end] = int(np.argmin(cost))  # on a tie the earliest start, the longer last run: fewer runs
+        best[end] = cost[start[end]]
     runs, end = [], n
     while end:
         first = start[end]
