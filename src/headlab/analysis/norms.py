@@ -117,6 +117,11 @@ class ValueProjections:
         self.factors = {layer: f.float() for layer, f in compact.items()}
         self.key = ("value reductions", digest.hexdigest())
 
+    @classmethod
+    def of(cls, W_O: Mapping[int, Tensor] | ValueProjections) -> ValueProjections:  # noqa: N803
+        """``W_O`` itself when it is already a ``ValueProjections``, else its ``ValueProjections``."""
+        return W_O if isinstance(W_O, ValueProjections) else cls(W_O)
+
     def norms(self, layer: int, taken: LayerCapture, *, fix: str) -> Tensor:
         """``(batch, head, key_pos)`` float32: ``‖f_h(x_j)‖`` of one captured layer's heads.
 
@@ -272,7 +277,7 @@ class ValueWeighted(HeadSums):
 
     def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:  # noqa: N803
         super().__init__()
-        self.projections = W_O if isinstance(W_O, ValueProjections) else ValueProjections(W_O)
+        self.projections = ValueProjections.of(W_O)
 
     @classmethod
     def from_model(cls, model: Any) -> ValueWeighted:

@@ -127,7 +127,7 @@ class SinkShare(HeadSums):
         if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"edges={edges}; expected increasing positions starting at 0")
         self.n_sink, self.edges = n_sink, edges
-        self.projections = W_O if W_O is None or isinstance(W_O, ValueProjections) else ValueProjections(W_O)
+        self.projections = None if W_O is None else ValueProjections.of(W_O)
 
     @classmethod
     def from_model(cls, model: Any, *, n_sink: int | None = None, weighted: bool = True,

@@ -330,8 +330,10 @@ def streaming_simulation(model: LoadedModel, *, corpus: Any = None, windows: Seq
         stats.update(batch)
     z_change, loss_change, base, all_heads = stats.changes()
     heads, columns, conversions = stats.heads, {}, []
+    # an encoder's loss compares with the unrestricted model's embeddings: one forward per batch for every window
+    references = [None if stats.causal else stats.loss_sum(b, None)[1] for b in batches]
     for w, window in enumerate(stats.windows):
-        conversion = _convert(stats, batches, window, loss_change[w], budget)
+        conversion = _convert(stats, batches, references, window, loss_change[w], budget)
         conversions.append(conversion)
         chosen = set(conversion.heads)
         columns[f"z_change_w{window}"] = z_change[w]
@@ -344,12 +346,12 @@ def streaming_simulation(model: LoadedModel, *, corpus: Any = None, windows: Seq
                            [float(x) for x in all_heads], conversions, texts, length, time.perf_counter() - start)
 
 
-def _convert(stats: StreamingStats, batches: list[dict[str, Tensor]], window: int, loss_change: np.ndarray,
-             budget: float) -> Conversion:
-    """The largest cheapest-first prefix of the tolerant heads whose combined loss change is within ``budget``."""
+def _convert(stats: StreamingStats, batches: list[dict[str, Tensor]], references: list[Tensor | None], window: int,
+             loss_change: np.ndarray, budget: float) -> Conversion:
+    """The largest cheapest-first prefix of the tolerant heads whose combined loss change is within ``budget``
+    (``references``: each batch's unrestricted embeddings for an encoder, None for a causal model)."""
     heads = stats.heads
     order = [heads[i] for i in np.argsort(loss_change, kind="stable") if loss_change[i] <= budget]
-    references = [None if stats.causal else stats.loss_sum(b, None)[1] for b in batches]
     measured: dict[int, float] = {0: 0.0}
 
     def combined(k: int) -> float:
