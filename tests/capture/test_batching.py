@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headlab.capture import length_groups, naive_batches, padding_stats, plan_batches
+from headlab.capture import batch_cost, length_groups, naive_batches, padding_stats, plan_batches
 
 lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=200)
 bound_st = st.one_of(st.none(), st.integers(1, 2000))
@@ -27,12 +27,46 @@ def test_every_item_exactly_once_and_bounds_hold(lengths, batch_tokens, max_batc
     assert padding_stats(lengths, batches).ratio <= padding_stats(lengths, [flat]).ratio + 1e-12
 
 
+def _plan_cost(lengths, batches):
+    return sum(batch_cost(len(b), max(lengths[i] for i in b)) for b in batches)
+
+
 @given(lengths=lengths_st, size=st.integers(1, 50))
-def test_sorted_batches_never_pad_more_than_corpus_order(lengths, size):
-    """With the same batch size, sorting by length pads at most as much as corpus order."""
+def test_planned_batches_never_cost_more_than_corpus_order(lengths, size):
+    """With the same batch size, the plan costs at most what corpus order does (and pads far less in practice)."""
     planned = plan_batches(lengths, batch_tokens=None, max_batch_size=size)
     naive = naive_batches(len(lengths), batch_size=size)
-    assert padding_stats(lengths, planned).padded_tokens <= padding_stats(lengths, naive).padded_tokens
+    assert _plan_cost(lengths, planned) <= _plan_cost(lengths, naive)
+
+
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=8), batch_tokens=st.one_of(st.none(), st.integers(1, 120)),
+       max_batch_size=st.one_of(st.none(), st.integers(1, 5)))
+def test_plan_is_the_least_cost_cut_of_the_sorted_items(lengths, batch_tokens, max_batch_size):
+    if batch_tokens is None and max_batch_size is None:
+        max_batch_size = 3
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches = plan_batches(lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+
+    def allowed(start, stop):
+        size, pos = stop - start, lengths[order[start]]
+        return size == 1 or ((max_batch_size is None or size <= max_batch_size)
+                             and (batch_tokens is None or size * pos <= batch_tokens))
+
+    least = min(_plan_cost(lengths, [order[a:b] for a, b in runs]) for runs in _partitions(len(lengths))
+                if all(allowed(a, b) for a, b in runs))  # brute force over every cut that keeps the bounds
+    assert _plan_cost(lengths, batches) == least
+
+
+@given(lengths=lengths_st, bounds=st.sampled_from([(4096, 64), (300, None), (None, 7), (1000, 16)]), data=st.data())
+def test_a_run_of_a_plans_batches_re_plans_to_itself(lengths, bounds, data):
+    """What a Ray worker relies on: the items of any run of consecutive batches, planned alone, give those batches."""
+    batch_tokens, max_batch_size = bounds
+    batches = plan_batches(lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    start = data.draw(st.integers(0, len(batches) - 1))
+    stop = data.draw(st.integers(start + 1, len(batches)))
+    items = sorted(i for b in batches[start:stop] for i in b)
+    local = plan_batches([lengths[i] for i in items], batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    assert [[items[i] for i in b] for b in local] == batches[start:stop]
 
 
 def test_budget_packs_short_items_together():
@@ -40,6 +74,17 @@ def test_budget_packs_short_items_together():
     batches = plan_batches(lengths, batch_tokens=40, max_batch_size=None)
     assert batches == [[8], [0, 1, 2, 3], [4, 5, 6, 7]]
     assert padding_stats(lengths, batches).ratio == 1.0
+
+
+def test_a_long_item_gets_its_own_batch_rather_than_padding_the_short_ones():
+    lengths = [10] * 9 + [100]  # all ten fit the budget together, padded to 100: 900 tokens of padding
+    assert plan_batches(lengths, batch_tokens=1000, max_batch_size=None) == [[9], list(range(9))]
+    assert batch_cost(1, 100) + batch_cost(9, 10) < batch_cost(10, 100)
+
+
+def test_tiny_items_share_a_batch_rather_than_pay_one_forward_each():
+    lengths = [3, 2, 2, 2]  # one batch pads 4 tokens; three batches would cost two more fixed costs
+    assert plan_batches(lengths, batch_tokens=None, max_batch_size=4) == [[0, 1, 2, 3]]
 
 
 def test_padding_stats_by_hand():

@@ -16,7 +16,7 @@ selected heads' tensors handed to consumers).
 
 from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.cache import Cache, run_with_cache
-from headlab.capture.batching import PaddingStats, length_groups, naive_batches, padding_stats, plan_batches
+from headlab.capture.batching import PaddingStats, batch_cost, length_groups, naive_batches, padding_stats, plan_batches
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.distributed import RayEngine, Shard, ShardError, ShardedCapture, plan_shards, sharded_capture
 from headlab.capture.encoding import TokenizedCorpus, tokenize_corpus
@@ -31,7 +31,7 @@ from headlab.capture.words import (
 __all__ = [
     "Cache", "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "MeanZ", "PaddingStats",
     "RayEngine", "Shard", "ShardError", "ShardedCapture", "TokenizedCorpus", "TruncationWarning", "WordMap",
-    "batch_word_ids_from_spans", "capture", "collate", "length_groups", "load_corpus", "mean_z", "model_max_length",
+    "batch_cost", "batch_word_ids_from_spans", "capture", "collate", "length_groups", "load_corpus", "mean_z", "model_max_length",
     "naive_batches", "padding_stats", "pattern_to_words", "plan_batches", "plan_shards", "run_with_cache",
     "sharded_capture", "tapped", "tokenize_corpus", "unit_labels", "whitespace_spans", "word_ids_from_spans",
     "word_units",

@@ -3,9 +3,10 @@
 A shard is a contiguous run of the whole corpus's ``plan_batches`` batches (longest first).
 A worker that re-plans the shard's items (in corpus order, with the same bounds) gets exactly
 those batches: the sort by (length desc, index) restricted to the shard is a contiguous piece
-of the whole sort, and the greedy fill starts at a batch boundary. Every batch, and so every
-float computed from it, is the one a single-process ``capture`` computes; only the order of the
-float64 additions that merge the shards differs.
+of the whole sort, and a least-cost plan restricted to a run of its batches is that run's own
+least-cost plan (``plan_batches``: exact int costs, ties broken the same way). Every batch, and so
+every float computed from it, is the one a single-process ``capture`` computes; only the order of
+the float64 additions that merge the shards differs.
 
 ``ShardWorker`` is what runs on a Ray worker. This module imports no Ray: the driver wraps the
 class with ``ray.remote`` and Ray ships it by reference (each worker imports this module from its
@@ -26,12 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from headlab.capture.batching import plan_batches
+from headlab.capture.batching import batch_cost, plan_batches
 
-__all__ = ["POS_WEIGHT", "ModelPlan", "Shard", "ShardOutput", "ShardWorker", "model_fingerprint", "peak_rss_bytes",
+__all__ = ["ModelPlan", "Shard", "ShardOutput", "ShardWorker", "model_fingerprint", "peak_rss_bytes",
            "plan_shards"]
-
-POS_WEIGHT = 128  # MiniLM, 1 thread: a batch's time ≈ padded tokens × (1 + pos / POS_WEIGHT)
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def plan_shards(lengths: Sequence[int], *, shards: int, batch_tokens: int | None
         raise ValueError(f"shards={shards!r}; expected a positive int")
     batches = plan_batches(lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
     padded = [len(b) * lengths[b[0]] for b in batches]  # longest first: the first item sets pos
-    cost = [p * (1 + lengths[b[0]] / POS_WEIGHT) for p, b in zip(padded, batches)]
+    cost = [batch_cost(len(b), lengths[b[0]]) for b in batches]
     prefix = [0.0]
     for c in cost:
         prefix.append(prefix[-1] + c)

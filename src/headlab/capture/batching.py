@@ -1,9 +1,11 @@
-"""Length-bucketed batches: sort items by length, fill each batch up to a token budget.
+"""Length-bucketed batches: sort items by length, cut the sorted run into batches of least cost.
 
 Axis legend: ``batch`` items in a batch, ``pos`` the batch's padded length (its longest item).
 
-A batch costs about ``batch × pos`` tokens of compute (``batch × pos²`` per head for
-patterns), so grouping items of similar length keeps the padding, and the waste, small.
+A batch costs about ``batch × pos`` tokens of compute (``batch × pos²`` per head for patterns)
+and a fixed cost however small it is (``batch_cost``): ``plan_batches`` cuts the items, sorted
+by length, where the sum of those costs is least, so the padding stays small without a flood of
+tiny batches.
 
 The forward wants large batches (the dense layers run on ``batch × pos`` tokens at once), but what
 reads each pattern after it (the analysis accumulators) pays ``pos²`` per item: ``length_groups``
@@ -17,23 +19,45 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GROUP_COST", "PaddingStats", "length_groups", "naive_batches", "padding_stats", "plan_batches"]
+__all__ = [
+    "BATCH_COST", "GROUP_COST", "POS_WEIGHT", "PaddingStats", "batch_cost", "length_groups", "naive_batches",
+    "padding_stats", "plan_batches",
+]
 
+# The forward's cost model, measured with the default model capturing every pattern on this project's
+# 2-core CPU (median of 7 rounds): a batch of `batch` items padded to `pos` takes about
+# batch · pos · (1 + pos / POS_WEIGHT) tokens' time, plus BATCH_COST tokens' time however small it is.
+# - 512 tokens as 1 × 512 took 1.6× (2 threads) and 1.7× (1 thread) the time of 8 × 64: the pos² work of
+#   attention, POS_WEIGHT ≈ 1000 and ≈ 600.
+# - 64 batches of 8 tokens took 9× the time of one batch of 64 × 8: 17 ms (~66 tokens) per forward. The
+#   analysis accumulators add 25–40 ms per batch whatever its size, so a batch's fixed cost is set to 256.
+POS_WEIGHT = 512
+BATCH_COST = 256
 # What one more group costs a reader of the patterns, in pattern entries per head (pos² of one item):
 # each reduction runs once more per group and layer, ~0.3 ms for the analysis accumulators on this
 # project's 2-core CPU, the time they take to read ~16k entries of each of 12 heads.
 GROUP_COST = 128 * 128
 
 
+def batch_cost(items: int, pos: int) -> int:
+    """A batch's cost in the forward's cost model, in units of ``1 / POS_WEIGHT`` token:
+    ``items · pos · (POS_WEIGHT + pos) + BATCH_COST · POS_WEIGHT`` (an int, so plans compare exactly)."""
+    return items * pos * (POS_WEIGHT + pos) + BATCH_COST * POS_WEIGHT
+
+
 def plan_batches(
     lengths: Sequence[int], *, batch_tokens: int | None = 4096, max_batch_size: int | None = 64,
 ) -> list[list[int]]:
-    """Group items into batches of similar length, longest first.
+    """Group items into batches of similar length, longest first, of least total ``batch_cost``.
 
-    Items are sorted by decreasing length (ties by index), and each batch takes the next items
-    while ``len(batch) × its longest length ≤ batch_tokens`` and ``len(batch) ≤ max_batch_size``.
-    An item longer than ``batch_tokens`` gets a batch of its own. Longest first means the
-    largest batch (the memory peak) comes first, so a budget that is too large fails at once.
+    Items are sorted by decreasing length (ties by index), and the sorted run is cut into batches
+    where the sum of ``batch_cost`` is least, by dynamic programming over the cut points (exact). A
+    batch takes at most ``max_batch_size`` items, and ``len(batch) × its longest length ≤ batch_tokens``;
+    an item longer than ``batch_tokens`` gets a batch of its own. Longest first means the largest
+    batch (the memory peak) comes early, so a budget that is too large fails at once.
+
+    A plan restricted to a run of its batches is that run's own plan (``plan_shards`` relies on it):
+    the costs are ints and, of equally cheap cuts, the one that closes the first batch earliest wins.
 
     Args:
         lengths: each item's length in pieces, in corpus order.
@@ -55,18 +79,22 @@ def plan_batches(
     if bad:
         raise ValueError(f"items have no token: (index, length) {bad[:5]}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    for i in order:
-        pos = lengths[batch[0]] if batch else lengths[i]  # longest first: the first item sets the padding
-        fits_tokens = batch_tokens is None or (len(batch) + 1) * pos <= batch_tokens
-        fits_size = max_batch_size is None or len(batch) < max_batch_size
-        if batch and not (fits_tokens and fits_size):
-            batches.append(batch)
-            batch = []
-        batch.append(i)
-    if batch:
-        batches.append(batch)
+    n = len(order)
+    best = np.zeros(n + 1, dtype=np.int64)  # best[i]: the least cost of the sorted items i … n − 1
+    end = np.zeros(n, dtype=np.int64)  # end[i]: where the first batch of that cut ends
+    for i in range(n - 1, -1, -1):  # the batch starting at item i: its first item is its longest
+        pos = lengths[order[i]]
+        most = n - i if max_batch_size is None else min(n - i, max_batch_size)
+        if batch_tokens is not None:
+            most = max(1, min(most, batch_tokens // pos))
+        cost = batch_cost(np.arange(1, most + 1, dtype=np.int64), pos) + best[i + 1:i + most + 1]
+        first = int(np.argmin(cost))  # on a tie the smallest batch
+        best[i] = cost[first]
+        end[i] = i + first + 1
+    batches, i = [], 0
+    while i < n:
+        batches.append(order[i:end[i]])
+        i = int(end[i])
     return batches
 
 

@@ -13,8 +13,9 @@ running cluster. A Ray already initialised in this process is used as it is.
 How a run goes:
 1. One worker tokenizes the corpus as ``capture`` would and the driver plans capture's
    length-bucketed batches (``plan_batches``) for the whole corpus. A shard is a contiguous run
-   of those batches (longest first), shards balanced by padded tokens weighed by
-   ``1 + pos / POS_WEIGHT`` (a batch's attention work grows with pos²). A worker re-plans its
+   of those batches (longest first), shards balanced by the batches' ``batch_cost`` (padded tokens
+   weighed by ``1 + pos / POS_WEIGHT``, a batch's attention work grows with pos², and a fixed cost per
+   batch). A worker re-plans its
    shard's items into exactly those batches (checked), so every batch, and every number computed
    from it, is the one a single-process ``capture`` computes.
 2. Each worker (a Ray actor of ``threads_per_worker`` CPUs, torch limited to as many threads)
