@@ -228,9 +228,9 @@ def test_the_accumulators_pickle_and_take_a_shards_offsets():
     from headlab.analysis.analyze import AnalysisAccumulators
 
     factory = pickle.loads(pickle.dumps(AnalysisAccumulators(causal=True, parses=["p0", "p1", "p2"],
-                                                             rows_per_batch=8)))
+                                                             row_fraction=0.25)))
     surface, taxonomy, similarity, syntax = factory(_Shard())
-    assert similarity.batches_seen == 3 and similarity.rows_per_batch == 8 and syntax.parses == ["p0", "p2"]
+    assert similarity.batches_seen == 3 and similarity.row_fraction == 0.25 and syntax.parses == ["p0", "p2"]
     assert surface.causal and taxonomy.causal
     whole = factory()  # the local engine: the whole corpus
     assert whole[2].batches_seen == 0 and whole[3].parses == ["p0", "p1", "p2"]

@@ -159,12 +159,47 @@ def test_row_sample_is_reproducible_and_close_to_every_row():
 
     texts = ["The cat sat on the mat, and the dog watched it from the door.",
              "Attention heads learn different things when their weights start apart."] * 3
-    full, sampled, again = HeadSimilarity(), HeadSimilarity(rows_per_batch=16), HeadSimilarity(rows_per_batch=16)
+    full, sampled, again = HeadSimilarity(), HeadSimilarity(row_fraction=0.15), HeadSimilarity(row_fraction=0.15)
     for acc in (full, sampled, again):
         capture(minilm(), corpus=texts, heads=Heads(layers=[0, 1]), consumers=[acc], progress=False)
-    assert sampled.result().rows < full.result().rows
+    assert sampled.result().rows == full.result().rows == full.result().sampled  # every real row, stood for
+    assert sampled.result().sampled < full.result().rows
     np.testing.assert_array_equal(sampled.result().distances, again.result().distances)
     error = np.abs(sampled.result().distances - full.result().distances)
-    assert error.mean() < 0.03 and error.max() < 0.15  # 16 rows: a sampling error, not a bias
-    with pytest.raises(ValueError, match="rows_per_batch=0"):
-        HeadSimilarity(rows_per_batch=0)
+    assert error.mean() < 0.03 and error.max() < 0.15  # ~16 rows: a sampling error, not a bias
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.5, True, "0.1"])
+def test_row_fraction_outside_0_1_is_refused(bad):
+    with pytest.raises(ValueError, match=f"row_fraction={bad!r}"):
+        HeadSimilarity(row_fraction=bad)
+
+
+def _one_item_batch(length: int) -> CaptureBatch:
+    """One item of ``length`` real tokens; head 0 attends to the first key only, head 1 to every key alike:
+    every row has the same distance, which depends on the length."""
+    first = torch.zeros(1, 1, length, length)
+    first[..., 0] = 1.0
+    uniform = torch.full((1, 1, length, length), 1.0 / length)
+    ids = torch.zeros(1, length, dtype=torch.long)
+    return CaptureBatch(
+        input_ids=ids, attention_mask=ids + 1, lengths=torch.tensor([length]), offsets=torch.zeros(1, length, 2),
+        word_ids=ids - 1, special_tokens_mask=ids.bool(), corpus_indices=torch.arange(1),
+        truncated=torch.zeros(1, dtype=torch.bool), texts=[""], tokens=[[]],
+        layers={0: LayerCapture(layer=0, heads=(0, 1), pattern=torch.cat([first, uniform], dim=1))},
+    )
+
+
+def test_a_sample_stands_for_every_row_of_its_batch():
+    """6 rows at one distance and 4 at another: ⌈0.25 · 6⌉ = 2 and ⌈0.25 · 4⌉ = 1 rows read, yet the mean is
+    (6 d₆ + 4 d₄) / 10, that of every row; counting each read row once would give (2 d₆ + d₄) / 3."""
+    batches = [_one_item_batch(6), _one_item_batch(4)]
+    sampled = HeadSimilarity(row_fraction=0.25)
+    for batch in batches:
+        sampled.update(batch)
+    d = {n: float(js_distance(torch.eye(n)[0].double(), torch.full((n,), 1.0 / n, dtype=torch.float64)))
+         for n in (6, 4)}
+    result = sampled.result()
+    assert (result.rows, result.sampled) == (10, 3)
+    assert result.distances[0, 1] == pytest.approx((6 * d[6] + 4 * d[4]) / 10, rel=1e-6)
+    assert result.distances[0, 1] == pytest.approx(slow_matrix(batches)[0, 1], rel=1e-6)

@@ -17,7 +17,7 @@ from tests.capture.minilm import minilm
 def test_max_difference_is_zero_for_equal_runs_and_sees_one_more_item():
     from headlab.capture import capture
 
-    factory = AnalysisAccumulators(causal=False, rows_per_batch=4)
+    factory = AnalysisAccumulators(causal=False, row_fraction=0.05)
     texts = ["The cat sat on the mat.", "A dog ran."]
     loaded = minilm()
     runs = []

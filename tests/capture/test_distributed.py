@@ -117,7 +117,7 @@ def engine(ray_local, checkpoint):
 
 def accumulators(shard):
     """Every accumulator kind; the similarity sample is seeded per batch of the whole corpus."""
-    similarity = HeadSimilarity(rows_per_batch=3)
+    similarity = HeadSimilarity(row_fraction=0.1)
     similarity.batches_seen = shard.first_batch
     return [SurfaceStats(), TaxonomyStats(), similarity, MeanZ()]
 

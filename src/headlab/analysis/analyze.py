@@ -54,7 +54,7 @@ RETRIEVAL_METRIC = "pair-retrieval accuracy"
 LM_METRIC = "next-token loss"
 METRIC_FORMATS = {FIDELITY_METRIC: "{:.3f}", RETRIEVAL_METRIC: "{:.0%}", LM_METRIC: "{:.2f} nats"}
 PROBE_LENGTH = 32  # tokens in each repeated half of the causal probes (fewer when the model is shorter)
-SIMILARITY_ROWS_PER_BATCH = 32
+SIMILARITY_ROW_FRACTION = 0.02  # similarity reads this share of each batch's real query rows
 ENGINES = ("local", "ray")  # where the capture pass runs: this process, or Ray workers
 TABLE_RELATIONS = 12  # dependency relations shown in tables (most frequent first); the headline picks among them
 
@@ -249,7 +249,7 @@ class AnalysisAccumulators:
         causal: the model's attention is causal (``is_causal``).
         parses: syntax's parse of every corpus item, in corpus order, made on the driver (spaCy never
             runs on a worker); None: no syntax accumulator.
-        rows_per_batch: similarity's sample of query rows per batch.
+        row_fraction: similarity's sample, a share of each batch's real query rows (``HeadSimilarity``).
         W_O: ``{layer: (n_heads, d_head_v, d_model)}`` (``headlab.analysis.norms.out_projections``) to add
             value-weighted attention and the sink share by position; None: neither. Kept (and shipped
             to Ray workers) as their ``ValueProjections``: the same norms, d_head_v wide, shared by both.
@@ -266,14 +266,14 @@ class AnalysisAccumulators:
     """
 
     def __init__(self, *, causal: bool, parses: list[Any] | None = None,
-                 rows_per_batch: int | None = SIMILARITY_ROWS_PER_BATCH,
+                 row_fraction: float | None = SIMILARITY_ROW_FRACTION,
                  W_O: dict[int, Any] | None = None) -> None:  # noqa: N803
-        self.causal, self.parses, self.rows_per_batch = causal, parses, rows_per_batch
+        self.causal, self.parses, self.row_fraction = causal, parses, row_fraction
         self.projections = None if W_O is None else ValueProjections(W_O)  # d_model / d_head_v times smaller
         self.what = ("pattern",) if W_O is None else ("pattern", "v")
 
     def __call__(self, shard: Shard | None = None) -> list[Any]:
-        similarity = HeadSimilarity(rows_per_batch=self.rows_per_batch)
+        similarity = HeadSimilarity(row_fraction=self.row_fraction)
         parts: list[Any] = [SurfaceStats(causal=self.causal), TaxonomyStats(causal=self.causal), similarity]
         if shard is not None:
             similarity.batches_seen = shard.first_batch
@@ -381,9 +381,9 @@ def analyze(
         projections = out_projections(model)
     except ValueError as err:  # no output projection that takes the heads' z: no value vectors to weigh
         skipped["value-weighted attention and sink share"] = str(err)
-    # Similarity from a sample of 32 query rows per batch: all head pairs on every row cost many
-    # times the forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
-    accumulators = AnalysisAccumulators(causal=causal, parses=parses, rows_per_batch=SIMILARITY_ROWS_PER_BATCH,
+    # Similarity from a sample of 2% of the query rows: all head pairs on every row cost many times the
+    # forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
+    accumulators = AnalysisAccumulators(causal=causal, parses=parses, row_fraction=SIMILARITY_ROW_FRACTION,
                                         W_O=projections)
     if engine == "ray":
         from headlab.capture.distributed import sharded_capture

@@ -65,15 +65,18 @@ class SimilarityResult:
     Attributes:
         distances: ``(n, n)`` float64, symmetric, zero diagonal.
         heads: ``(layer, head)`` of each row/column.
-        rows: real query rows averaged over (the same for every pair).
+        rows: real query rows the means stand for (the same for every pair): every real row seen.
+        sampled: of those, the rows read (``rows`` when every row was read).
     """
 
     distances: np.ndarray
     heads: list[tuple[int, int]]
     rows: int
+    sampled: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"heads": [list(h) for h in self.heads], "distances": self.distances.tolist(), "rows": self.rows}
+        return {"heads": [list(h) for h in self.heads], "distances": self.distances.tolist(), "rows": self.rows,
+                "sampled": self.sampled}
 
 
 class HeadSimilarity:
@@ -83,20 +86,25 @@ class HeadSimilarity:
     query rows are excluded through ``attention_mask``.
 
     Args:
-        rows_per_batch: average over a seeded uniform sample of at most this many real query
-            rows per batch (an unbiased estimate of the mean, at a fraction of the all-pairs
-            cost); None uses every row.
+        row_fraction: average over a seeded uniform sample of this share of each batch's real query rows
+            (rounded up: at least one row), at a fraction of the all-pairs cost; None uses every row. A
+            batch's sampled rows stand for all of its rows (each weighs its real rows over its sample), so
+            the estimate is an unbiased one of the mean over every real row whatever the batches.
         seed: seeds the sample; batch k draws with seed + k, so a run is reproducible.
+
+    Raises:
+        ValueError: ``row_fraction`` is not a number in (0, 1].
     """
 
-    def __init__(self, *, rows_per_batch: int | None = None, seed: int = 0) -> None:
-        if rows_per_batch is not None and (isinstance(rows_per_batch, bool) or not isinstance(rows_per_batch, int)
-                                           or rows_per_batch < 1):
-            raise ValueError(f"rows_per_batch={rows_per_batch!r} must be a positive int or None")
-        self.rows_per_batch, self.seed, self.batches_seen = rows_per_batch, seed, 0
+    def __init__(self, *, row_fraction: float | None = None, seed: int = 0) -> None:
+        if row_fraction is not None and (isinstance(row_fraction, bool) or not isinstance(row_fraction, (int, float))
+                                         or not 0 < row_fraction <= 1):
+            raise ValueError(f"row_fraction={row_fraction!r}; expected a number in (0, 1] or None")
+        self.row_fraction, self.seed, self.batches_seen = row_fraction, seed, 0
         self.heads: list[tuple[int, int]] | None = None
-        self.sums: np.ndarray | None = None  # (n, n) float64
-        self.counts: np.ndarray | None = None  # (n, n) float64: rows seen per pair
+        self.sums: np.ndarray | None = None  # (n, n) float64: Σ over sampled rows of weight × distance
+        self.counts: np.ndarray | None = None  # (n, n) float64: real rows seen per pair
+        self.sampled = 0  # rows read
         self._scratch = Scratch()
 
     def update(self, batch: CaptureBatch) -> None:
@@ -112,12 +120,13 @@ class HeadSimilarity:
         self._check_heads(heads)
         item, query = batch.attention_mask.bool().nonzero(as_tuple=True)  # the real query rows, in row-major order
         self.batches_seen += 1
-        if self.rows_per_batch is not None and len(item) > self.rows_per_batch:
-            generator = torch.Generator().manual_seed(self.seed + self.batches_seen)
-            pick = torch.randperm(len(item), generator=generator)[: self.rows_per_batch].to(item.device)
-            item, query = item[pick], query[pick]
-        if len(item) == 0:
+        n_real = len(item)
+        if n_real == 0:
             return
+        if self.row_fraction is not None and math.ceil(self.row_fraction * n_real) < n_real:
+            generator = torch.Generator().manual_seed(self.seed + self.batches_seen)
+            pick = torch.randperm(n_real, generator=generator)[: math.ceil(self.row_fraction * n_real)]
+            item, query = item[pick.to(item.device)], query[pick.to(query.device)]
         # Only the rows used are read: each layer's (row, head, key_pos), then heads of every layer side by side.
         rows = torch.cat([p[item, :, query] for p in patterns], dim=1).transpose(0, 1).contiguous()  # (head, row, key)
         n, n_rows = rows.shape[0], rows.shape[1]
@@ -143,7 +152,8 @@ class HeadSimilarity:
             divergence = mixed - (entropy[a] + entropy[b]) / 2  # (pairs, row)
             sums[a.numpy(), b.numpy()] = divergence.clamp_min(0.0).sqrt().sum(-1).cpu().numpy()
         sums += sums.T
-        self._add(sums, np.full((n, n), float(n_rows)))
+        self.sampled += n_rows
+        self._add(sums * (n_real / n_rows), np.full((n, n), float(n_real)))  # the sample stands for every real row
 
     def merge(self, other: HeadSimilarity) -> HeadSimilarity:
         """Fold another accumulator's sums into this one; returns self."""
@@ -151,6 +161,7 @@ class HeadSimilarity:
             return self
         self._check_heads(other.heads)
         self._add(other.sums, other.counts)
+        self.sampled += other.sampled
         return self
 
     def result(self) -> SimilarityResult:
@@ -162,7 +173,8 @@ class HeadSimilarity:
         if self.heads is None or self.sums is None:
             raise ValueError("HeadSimilarity has seen no batch")
         distances = np.divide(self.sums, self.counts, out=np.zeros_like(self.sums), where=self.counts > 0)
-        return SimilarityResult(distances=distances, heads=list(self.heads), rows=int(self.counts.max()))
+        return SimilarityResult(distances=distances, heads=list(self.heads), rows=int(self.counts.max()),
+                                sampled=self.sampled)
 
     def _check_heads(self, heads: list[tuple[int, int]]) -> None:
         if self.heads is None:

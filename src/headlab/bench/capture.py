@@ -148,7 +148,7 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
         The "analysis" area; syntax is left out (with a note) when spaCy or its pipeline is missing.
     """
     from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
-    from headlab.analysis.analyze import SIMILARITY_ROWS_PER_BATCH, AnalysisAccumulators
+    from headlab.analysis.analyze import SIMILARITY_ROW_FRACTION, AnalysisAccumulators
     from headlab.analysis.norms import ValueWeighted, out_projections
     from headlab.analysis.sinks import SinkShare
     from headlab.analysis.surface import is_causal
@@ -168,8 +168,8 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
         "capture only": (lambda: [_Discard()], patterns),
         "surface statistics": (lambda: [SurfaceStats()], patterns),
         "taxonomy": (lambda: [TaxonomyStats()], patterns),
-        f"similarity ({SIMILARITY_ROWS_PER_BATCH} rows per batch)": (
-            lambda: [HeadSimilarity(rows_per_batch=SIMILARITY_ROWS_PER_BATCH)], patterns),
+        f"similarity ({SIMILARITY_ROW_FRACTION:.0%} of the rows)": (
+            lambda: [HeadSimilarity(row_fraction=SIMILARITY_ROW_FRACTION)], patterns),
         "value-weighted attention + sink share (v captured too)": (
             lambda: [ValueWeighted(projections), SinkShare(n_sink=n_sink, W_O=projections)], values),
     }

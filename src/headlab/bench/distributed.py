@@ -88,7 +88,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
     Returns:
         The "distributed" area; without Ray, or on CUDA, a note says why it did not run.
     """
-    from headlab.analysis.analyze import SIMILARITY_ROWS_PER_BATCH, AnalysisAccumulators
+    from headlab.analysis.analyze import SIMILARITY_ROW_FRACTION, AnalysisAccumulators
     from headlab.analysis.norms import out_projections
     from headlab.analysis.surface import is_causal
     from headlab.capture import capture, load_corpus
@@ -108,7 +108,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     texts = list(load_corpus().texts)[: plan.analysis_items]
     factory = AnalysisAccumulators(causal=is_causal(loaded), parses=_parses(texts, area),
-                                   rows_per_batch=SIMILARITY_ROWS_PER_BATCH, W_O=out_projections(loaded))
+                                   row_fraction=SIMILARITY_ROW_FRACTION, W_O=out_projections(loaded))
     tick("distributed: starting Ray workers")
     with RayEngine(None, workers=2) as engine:  # a local Ray of 2 CPUs unless one is running
         runs: dict[str, Any] = {}
