@@ -381,7 +381,7 @@ def analyze(
         projections = out_projections(model)
     except ValueError as err:  # no output projection that takes the heads' z: no value vectors to weigh
         skipped["value-weighted attention and sink share"] = str(err)
-    # Similarity from a sample of 2% of the query rows: all head pairs on every row cost many times the
+    # Similarity from a sample of each batch's query rows: all head pairs on every row cost many times the
     # forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
     accumulators = AnalysisAccumulators(causal=causal, parses=parses, row_fraction=SIMILARITY_ROW_FRACTION,
                                         W_O=projections)

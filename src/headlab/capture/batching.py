@@ -41,7 +41,8 @@ GROUP_COST = 128 * 128
 
 def batch_cost(items: int, pos: int) -> int:
     """A batch's cost in the forward's cost model, in units of ``1 / POS_WEIGHT`` token:
-    ``items · pos · (POS_WEIGHT + pos) + BATCH_COST · POS_WEIGHT`` (an int, so plans compare exactly)."""
+    ``items · pos · (POS_WEIGHT + pos) + BATCH_COST · POS_WEIGHT`` (an int, so plans compare exactly;
+    ``items`` may be a numpy array of counts, one cost each)."""
     return items * pos * (POS_WEIGHT + pos) + BATCH_COST * POS_WEIGHT
 
 
@@ -53,8 +54,9 @@ def plan_batches(
     Items are sorted by decreasing length (ties by index), and the sorted run is cut into batches
     where the sum of ``batch_cost`` is least, by dynamic programming over the cut points (exact). A
     batch takes at most ``max_batch_size`` items, and ``len(batch) × its longest length ≤ batch_tokens``;
-    an item longer than ``batch_tokens`` gets a batch of its own. Longest first means the largest
-    batch (the memory peak) comes early, so a budget that is too large fails at once.
+    an item longer than ``batch_tokens`` gets a batch of its own. Longest first means the batches with
+    the largest patterns (``batch × pos²`` ≤ ``batch_tokens × pos`` per head) come first, so a budget
+    too large for memory fails early.
 
     A plan restricted to a run of its batches is that run's own plan (``plan_shards`` relies on it):
     the costs are ints and, of equally cheap cuts, the one that closes the first batch earliest wins.
