@@ -39,8 +39,8 @@ def test_planned_batches_never_cost_more_than_corpus_order(lengths, size):
     assert _plan_cost(lengths, planned) <= _plan_cost(lengths, naive)
 
 
-@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=8), batch_tokens=st.one_of(st.none(), st.integers(1, 120)),
-       max_batch_size=st.one_of(st.none(), st.integers(1, 5)))
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+       batch_tokens=st.one_of(st.none(), st.integers(1, 120)), max_batch_size=st.one_of(st.none(), st.integers(1, 5)))
 def test_plan_is_the_least_cost_cut_of_the_sorted_items(lengths, batch_tokens, max_batch_size):
     if batch_tokens is None and max_batch_size is None:
         max_batch_size = 3

@@ -123,10 +123,11 @@ class HeadSimilarity:
         n_real = len(item)
         if n_real == 0:
             return
-        if self.row_fraction is not None and math.ceil(self.row_fraction * n_real) < n_real:
+        n_read = n_real if self.row_fraction is None else math.ceil(self.row_fraction * n_real)
+        if n_read < n_real:
             generator = torch.Generator().manual_seed(self.seed + self.batches_seen)
-            pick = torch.randperm(n_real, generator=generator)[: math.ceil(self.row_fraction * n_real)]
-            item, query = item[pick.to(item.device)], query[pick.to(query.device)]
+            pick = torch.randperm(n_real, generator=generator)[:n_read].to(item.device)
+            item, query = item[pick], query[pick]
         # Only the rows used are read: each layer's (row, head, key_pos), then heads of every layer side by side.
         rows = torch.cat([p[item, :, query] for p in patterns], dim=1).transpose(0, 1).contiguous()  # (head, row, key)
         n, n_rows = rows.shape[0], rows.shape[1]

@@ -31,8 +31,8 @@ from headlab.capture.words import (
 __all__ = [
     "Cache", "CaptureBatch", "CaptureResult", "Consumer", "Corpus", "LayerCapture", "MeanZ", "PaddingStats",
     "RayEngine", "Shard", "ShardError", "ShardedCapture", "TokenizedCorpus", "TruncationWarning", "WordMap",
-    "batch_cost", "batch_word_ids_from_spans", "capture", "collate", "length_groups", "load_corpus", "mean_z", "model_max_length",
-    "naive_batches", "padding_stats", "pattern_to_words", "plan_batches", "plan_shards", "run_with_cache",
-    "sharded_capture", "tapped", "tokenize_corpus", "unit_labels", "whitespace_spans", "word_ids_from_spans",
-    "word_units",
+    "batch_cost", "batch_word_ids_from_spans", "capture", "collate", "length_groups", "load_corpus", "mean_z",
+    "model_max_length", "naive_batches", "padding_stats", "pattern_to_words", "plan_batches", "plan_shards",
+    "run_with_cache", "sharded_capture", "tapped", "tokenize_corpus", "unit_labels", "whitespace_spans",
+    "word_ids_from_spans", "word_units",
 ]
