@@ -108,8 +108,8 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             layer_shapes=((8, 128), (1, 1024)) if quick else ((16, 128), (2, 1024), (1, 2048)),
             gqa_kv_heads=(4, 1), gqa_shape=(1, 1024) if quick else (2, 1024), decode_context=256 if quick else 512,
             decode_steps=16, rounds=3 if quick else 7, min_block_s=0.05 if quick else 0.2,
-            corpus_items=48 if quick else None, capture_rounds=2 if quick else 3, hf_batch_size=32,
-            analysis_items=32 if quick else None, analysis_rounds=1 if quick else 3,
+            corpus_items=48 if quick else None, capture_rounds=2 if quick else 5, hf_batch_size=32,
+            analysis_items=32 if quick else None, analysis_rounds=1 if quick else 5,
             importance_pairs=16 if quick else None, matmul_size=1024 if quick else 2048, copy_mib=64 if quick else 256,
             causal_shape=(2, 512) if quick else (4, 512),
         )
