@@ -104,6 +104,23 @@ def test_output_attentions_equal_transformers_eager_weights(name):
         assert float((g - e).abs().masked_fill(~real, 0).max()) < 1e-5, layer
 
 
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_in_bfloat16_output_attentions_equal_transformers_eager_to_the_bit(name):
+    # In 16-bit dtypes the order of the scaling matters: scaling the query instead of q kᵀ moved these
+    # outputs by up to 0.17, more than bfloat16's rounding (the GPU bench runs bfloat16).
+    ids, mask = _inputs(name)
+    with torch.no_grad():
+        expected = built(name).to(torch.bfloat16)(input_ids=ids, attention_mask=mask, output_attentions=True)
+        got = headlab.attach(built(name).to(torch.bfloat16))(input_ids=ids, attention_mask=mask,
+                                                             output_attentions=True)
+    real = (mask[:, None, :, None] * mask[:, None, None, :]).bool()
+    for layer, (g, e) in enumerate(zip(got.attentions, expected.attentions)):
+        assert g.dtype == e.dtype == torch.bfloat16, layer
+        assert torch.equal(g.masked_fill(~real, 0), e.masked_fill(~real, 0)), layer
+    tokens = mask.bool()
+    assert torch.equal(first_output(got)[tokens], first_output(expected)[tokens])
+
+
 # --- c. tapped heads against an explicit float64 computation --------------------------------------------------------
 #
 # The reference model is the same tiny model in float64 whose attention is ``reference_calls``'s:

@@ -201,10 +201,10 @@ def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: f
     """softmax(q kᵀ · scaling, soft-capped, + mask) over key_pos, in float32 (or float64), cast to query's dtype.
 
     The order and precision of transformers' eager functions (Gemma 2's soft-capping before
-    the mask; the softmax upcast to float32), except that the scaling multiplies the query
-    (rounding differs in the last bit) and float64 stays float64: cast to
-    float32, a padding row's mask (float64's most negative number) becomes -inf everywhere,
-    its softmax NaN, and 0 · NaN carries that into the real tokens of the next layer.
+    the mask; the softmax upcast to float32; in 16-bit dtypes the scaling after q kᵀ). In float32
+    the scaling multiplies the query (``_scores``; rounding differs in the last bit), and float64
+    stays float64: cast to float32, a padding row's mask (float64's most negative number) becomes
+    -inf everywhere, its softmax NaN, and 0 · NaN carries that into the real tokens of the next layer.
 
     Args:
         query: ``(batch, head, query_pos, d_head)``.
@@ -250,16 +250,24 @@ def reuse_pattern_memory() -> Iterator[None]:
 
 
 def _scores(query: Tensor, key: Tensor, scaling: float) -> Tensor:
-    """``(q · scaling) kᵀ``: ``(batch, head, query_pos, key_pos)``, in a pooled buffer where one is free."""
-    # Scaled on the query, not the scores: (query_pos × d_head) multiplies instead of (query_pos × key_pos).
-    query = query * scaling
+    """``q kᵀ · scaling``: ``(batch, head, query_pos, key_pos)``, in a pooled buffer where one is free.
+
+    In float32 and float64 the query is scaled, (query_pos × d_head) multiplies instead of (query_pos ×
+    key_pos); the rounding differs from transformers' order in the last bit. In 16-bit dtypes the scores
+    are scaled after the product, transformers' eager order: there each order rounds to ~0.4%, and over
+    a model's layers the other order moves hidden states by more than the dtype's own rounding.
+    """
+    low_precision = query.dtype.itemsize < 4
+    if not low_precision:
+        query = query * scaling
     shape = (*query.shape[:-1], key.shape[-2])
     out = None
     pool = getattr(_pattern_memory, "pool", None)
     if pool is not None and _POOL_ONLY is not None and torch.is_inference_mode_enabled() \
             and query.shape[:-2] == key.shape[:-2]:
         out = _pooled(pool, shape, query.dtype, query.device)
-    return torch.matmul(query, key.transpose(-1, -2), out=out)
+    scores = torch.matmul(query, key.transpose(-1, -2), out=out)
+    return scores.mul_(scaling) if low_precision else scores
 
 
 def _pooled(pool: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
