@@ -128,3 +128,44 @@ def test_an_out_file_that_cannot_be_updated_is_refused_before_the_run(tmp_path: 
     (tmp_path / "RESULTS.json").write_text('{"format": "something else"}')
     result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "RESULTS.md")])
     assert result.exit_code == 2 and "not a headlab bench results file" in _flat(result.output)
+
+
+def test_an_area_that_raises_is_recorded_and_the_other_areas_still_run(
+        tmp_path: Path, tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headlab.bench import Area
+
+    def broken(plan: Plan, tick: object) -> Area:
+        raise RuntimeError("the contenders disagree by 0.39")
+
+    def fine(plan: Plan, tick: object) -> Area:
+        return Area("fine", "Fine", "An area that runs.", notes=["ran"])
+
+    monkeypatch.setattr("headlab.bench.suite.plan_for", lambda device, quick: tiny_plan)
+    monkeypatch.setattr("headlab.bench.suite._OWN_AREAS", (("broken", "Broken", broken), ("fine", "Fine", fine)))
+    monkeypatch.setattr("headlab.bench.suite._MODEL_AREAS", ())
+    out = tmp_path / "RESULTS.md"
+    result = CliRunner().invoke(app, ["bench", "--quick", "--json", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert [a["name"] for a in document["areas"]] == ["broken", "fine"]
+    assert document["areas"][0]["error"] == "RuntimeError: the contenders disagree by 0.39"
+    assert document["areas"][1]["error"] is None and document["areas"][1]["notes"] == ["ran"]
+    assert document["failed"] == ["broken"]
+    assert "area broken failed: RuntimeError: the contenders disagree by 0.39" in _flat(result.stderr)
+    assert "Traceback" in result.stderr and 'raise RuntimeError("the contenders disagree by 0.39")' in result.stderr
+    text = out.read_text()
+    assert "Areas that failed, their goals not counted: broken." in text
+    assert "**Failed**: RuntimeError: the contenders disagree by 0.39" in text
+    stored = read_results(out)["cpu"]
+    assert [a.error for a in stored.areas] == ["RuntimeError: the contenders disagree by 0.39", None]
+
+
+def test_a_keyboard_interrupt_in_an_area_still_stops_the_run(tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headlab.bench.suite import run_plan
+
+    def interrupted(plan: Plan, tick: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("headlab.bench.suite._OWN_AREAS", (("interrupted", "Interrupted", interrupted),))
+    with pytest.raises(KeyboardInterrupt):
+        run_plan(tiny_plan, quick=True, progress=False)

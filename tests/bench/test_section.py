@@ -30,6 +30,13 @@ def test_a_run_shows_when_where_goals_and_every_row_escaped() -> None:
     assert "No GPU table" in html and 'href="bench.json"' in html
 
 
+def test_an_area_that_failed_shows_its_error_escaped() -> None:
+    run = _run()
+    run.areas[0].error = "RuntimeError: <a> & <b> disagree"
+    html = render_results({"cpu": run}, Path("/x/RESULTS.json"))
+    assert "<strong>Failed</strong>: RuntimeError: &lt;a&gt; &amp; &lt;b&gt; disagree" in html
+
+
 def test_find_results_takes_the_first_existing_path(tmp_path: Path) -> None:
     first, second = tmp_path / "a" / "RESULTS.json", tmp_path / "b" / "RESULTS.json"
     assert find_results([first, second]) is None

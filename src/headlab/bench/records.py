@@ -121,6 +121,8 @@ class Area:
         rows: the comparisons, in the order measured.
         notes: parts skipped and why, and findings worth stating.
         seconds: wall time of the area (set by the suite).
+        error: ``"ExceptionType: message"`` when the area raised (the suite went on with the next
+            one), else None.
     """
 
     name: str
@@ -129,18 +131,20 @@ class Area:
     rows: list[Comparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Returns: the fields as a JSON-ready dict."""
         return {"name": self.name, "title": self.title, "description": self.description,
-                "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes), "seconds": self.seconds}
+                "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes), "seconds": self.seconds,
+                "error": self.error}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Area:
         """The inverse of ``to_dict``."""
         return cls(name=data["name"], title=data["title"], description=data["description"],
                    rows=[Comparison.from_dict(r) for r in data["rows"]], notes=list(data["notes"]),
-                   seconds=float(data["seconds"]))
+                   seconds=float(data["seconds"]), error=data.get("error"))  # runs stored before errors lack it
 
 
 @dataclass
@@ -167,6 +171,10 @@ class SuiteResult:
     ceilings: Ceilings
     areas: list[Area]
 
+    def failed(self) -> list[Area]:
+        """The areas that raised (``Area.error``)."""
+        return [a for a in self.areas if a.error is not None]
+
     def goals(self) -> list[tuple[str, Comparison, bool]]:
         """``(area name, row, met)`` for every row that has a goal."""
         ceiling = self.ceilings.matmul_flops_per_s
@@ -180,6 +188,7 @@ class SuiteResult:
             "seconds": self.seconds, "machine": dict(self.machine), "ceilings": self.ceilings.to_dict(),
             "areas": [a.to_dict() for a in self.areas],
             "goals": {"met": sum(met for _, _, met in goals), "missed": sum(not met for _, _, met in goals)},
+            "failed": [a.name for a in self.failed()],
         }
 
     @classmethod

@@ -136,8 +136,13 @@ def _run_markdown(result: SuiteResult) -> list[str]:
     for area, row in missed:
         lines.append(f"- missed ({area}): {row.contender} vs {row.peer}, {row.case}: ratio {row.ratio:.3f} "
                      f"(goal {_goal(row)})")
+    failed = result.failed()
+    if failed:
+        lines += ["", f"Areas that failed, their goals not counted: {', '.join(a.name for a in failed)}."]
     for area in result.areas:
         lines += ["", f"### {area.title}", "", f"{area.description} Run time {area.seconds:.0f} s.", ""]
+        if area.error is not None:
+            lines += [f"**Failed**: {' '.join(area.error.split())}", ""]  # one line: a message may span several
         if area.rows:
             lines += _markdown_table(TABLE_HEADERS, table_rows(area, ceiling))
         notes = [note for note in (noise_note(area), *area.notes) if note]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -31,6 +32,8 @@ from headlab.bench.records import Area, SuiteResult
 
 __all__ = ["check_device", "run_plan", "run_suite"]
 
+_OWN_AREAS = (("layer", "Layer", bench_layer), ("inspection", "Inspection", bench_inspection),
+              ("decode", "Decode", bench_decode))
 _MODEL_AREAS = (("models", "Models", bench_models), ("capture", "Capture", bench_capture),
                 ("analysis", "Analysis", bench_analysis), ("importance", "Importance", bench_importance),
                 ("patching", "Patching", bench_patching), ("pruning", "Pruning", bench_pruning),
@@ -87,16 +90,16 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
         ceilings = measure_ceilings(device=plan.device, dtype=plan.torch_dtype, matmul_size=plan.matmul_size,
                                     copy_mib=plan.copy_mib, rounds=plan.rounds, min_block_s=plan.min_block_s)
         areas = []
-        for bench in (bench_layer, bench_inspection, bench_decode):
+        for name, title, bench in _OWN_AREAS:
             bar.advance()
-            areas.append(_timed(lambda: bench(plan, tick=bar.tick)))
+            areas.append(_timed(name, title, lambda: bench(plan, tick=bar.tick)))
         loaded, reason = _load_default_model(plan)
         for name, title, bench_model in _MODEL_AREAS:
             bar.advance()
             if loaded is None:
                 areas.append(Area(name, title, "Not run.", notes=[f"skipped: {reason}"]))
             else:
-                areas.append(_timed(lambda: bench_model(plan, loaded, tick=bar.tick)))
+                areas.append(_timed(name, title, lambda: bench_model(plan, loaded, tick=bar.tick)))
         bar.advance()
     if hasattr(os, "getloadavg"):
         machine["load average at end (1, 5, 15 min)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -104,10 +107,19 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
                        seconds=time.perf_counter() - start, machine=machine, ceilings=ceilings, areas=areas)
 
 
-def _timed(run: Callable[[], Area]) -> Area:
-    """Run one area and record its wall time on it."""
+def _timed(name: str, title: str, run: Callable[[], Area]) -> Area:
+    """Run one area and record its wall time on it.
+
+    An area that raises does not end the run (a GPU run is short and borrowed: the other areas'
+    numbers are kept): its traceback goes to stderr now, and the area comes back without rows,
+    its ``error`` set. ``headlab bench`` then exits with status 1. Ctrl-C still stops the run.
+    """
     start = time.perf_counter()
-    area = run()
+    try:
+        area = run()
+    except Exception as err:  # noqa: BLE001 (recorded on the area and reported, never dropped)
+        traceback.print_exc()
+        area = Area(name, title, "Not run to the end.", error=f"{type(err).__name__}: {err}")
     area.seconds = time.perf_counter() - start
     return area
 

@@ -44,7 +44,8 @@ def bench(
 
     Exits with status 2 on a bad --device, --device cuda where CUDA is not available, or an --out that
     cannot be written or whose JSON file is not a headlab bench results file (checked before the run);
-    1 when interrupted (--out and its JSON left as they were).
+    1 when interrupted (--out and its JSON left as they were), or when an area raised: the run goes on
+    with the other areas, and --out records it with the error.
     """
     import json
     import shutil
@@ -109,3 +110,7 @@ def bench(
         console.print(f"wrote {escape(str(out))} and {escape(str(json_path(out)))}")
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
+    for area in result.failed():
+        console.print(f"[red]area {escape(area.name)} failed[/red]: {escape(area.error or '')}")
+    if result.failed():
+        raise typer.Exit(1)

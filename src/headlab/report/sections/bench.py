@@ -62,6 +62,8 @@ def _run(result: SuiteResult) -> str:
             met = row.met(ceiling)
             rows.append([*cells[:met_column], Html("") if met is None else badge(met), *cells[met_column + 1:]])
         parts.append(f"<h4>{escape(area.title)}</h4><p>{escape(area.description)}</p>")
+        if area.error is not None:
+            parts.append(f"<p><strong>Failed</strong>: {escape(area.error)}</p>")
         if rows:
             parts.append(table(list(TABLE_HEADERS), rows, numeric_cols=(2, 4, 5, 9)))
         parts += [f"<p>{escape(note)}</p>" for note in (noise_note(area), *area.notes) if note]
