@@ -110,7 +110,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
     factory = AnalysisAccumulators(causal=is_causal(loaded), parses=_parses(texts, area),
                                    row_fraction=SIMILARITY_ROW_FRACTION, W_O=out_projections(loaded))
     tick("distributed: starting Ray workers")
-    with RayEngine(None, workers=2) as engine:  # a local Ray of 2 CPUs unless one is running
+    with RayEngine(loaded, workers=2) as engine:  # its model and dtype; a local Ray of 2 CPUs unless one runs
         runs: dict[str, Any] = {}
 
         def sharded(workers: int) -> Callable[[], None]:
