@@ -88,7 +88,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
     Returns:
         The "distributed" area; without Ray, or on CUDA, a note says why it did not run.
     """
-    from headlab.analysis.analyze import SIMILARITY_ROW_FRACTION, AnalysisAccumulators
+    from headlab.analysis.analyze import AnalysisAccumulators
     from headlab.analysis.norms import out_projections
     from headlab.analysis.surface import is_causal
     from headlab.capture import capture, load_corpus
@@ -107,8 +107,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
         return area
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     texts = list(load_corpus().texts)[: plan.analysis_items]
-    factory = AnalysisAccumulators(causal=is_causal(loaded), parses=_parses(texts, area),
-                                   row_fraction=SIMILARITY_ROW_FRACTION, W_O=out_projections(loaded))
+    factory = AnalysisAccumulators(causal=is_causal(loaded), parses=_parses(texts, area), W_O=out_projections(loaded))
     tick("distributed: starting Ray workers")
     with RayEngine(loaded, workers=2) as engine:  # its model and dtype; a local Ray of 2 CPUs unless one runs
         runs: dict[str, Any] = {}

@@ -15,9 +15,8 @@ How a run goes:
    length-bucketed batches (``plan_batches``) for the whole corpus. A shard is a contiguous run
    of those batches (longest first), shards balanced by the batches' ``batch_cost`` (padded tokens
    weighed by ``1 + pos / POS_WEIGHT``, a batch's attention work grows with pos², and a fixed cost per
-   batch). A worker re-plans its
-   shard's items into exactly those batches (checked), so every batch, and every number computed
-   from it, is the one a single-process ``capture`` computes.
+   batch). A worker re-plans its shard's items into exactly those batches (checked), so every batch,
+   and every number computed from it, is the one a single-process ``capture`` computes.
 2. Each worker (a Ray actor of ``threads_per_worker`` CPUs, torch limited to as many threads)
    loads the model once, from its source name (a directory, a hub id, or None for the packaged
    MiniLM), with ``headlab.load``; the model is never pickled. Idle workers take the next shard.
