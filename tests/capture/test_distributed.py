@@ -25,6 +25,7 @@ import headlab
 from headlab import heads
 from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
 from headlab.capture import MeanZ, capture, plan_batches
+from headlab.capture._shards import pack, unpack
 from headlab.capture.distributed import INSTALL, RayEngine, ShardError, plan_shards, sharded_capture
 from headlab.models import LoadedModel
 from tests.capture.conftest import TEXTS
@@ -83,6 +84,63 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
     assert INSTALL in str(info.value)
     with pytest.raises(ImportError, match=r"headlab\[ray\]"):
         RayEngine()
+
+
+# ---- what a shard sends back: plain tensors travel as numpy arrays, the rest as torch pickles them
+
+
+_ARRAY_DTYPES = [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                 torch.uint8, torch.bool, torch.complex64, torch.complex128]
+
+
+@given(st.sampled_from(_ARRAY_DTYPES), st.lists(st.integers(0, 4), min_size=1, max_size=3), st.booleans(),
+       st.integers(0, 2**31))
+def test_a_plain_tensor_comes_back_equal_and_travels_as_an_array(dtype, shape, transpose, seed):
+    pytest.importorskip("ray")
+    generator = torch.Generator().manual_seed(seed)
+    tensor = (torch.randn(shape, generator=generator, dtype=torch.float64) * 50).to(dtype)
+    if transpose and tensor.dim() >= 2:
+        tensor = tensor.transpose(0, -1)  # not contiguous
+    blob = pack({"sums": tensor, "view": tensor[..., :1], "count": torch.tensor(7)})
+    assert b"_rebuild_tensor" not in blob  # torch's storage pickling is the slow path this avoids
+    back = unpack(blob)
+    assert back["count"].shape == () and back["count"].dtype == torch.int64 and int(back["count"]) == 7
+    for got, sent in ((back["sums"], tensor), (back["view"], tensor[..., :1])):
+        assert type(got) is torch.Tensor and got.dtype == sent.dtype and got.shape == sent.shape
+        assert torch.equal(got, sent)
+    back["sums"].zero_()  # writable, and its own memory: the view came back as a tensor of its own
+    assert torch.equal(back["view"], tensor[..., :1])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.nn.Parameter(torch.rand(3)),  # a subclass, and autograd
+    lambda: torch.rand(3, requires_grad=True),
+    lambda: torch.rand(3, dtype=torch.bfloat16),  # numpy has no bfloat16
+    lambda: torch.rand(3, dtype=torch.complex64).conj(),  # a conjugate view numpy cannot share
+])
+def test_other_tensors_keep_torchs_own_pickling(make):
+    pytest.importorskip("ray")
+    tensor = make()
+    blob = pack(tensor)
+    assert b"_rebuild" in blob
+    back = unpack(blob)
+    assert type(back) is type(tensor) and back.dtype == tensor.dtype
+    assert back.requires_grad == tensor.requires_grad and back.is_conj() == tensor.is_conj()
+    assert torch.equal(back.detach().resolve_conj(), tensor.detach().resolve_conj())
+
+
+def test_packed_accumulators_give_the_same_results(checkpoint):
+    pytest.importorskip("ray")
+    consumers, _ = _single_process(checkpoint, CORPUS[:12])
+    back = unpack(pack(consumers))
+    for ours, theirs in zip(back[:2], consumers[:2]):
+        a, b = ours.result(), theirs.result()
+        assert a.heads == b.heads
+        for name in a.columns:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    np.testing.assert_array_equal(back[2].result().distances, consumers[2].result().distances)
+    for layer, mean in consumers[3].result().items():
+        assert torch.equal(back[3].result()[layer], mean)
 
 
 # ---- on a local Ray

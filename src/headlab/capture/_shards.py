@@ -8,10 +8,15 @@ least-cost plan (``plan_batches``: exact int costs, ties broken the same way). E
 every float computed from it, is the one a single-process ``capture`` computes; only the order of
 the float64 additions that merge the shards differs.
 
-``ShardWorker`` is what runs on a Ray worker. This module imports no Ray: the driver wraps the
-class with ``ray.remote`` and Ray ships it by reference (each worker imports this module from its
-own headlab). The model is loaded on the worker from its source name, once per worker process
-(again after a restart), never pickled from the driver.
+``ShardWorker`` is what runs on a Ray worker. This module imports no Ray at import time: the
+driver wraps the class with ``ray.remote`` and Ray ships it by reference (each worker imports this
+module from its own headlab). The model is loaded on the worker from its source name, once per
+worker process (again after a restart), never pickled from the driver.
+
+The factory and what a shard sends back travel as ``pack``'s bytes: Ray's cloudpickle with every
+plain CPU tensor as a numpy array. Torch pickles a tensor through its storage, at a fixed cost each
+way however small the tensor, and analyze's accumulators hold a few hundred small float64 tensors
+(a sum per layer and statistic).
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from headlab.capture.batching import batch_cost, plan_batches
 
-__all__ = ["ModelPlan", "Shard", "ShardOutput", "ShardWorker", "model_fingerprint", "peak_rss_bytes",
-           "plan_shards"]
+__all__ = ["ModelPlan", "Shard", "ShardOutput", "ShardWorker", "model_fingerprint", "pack", "peak_rss_bytes",
+           "plan_shards", "unpack"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ class ShardOutput:
 
     Attributes:
         consumers: the factory's accumulators holding the shard's sums (fresh ones with the
-            shard merged in, so that working buffers stay on the worker).
+            shard merged in, so that working buffers stay on the worker), as ``pack``'s bytes.
         capture: the shard's ``CaptureResult`` (corpus indices local to the shard).
         seconds: the worker's wall time on the shard (capture and repacking).
         cpu_seconds: the CPU time its process spent meanwhile (all threads; below ``seconds`` when
@@ -129,12 +136,53 @@ class ShardOutput:
         peak_rss_bytes: that process's peak resident memory so far.
     """
 
-    consumers: list[Any]
+    consumers: bytes
     capture: Any
     seconds: float
     cpu_seconds: float
     worker: str
     peak_rss_bytes: int
+
+
+def pack(value: Any) -> bytes:
+    """``value`` pickled with Ray's cloudpickle, each plain CPU tensor as a numpy array (``unpack`` reverses it).
+
+    A plain tensor: of type ``torch.Tensor`` itself (not a Parameter or other subclass), strided, on the
+    CPU, without autograd, in a dtype numpy has. It comes back with the same values, shape and dtype,
+    owning its memory (views of one storage come back as separate tensors). Any other tensor keeps
+    torch's own pickling.
+    """
+    import io
+    import pickle
+
+    from ray import cloudpickle
+
+    class Pickler(cloudpickle.CloudPickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if type(obj) is torch.Tensor and _as_array(obj):
+                return torch.from_numpy, (obj.detach().numpy(),)
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def unpack(blob: bytes) -> Any:
+    """What ``pack`` packed."""
+    import pickle
+
+    return pickle.loads(blob)
+
+
+def _as_array(tensor: torch.Tensor) -> bool:
+    """Whether ``pack`` sends ``tensor`` as a numpy array (same values, shape and dtype back)."""
+    return (tensor.device.type == "cpu" and tensor.layout == torch.strided and not tensor.requires_grad
+            and not tensor.is_conj() and not tensor.is_neg() and tensor.dtype in _NUMPY_DTYPES)
+
+
+_NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
 
 
 def peak_rss_bytes() -> int:
@@ -164,11 +212,19 @@ class ShardWorker:
     def __init__(self, source: str | None, dtype: str | None, threads: int) -> None:
         # Before the tokenizer's thread pool starts (it reads this once, at first use).
         os.environ["RAYON_NUM_THREADS"] = str(threads)
-        import torch
-
         torch.set_num_threads(threads)
         self.source, self.dtype, self.threads = source, dtype, threads
         self._loaded: Any = None
+        self._factory_ref: str | None = None  # the run whose factory is unpacked, by its object reference
+        self._factory_of_run: Callable[[Any], Sequence[Any]] | None = None
+
+    def _factory(self, ref: Any) -> Callable[[Any], Sequence[Any]]:
+        """The consumer factory behind ``ref``, unpacked on its first shard and kept for the rest of its run."""
+        if self._factory_ref != ref.hex():
+            import ray
+
+            self._factory_ref, self._factory_of_run = ref.hex(), unpack(ray.get(ref))
+        return self._factory_of_run
 
     def loaded(self) -> Any:
         """The model, loaded on first use (a bad source fails the call that needs it, with the loader's error)."""
@@ -199,19 +255,20 @@ class ShardWorker:
         return ModelPlan(lengths=tuple(tokenized.lengths), truncated=tuple(tokenized.truncated),
                          max_length=max_length)
 
-    def run(self, shard: Any, texts: Sequence[str], factory: Callable[[Any], Sequence[Any]],
-            options: dict[str, Any]) -> ShardOutput:
+    def run(self, shard: Any, texts: Sequence[str], packed_factory: list[Any], options: dict[str, Any]) -> ShardOutput:
         """Capture one shard into fresh accumulators from ``factory(shard)``.
 
         Args:
             shard: the ``Shard`` (its items are the corpus indices of ``texts``, in order).
             texts: the shard's items, in corpus order.
-            factory: makes the shard's accumulators.
+            packed_factory: ``[ref]``, the Ray object reference of the factory's ``pack`` bytes (in a list, so
+                that Ray hands over the reference: the factory is unpacked once per run, not once per shard).
             options: ``capture``'s keyword options (heads, what, batch_tokens, max_batch_size, max_length).
         """
         from headlab.capture.run import TruncationWarning, capture
 
         start, cpu = time.perf_counter(), time.process_time()
+        factory = self._factory(packed_factory[0])
         consumers = _check_consumers(factory(shard))
         with warnings.catch_warnings():  # the driver reports truncation once, for the whole corpus
             warnings.simplefilter("ignore", TruncationWarning)
@@ -223,7 +280,7 @@ class ShardWorker:
             raise TypeError("the consumer factory returned different accumulators for the same shard")
         for empty, full in zip(fresh, consumers):
             empty.merge(full)
-        return ShardOutput(consumers=fresh, capture=result, seconds=time.perf_counter() - start,
+        return ShardOutput(consumers=pack(fresh), capture=result, seconds=time.perf_counter() - start,
                            cpu_seconds=time.process_time() - cpu, worker=f"{socket.gethostname()}:{os.getpid()}",
                            peak_rss_bytes=peak_rss_bytes())
 

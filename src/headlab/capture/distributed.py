@@ -23,7 +23,8 @@ How a run goes:
 3. Per shard a worker calls ``consumers(shard)`` (the factory) for fresh accumulators, runs
    ``capture`` on the shard's texts into them and sends them back. Shipped to a worker: the model's
    source name and dtype, each shard's texts and ``Shard``, the factory (once, through Ray's object
-   store). Shipped back: the shard's accumulators and its ``CaptureResult``.
+   store). Shipped back: the shard's accumulators and its ``CaptureResult``. The factory and the
+   accumulators travel as ``_shards.pack`` bytes (plain CPU tensors as numpy arrays).
 4. The driver merges the accumulators in shard order (``merge``), so the result does not depend on
    which worker finished first; float64 sums equal the single-process ones to rounding (1e-12).
 
@@ -54,7 +55,7 @@ from typing import Any
 
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.run import CaptureResult, Consumer, RateProgress, warn_truncated
-from headlab.capture._shards import Shard, plan_shards
+from headlab.capture._shards import Shard, pack, plan_shards, unpack
 from headlab.heads.selection import HeadSelection, resolve
 
 __all__ = ["CONNECT_TIMEOUT_S", "INSTALL", "ConsumerFactory", "RayEngine", "Shard", "ShardError", "ShardReport",
@@ -259,7 +260,7 @@ class RayEngine:
                           batch_tokens=batch_tokens, max_batch_size=max_batch_size)
         options = {"heads": heads, "what": what, "batch_tokens": batch_tokens, "max_batch_size": max_batch_size,
                    "max_length": plan.max_length}
-        factory = ray.put(consumers)  # shipped once; each worker fetches it from the object store
+        factory = [ray.put(pack(consumers))]  # shipped once; each worker fetches and unpacks it once per run
         merged, first, reports, outputs, done = None, None, [], {}, 0
         queue, running = list(range(len(cut)))[::-1], {}
 
@@ -281,7 +282,7 @@ class RayEngine:
                     out = outputs.pop(done)
                     reports.append(ShardReport(cut[done], out.worker, out.seconds, out.cpu_seconds, out.peak_rss_bytes))
                     first = out.capture if first is None else first  # every shard captures the same layers and sites
-                    merged = _merge(merged, out.consumers)
+                    merged = _merge(merged, unpack(out.consumers))
                     done += 1
                 tokens = sum(cut[j].tokens for j in outputs) + sum(r.shard.tokens for r in reports)
                 bar.advance(tokens / (time.perf_counter() - start))
