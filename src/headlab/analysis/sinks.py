@@ -160,6 +160,8 @@ class SinkShare(HeadSums):
         # Per (item, query), what each row adds up: its bin, and for the past queries 1, x, x².
         features = torch.cat([one_hot.expand(len(real), -1, -1),
                               torch.stack([past, past * x, past * x * x], -1)], -1)  # (batch, query, n_bins + 3)
+        # The raw rows are every real query's, for every head of every layer: counted once per batch.
+        raw_held = torch.einsum("bq,bqf->f", real.double(), features)  # (n_bins + 3,)
         for layer, taken in batch.layers.items():
             p = taken.pattern
             if p is None:
@@ -170,7 +172,10 @@ class SinkShare(HeadSums):
             sums, counts = {}, {}
             for kind, (valid, share) in shares.items():
                 share = torch.where(valid, share, 0.0)  # (batch, head, query)
-                held = torch.einsum("bhq,bqf->hf", valid.expand_as(share).double(), features)  # (head, n_bins + 3)
+                if kind == "raw":
+                    held = raw_held.expand(share.shape[1], -1)  # (head, n_bins + 3)
+                else:
+                    held = torch.einsum("bhq,bqf->hf", valid.expand_as(share).double(), features)
                 added = torch.einsum("bhq,bqf->hf", share, features[..., : n_bins + 2])  # (head, n_bins + 2)
                 counts[f"{kind}_bins"], counts[kind] = held[:, :n_bins], held[:, n_bins]
                 sums[f"{kind}_x"], sums[f"{kind}_xx"] = held[:, n_bins + 1], held[:, n_bins + 2]
