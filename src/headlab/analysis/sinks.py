@@ -160,22 +160,20 @@ class SinkShare(HeadSums):
         # Per (item, query), what each row adds up: its bin, and for the past queries 1, x, x².
         features = torch.cat([one_hot.expand(len(real), -1, -1),
                               torch.stack([past, past * x, past * x * x], -1)], -1)  # (batch, query, n_bins + 3)
-        # The raw rows are every real query's, for every head of every layer: counted once per batch.
+        # The raw rows are every real query's, the same for every head of every layer: counted once per batch.
         raw_held = torch.einsum("bq,bqf->f", real.double(), features)  # (n_bins + 3,)
         for layer, taken in batch.layers.items():
             p = taken.pattern
             if p is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
-            shares = {"raw": (real[:, None, :], p[..., :s].sum(-1).double())}
+            # kind → (valid rows (batch, head | 1, query), share (batch, head, query), what the valid rows hold)
+            shares = {"raw": (real[:, None, :], p[..., :s].sum(-1).double(), raw_held.expand(p.shape[1], -1))}
             if self.projections is not None:
-                shares["weighted"] = self._weighted(batch, layer, s)
+                valid, share = self._weighted(batch, layer, s)
+                shares["weighted"] = (valid, share, torch.einsum("bhq,bqf->hf", valid.double(), features))
             sums, counts = {}, {}
-            for kind, (valid, share) in shares.items():
+            for kind, (valid, share, held) in shares.items():  # held: (head, n_bins + 3)
                 share = torch.where(valid, share, 0.0)  # (batch, head, query)
-                if kind == "raw":
-                    held = raw_held.expand(share.shape[1], -1)  # (head, n_bins + 3)
-                else:
-                    held = torch.einsum("bhq,bqf->hf", valid.expand_as(share).double(), features)
                 added = torch.einsum("bhq,bqf->hf", share, features[..., : n_bins + 2])  # (head, n_bins + 2)
                 counts[f"{kind}_bins"], counts[kind] = held[:, :n_bins], held[:, n_bins]
                 sums[f"{kind}_x"], sums[f"{kind}_xx"] = held[:, n_bins + 1], held[:, n_bins + 2]
