@@ -37,3 +37,26 @@ def test_check_same_refuses_contenders_that_compute_different_things() -> None:
     check_same("case", {"a": x, "b": x + 1e-7}, torch.float32)
     with pytest.raises(RuntimeError, match="case: b and a disagree"):
         check_same("case", {"a": x, "b": x + 1.0}, torch.float32)
+
+
+@pytest.mark.parametrize(("floor", "headlab", "noted"), [
+    (0.95, 0.97, True),  # nn.MHA only 5% above the floor: 0.85 is out of reach, and the goal is missed
+    (0.70, 0.97, False),  # reachable: the miss is headlab's own
+    (0.95, 0.80, False),  # met
+])
+def test_the_goal_against_nn_mha_is_called_out_of_reach_only_when_the_floor_is_above_it(monkeypatch, floor, headlab,
+                                                                                        noted):
+    from headlab.bench import layer as bench_layer
+    from headlab.bench.plan import plan_for
+    from headlab.bench.timing import Timing
+
+    seconds = {"headlab": headlab, "floor": floor, "floor again": floor, "mha": 1.0, "mha weights": 1.1}
+    monkeypatch.setattr(bench_layer, "time_interleaved",
+                        lambda fns, **_: {name: Timing((seconds[name],)) for name in fns})
+    mha, layer = bench_layer.standard_pair(plan_for("cpu", quick=True))
+    rows, notes = bench_layer._forward_rows(plan_for("cpu", quick=True), "case", 1, 8, mha, layer)
+    bound = next(r for r in rows if r.contender == "raw floor (the bound)")
+    assert bound.peer == "nn.MHA need_weights=False" and bound.ratio == pytest.approx(floor)
+    assert len(notes) == noted
+    if noted:
+        assert f"took {floor:.2f}×" in notes[0] and "out of reach" in notes[0]

@@ -113,8 +113,9 @@ def bench_layer(plan: Plan, *, tick: Callable[[str], None] = lambda _: None) -> 
     for batch, pos in plan.layer_shapes:
         case = case_name(batch, pos, layer.config)
         tick(f"layer {case}")
-        area.rows += _forward_rows(plan, case, batch, pos, mha, layer)
-        area.rows += _backward_rows(plan, case, batch, pos, mha, layer)
+        rows, notes = _forward_rows(plan, case, batch, pos, mha, layer)
+        area.rows += rows + _backward_rows(plan, case, batch, pos, mha, layer)
+        area.notes += notes
     for n_kv in plan.gqa_kv_heads:
         batch, pos = plan.gqa_shape
         config = AttentionConfig(d_model=plan.d_model, n_heads=plan.n_heads, n_kv_heads=n_kv)
@@ -136,7 +137,8 @@ def bench_layer(plan: Plan, *, tick: Callable[[str], None] = lambda _: None) -> 
 
 
 def _forward_rows(plan: Plan, case: str, batch: int, pos: int, mha: nn.MultiheadAttention,
-                  layer: MultiHeadAttention) -> list[Comparison]:
+                  layer: MultiHeadAttention) -> tuple[list[Comparison], list[str]]:
+    """The forward's rows of one shape, and a note when the goal against nn.MHA was out of reach in this run."""
     floor = raw_floor(layer)
     mha.eval(), layer.eval()
     x = torch.randn(batch, pos, plan.d_model, device=plan.device, dtype=plan.torch_dtype)
@@ -153,14 +155,23 @@ def _forward_rows(plan: Plan, case: str, batch: int, pos: int, mha: nn.Multihead
         t = time_interleaved(fns, rounds=plan.rounds, min_block_s=plan.min_block_s, device=plan.device)
     flops = layer_flops(layer.config, batch=batch, pos=pos)
     ceiling_goal = plan.ceiling_goal if pos == plan.ceiling_goal_positions else None
+    vs_mha = Comparison(case, "headlab forward", "nn.MHA need_weights=False", t["headlab"], t["mha"],
+                        goal=FORWARD_MHA_GOAL, flops=flops)
+    bound = Comparison(case, "raw floor (the bound)", "nn.MHA need_weights=False", t["floor"], t["mha"], flops=flops)
+    notes = []
+    if vs_mha.met() is False and bound.ratio > FORWARD_MHA_GOAL:
+        notes.append(f"{case}: the goal of {FORWARD_MHA_GOAL:.2f}× nn.MHA need_weights=False was out of reach in "
+                     "this run for any implementation that computes the layer: the raw floor alone took "
+                     f"{bound.ratio:.2f}× its time (nn.MHA's overhead over the fused kernel is all there is to gain, "
+                     "and it varies from run to run).")
     return [
         Comparison(case, "A/A: raw floor (timing noise)", "raw floor", t["floor again"], t["floor"], flops=flops),
         Comparison(case, "headlab forward", "raw floor", t["headlab"], t["floor"], goal=FORWARD_FLOOR_GOAL,
                    flops=flops, ceiling_goal=ceiling_goal),
-        Comparison(case, "headlab forward", "nn.MHA need_weights=False", t["headlab"], t["mha"],
-                   goal=FORWARD_MHA_GOAL, flops=flops),
+        vs_mha,
+        bound,
         Comparison(case, "headlab forward", "nn.MHA need_weights=True", t["headlab"], t["mha weights"], flops=flops),
-    ]
+    ], notes
 
 
 def _backward_rows(plan: Plan, case: str, batch: int, pos: int, mha: nn.MultiheadAttention,
