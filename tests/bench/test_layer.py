@@ -46,17 +46,17 @@ def test_check_same_refuses_contenders_that_compute_different_things() -> None:
 ])
 def test_the_goal_against_nn_mha_is_called_out_of_reach_only_when_the_floor_is_above_it(monkeypatch, floor, headlab,
                                                                                         noted):
-    from headlab.bench import layer as bench_layer
+    from headlab.bench import layer as layer_area
     from headlab.bench.plan import plan_for
     from headlab.bench.timing import Timing
 
     seconds = {"headlab": headlab, "floor": floor, "floor again": floor, "mha": 1.0, "mha weights": 1.1}
-    monkeypatch.setattr(bench_layer, "time_interleaved",
+    monkeypatch.setattr(layer_area, "time_interleaved",
                         lambda fns, **_: {name: Timing((seconds[name],)) for name in fns})
-    mha, layer = bench_layer.standard_pair(plan_for("cpu", quick=True))
-    rows, notes = bench_layer._forward_rows(plan_for("cpu", quick=True), "case", 1, 8, mha, layer)
+    mha, layer = layer_area.standard_pair(plan_for("cpu", quick=True))
+    rows, notes = layer_area._forward_rows(plan_for("cpu", quick=True), "case", 1, 8, mha, layer)
     bound = next(r for r in rows if r.contender == "raw floor (the bound)")
     assert bound.peer == "nn.MHA need_weights=False" and bound.ratio == pytest.approx(floor)
     assert len(notes) == noted
     if noted:
-        assert f"took {floor:.2f}×" in notes[0] and "out of reach" in notes[0]
+        assert f"takes {floor:.2f}×" in notes[0] and "out of reach" in notes[0]

@@ -82,7 +82,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
     Args:
         plan: corpus slice (``analysis_items``) and rounds (``capture_rounds``).
         loaded: ``headlab.load()``'s result (the single-process floor runs on it; the workers load
-            the default model themselves).
+            the same source in the same dtype, and are checked against it).
         tick: progress.
 
     Returns:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from headlab.bench.layer import case_name, layer_flops, raw_floor, standard_pair
+from headlab.bench.layer import bound_note, case_name, layer_flops, raw_floor, standard_pair
 from headlab.bench.plan import Plan
 from headlab.bench.records import Area, Comparison
 from headlab.bench.timing import time_interleaved
@@ -67,12 +67,11 @@ def bench_inspection(plan: Plan, *, tick: Callable[[str], None] = lambda _: None
                                 goal=ONE_HEAD_VS_WEIGHTS_GOAL if pos >= ONE_HEAD_VS_WEIGHTS_FROM else None)
         bound = Comparison(case, "raw floor, no pattern (the bound)", "nn.MHA need_weights=True (head average)",
                            t["floor"], t["mha weights"], flops=flops)
-        if vs_weights.met() is False and bound.ratio > ONE_HEAD_VS_WEIGHTS_GOAL:
-            area.notes.append(
-                f"{case}: the goal of {ONE_HEAD_VS_WEIGHTS_GOAL:.2f}× nn.MHA need_weights=True is out of reach here "
-                f"for any implementation that computes the layer: the raw floor alone, which forms no pattern, takes "
-                f"{bound.ratio:.2f}× its time. need_weights=True only adds the explicit softmax over query × key "
-                "positions, which is small next to the projections until positions grow.")
+        note = bound_note(case, vs_weights, bound, "The raw floor forms no pattern; need_weights=True only adds the "
+                          "explicit softmax over query × key positions, which is small next to the projections until "
+                          "positions grow.")
+        if note:
+            area.notes.append(note)
         area.rows += [
             Comparison(case, "forward + one head's pattern", "headlab forward", t["one pattern"], t["forward"],
                        goal=ONE_HEAD_GOAL, flops=flops),

@@ -260,7 +260,7 @@ class RayEngine:
                           batch_tokens=batch_tokens, max_batch_size=max_batch_size)
         options = {"heads": heads, "what": what, "batch_tokens": batch_tokens, "max_batch_size": max_batch_size,
                    "max_length": plan.max_length}
-        factory = [ray.put(pack(consumers))]  # shipped once; each worker fetches and unpacks it once per run
+        packed_factory = [ray.put(pack(consumers))]  # shipped once; each worker fetches and unpacks it once per run
         merged, first, reports, outputs, done = None, None, [], {}, 0
         queue, running = list(range(len(cut)))[::-1], {}
 
@@ -268,7 +268,7 @@ class RayEngine:
             if queue:
                 k = queue.pop()
                 texts = [corpus.texts[i] for i in cut[k].items]
-                running[actor.run.remote(cut[k], texts, factory, options)] = (k, actor)
+                running[actor.run.remote(cut[k], texts, packed_factory, options)] = (k, actor)
 
         with RateProgress(progress, len(cut), label="ray", unit="shards") as bar:
             for actor in actors:

@@ -110,7 +110,8 @@ def bench(
         console.print(f"wrote {escape(str(out))} and {escape(str(json_path(out)))}")
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
-    for area in result.failed():
+    failed = result.failed()
+    for area in failed:
         console.print(f"[red]area {escape(area.name)} failed[/red]: {escape(area.error or '')}")
-    if result.failed():
+    if failed:
         raise typer.Exit(1)
