@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.headlab-installed
 TORCH  := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help install report report-full test test-all bench readme docs clean distclean
+.PHONY: help install report report-full test test-all bench gpu-kit readme docs clean distclean
 
 help:
 	@echo "make report    build the HTML report into report/index.html (reduced budgets: a few minutes)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test      run the test suite (without tests marked slow)"
 	@echo "make test-all  run every test, slow ones included"
 	@echo "make bench     run the benchmark suite and regenerate benchmarks/RESULTS.md and docs/scaling.md's numbers"
+	@echo "make gpu-kit   write .gpu/: the default model in bfloat16, for headlab bench on a GPU machine (docs/benchmarks.md)"
 	@echo "make readme    regenerate the README sentences written by the analysis"
 	@echo "make docs      regenerate the architecture tables of docs/models.md from the tests"
 	@echo "make clean     remove build, test and report outputs (keeps .venv)"
@@ -49,6 +50,9 @@ bench: $(STAMP)
 	$(BIN)/headlab bench --out benchmarks/RESULTS.md
 	$(BIN)/python tests/bench/test_scaling_docs.py  # docs/scaling.md's numbers, from RESULTS.json
 
+gpu-kit: $(STAMP)
+	$(BIN)/python -m headlab.bench.kit .gpu
+
 readme: $(STAMP)
 	$(BIN)/python tests/test_readme.py
 
@@ -56,7 +60,7 @@ docs: $(STAMP)
 	$(BIN)/python tests/models/test_architectures.py
 
 clean:
-	rm -rf report/ test-artifacts/ build/ dist/ .pytest_cache/ .hypothesis/
+	rm -rf report/ test-artifacts/ build/ dist/ .pytest_cache/ .hypothesis/ .gpu/
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print \
 		| xargs rm -rf
 

@@ -91,9 +91,9 @@ CASES = [
     *(_case(f"{cmd} --text @/adir", "adir' is a directory; expected a UTF-8 text file")
       for cmd in ("analyze", "report", "view")),
     *(_case(f"{cmd} @/nope {extra}", "nope: no such directory; expected a transformers checkpoint directory")
-      for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"), ("patch", PATCH))),
+      for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"), ("patch", PATCH), ("bench", ""))),
     *(_case(f"{cmd} @/afile {extra}", "afile: is a file; expected a checkpoint directory")
-      for cmd, extra in (("analyze", ""), ("view", "'the cat'"), ("patch", PATCH))),
+      for cmd, extra in (("analyze", ""), ("view", "'the cat'"), ("patch", PATCH), ("bench", ""))),
     _case("audit @/missing.py:X", "missing.py is not a file"),
     _case("audit @/pkg.py:X", "pkg.py is not a file"),
     _case("audit @/afile:X", "afile:X' is not PATH.py:ClassName"),
@@ -120,10 +120,10 @@ CASES = [
       for cmd in ("analyze", "report", f"patch {PATCH}", "experiment symmetry", "bench", "view 'the cat'")),
     # a hub id not in the local cache, offline
     *(_case(f"{cmd} {HUB_ID} {extra}", NOT_CACHED)
-      for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"), ("patch", PATCH))),
+      for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"), ("patch", PATCH), ("bench", ""))),
     # an architecture headlab cannot serve
     *(_case(f"{cmd} @/t5 {extra}", T5) for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"),
-                                                         ("patch", PATCH))),
+                                                         ("patch", PATCH), ("bench", ""))),
     # view's arguments: which one is the model, which the text
     _case("view @/tiny", "no text given: '@/tiny' names a model"),
     _case(f"view {HUB_ID}", f"no text given: '{HUB_ID}' names a model"),

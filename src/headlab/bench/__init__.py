@@ -18,6 +18,7 @@
     records.py     Comparison, Area, SuiteResult (JSON round trip)
     results.py     benchmarks/RESULTS.md and RESULTS.json
     suite.py       run_suite
+    kit.py         the GPU kit: the default model in bfloat16, for a GPU machine (docs/benchmarks.md)
 """
 
 from headlab.bench.ceilings import Ceilings, describe_machine, measure_ceilings

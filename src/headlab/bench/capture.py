@@ -257,6 +257,10 @@ def model_name(loaded: Any) -> str:
 
     sites = attention_sites(loaded)
     shape = f"{len(sites)} layers × {sites[0].n_heads} heads"
-    if loaded.source == str(default_model_path()):
+    try:
+        default = str(default_model_path())
+    except ModuleNotFoundError:  # the packaged model is not installed: this is a given checkpoint
+        default = None
+    if loaded.source == default:
         return f"the default model ({DEFAULT_PACKAGE}, {shape})"
     return f"{loaded.source} ({shape})"

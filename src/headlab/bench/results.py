@@ -160,7 +160,8 @@ def to_markdown(runs: dict[str, SuiteResult]) -> str:
         Markdown text, with a plain statement for a device that has no run.
     """
     lines = ["# Benchmark results", "",
-             "Written by `headlab bench --out benchmarks/RESULTS.md` (add `--device cuda` on a machine with a GPU); "
+             "Written by `headlab bench --out benchmarks/RESULTS.md` (add `--device cuda` on a machine with a GPU: "
+             "docs/benchmarks.md); "
              "do not edit by hand. The same numbers, with every round's timing, are in `RESULTS.json` beside this "
              "file. Ratio = contender time / peer time, both timed in the same interleaved group; below 1 the "
              "contender is faster.", ""]

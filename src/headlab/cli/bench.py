@@ -13,12 +13,18 @@ from typing import Annotated
 
 import typer
 
+from headlab.cli.errors import fail
 from headlab.cli.output import output_file, staged_files
 
 SHOWN = ("case", "contender", "peer", "ratio", "goal", "met", "rate", "noise")  # the full table is in --out / --json
 
 
 def bench(
+    model: Annotated[
+        str | None,
+        typer.Argument(help="Checkpoint directory or hub id for the real-model areas; default: the packaged MiniLM. "
+                       "Loaded in the run's dtype and device before anything is timed."),
+    ] = None,
     device: Annotated[
         str, typer.Option("--device", help="cpu (float32) or cuda (bfloat16, adds 4k positions).")
     ] = "cpu",
@@ -42,8 +48,9 @@ def bench(
 ) -> None:
     """Time headlab against nn.MultiheadAttention, Hugging Face and the raw floor, with the machine's ceilings.
 
-    Exits with status 2 on a bad --device, --device cuda where CUDA is not available, or an --out that
-    cannot be written or whose JSON file is not a headlab bench results file (checked before the run);
+    Exits with status 2 on a bad --device, --device cuda where CUDA is not available, an --out that
+    cannot be written or whose JSON file is not a headlab bench results file, or a MODEL that does
+    not load (all checked before anything is timed);
     1 when interrupted (--out and its JSON left as they were), or when an area raised: the run goes on
     with the other areas, and --out records it with the error.
     """
@@ -57,6 +64,7 @@ def bench(
 
     from headlab.bench import check_device, read_results, run_suite, write_results
     from headlab.bench.results import TABLE_HEADERS, json_path, table_rows
+    from headlab.bench.suite import ModelNotLoaded
 
     console = Console(stderr=as_json)
     try:
@@ -80,11 +88,14 @@ def bench(
 
     if threads is not None:
         torch.set_num_threads(threads)  # recorded in RESULTS.md's machine table
-    command = " ".join(["headlab bench", f"--device {device}", *(["--quick"] if quick else []),
+    command = " ".join(["headlab bench", *([model] if model is not None else []), f"--device {device}", *(["--quick"] if quick else []),
                         *([f"--threads {threads}"] if threads is not None else []),
                         *(["--json"] if as_json else []), *([f"--out {out}"] if out is not None else [])])
     with nullcontext() if out is None else staged_files(out.parent, shown=out) as work:
-        result = run_suite(device=device, quick=quick, progress=True, command=command)
+        try:
+            result = run_suite(device=device, quick=quick, progress=True, command=command, model=model)
+        except ModelNotLoaded as err:
+            fail(str(err))
         if work is not None:
             if json_path(out).exists():  # write_results keeps the other device's run from the JSON beside it
                 shutil.copyfile(json_path(out), work / json_path(out).name)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# headlab bench --device cuda on a GPU machine, run from the repository root there (docs/benchmarks.md).
+#
+#   benchmarks/gpu.sh quick|full
+#
+# Needs .gpu/ beside the tree (`make gpu-kit` writes it: the default model in bfloat16) and a python3 with
+# PyTorch (CUDA), transformers, typer, rich, numpy, matplotlib and safetensors; headlab runs from src/,
+# nothing is installed. Updates benchmarks/RESULTS.md and RESULTS.json (the CPU run in them is kept, the
+# CUDA run added) and, when $OUT is set, copies both there. The run's log is written as the run goes, into
+# $OUT (else /tmp), so a run cut short still leaves it. Exits with headlab bench's status.
+set -uo pipefail
+
+mode=${1:-}
+case "$mode" in
+  quick) flags=(--quick) ;;
+  full) flags=() ;;
+  *) echo "usage: benchmarks/gpu.sh quick|full (got '$mode')" >&2; exit 2 ;;
+esac
+model=.gpu/all-MiniLM-L6-v2
+if [[ ! -f "$model/config.json" ]]; then
+  echo "$model is missing: run 'make gpu-kit' in the repository and carry .gpu to this machine" >&2
+  exit 2
+fi
+log="${OUT:-${TMPDIR:-/tmp}}/headlab-bench-gpu-$mode.log"
+export HF_HUB_OFFLINE=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c 'import sys; from headlab.cli import main; sys.argv[0] = "headlab"; main()' \
+  bench "$model" --device cuda "${flags[@]}" --out benchmarks/RESULTS.md 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+if [[ -n "${OUT:-}" ]]; then
+  cp benchmarks/RESULTS.md benchmarks/RESULTS.json "$OUT/"
+fi
+exit "$status"

@@ -1,0 +1,76 @@
+"""The GPU kit: what a GPU machine needs for ``headlab bench --device cuda`` that its image may lack.
+
+A lent GPU machine typically comes with PyTorch and transformers but not the packaged default model,
+and what travels to it is small. The CUDA plan runs in bfloat16 (``plan_for("cuda")``), so the kit
+holds the default model's checkpoint with its floating-point weights stored in that dtype: half the
+size, and loaded in that dtype it is the same model to the bit (the cast happens before saving instead
+of after loading). ``headlab bench .gpu/all-MiniLM-L6-v2 --device cuda`` then runs every model area on it.
+
+    python -m headlab.bench.kit .gpu        # or: make gpu-kit
+
+docs/benchmarks.md gives the whole GPU run (benchmarks/gpu.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from headlab.bench.plan import plan_for
+
+__all__ = ["KIT_MODEL", "write_kit"]
+
+KIT_MODEL = "all-MiniLM-L6-v2"  # the kit's folder for the default model
+# What headlab.load reads of a checkpoint directory besides its weights: the config and the tokenizer.
+_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def write_kit(folder: str | os.PathLike[str], *, dtype: torch.dtype | None = None) -> Path:
+    """Write the default model into ``folder / KIT_MODEL`` with its float weights in ``dtype``.
+
+    Args:
+        folder: created if missing; an existing ``KIT_MODEL`` in it is replaced.
+        dtype: the weights' dtype; None for the CUDA plan's (bfloat16).
+
+    Returns:
+        The checkpoint directory, for ``headlab bench``'s MODEL.
+
+    Raises:
+        ModuleNotFoundError: the default model is not installed (``headlab[models]``).
+        ValueError: ``dtype`` is not a floating-point dtype.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from headlab.models.loading import default_model_path
+
+    dtype = plan_for("cuda", quick=False).torch_dtype if dtype is None else dtype
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype}; expected a floating-point dtype, e.g. torch.bfloat16")
+    source = default_model_path()
+    target = Path(folder) / KIT_MODEL
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for name in _FILES:
+        if (source / name).exists():
+            shutil.copyfile(source / name, target / name)
+    weights = load_file(source / "model.safetensors")
+    save_file({name: w.to(dtype) if w.is_floating_point() else w for name, w in weights.items()},
+              target / "model.safetensors", metadata={"format": "pt"})
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m headlab.bench.kit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="where to write the kit (e.g. .gpu, ignored by git)")
+    target = write_kit(parser.parse_args(argv).folder)
+    size = sum(f.stat().st_size for f in target.iterdir())
+    print(f"wrote {target} ({size / 2**20:.1f} MiB); on the GPU machine: headlab bench {target} --device cuda")
+
+
+if __name__ == "__main__":
+    main()

