@@ -75,6 +75,24 @@ def test_the_model_areas_run_on_the_given_checkpoint_in_the_plan_dtype(
     assert [a.name for a in result.areas] == ["seen"] and result.failed() == []
 
 
+def test_every_area_runs_on_the_kit_in_bfloat16_as_the_cuda_plan_does(
+        kit: Path, tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU run's model and dtype on this CPU: every area that runs on CUDA runs to the end, their parity
+    checks included (the Ray area is skipped on CUDA: tests/bench/test_distributed.py)."""
+    from headlab.bench import suite
+
+    monkeypatch.setattr(suite, "_MODEL_AREAS", tuple(a for a in suite._MODEL_AREAS if a[0] != "distributed"))
+    threads = torch.get_num_threads()
+    try:  # one thread: on a busy machine, tiny ops with several threads wait on descheduled workers
+        torch.set_num_threads(1)
+        result = run_plan(dataclasses.replace(tiny_plan, dtype="bfloat16"), quick=True, progress=False, model=kit)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.failed() == [] and result.plan.dtype == "bfloat16" and len(result.areas) == 9
+    assert all(area.rows for area in result.areas), [a.name for a in result.areas if not a.rows]
+    assert f"{kit} (6 layers × 12 heads)" in " ".join(area.description for area in result.areas)
+
+
 def test_a_model_that_does_not_load_is_refused_before_anything_is_timed(
         tmp_path: Path, tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
     timed: list = []
