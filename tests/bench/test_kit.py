@@ -37,9 +37,10 @@ def test_the_kit_is_the_default_model_in_bfloat16_to_the_bit(kit: Path) -> None:
     want, got = packaged.model.state_dict(), kept.model.state_dict()
     assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
     assert {w.dtype for w in got.values() if w.is_floating_point()} == {torch.bfloat16}
-    encoded = packaged.tokenizer(["The cat sat on the mat.", "A dog."], padding=True, return_tensors="pt")
-    assert kept.tokenizer(["The cat sat on the mat.", "A dog."], padding=True, return_tensors="pt").data.keys() == \
-        encoded.data.keys()
+    texts = ["The cat sat on the mat.", "A dog."]
+    encoded = packaged.tokenizer(texts, padding=True, return_tensors="pt")
+    again = kept.tokenizer(texts, padding=True, return_tensors="pt")
+    assert all(torch.equal(again[k], encoded[k]) for k in encoded) and again.keys() == encoded.keys()
     with torch.no_grad():
         assert torch.equal(kept.model(**encoded).last_hidden_state, packaged.model(**encoded).last_hidden_state)
     size = (kit / "model.safetensors").stat().st_size

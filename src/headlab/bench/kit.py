@@ -2,9 +2,9 @@
 
 A lent GPU machine typically comes with PyTorch and transformers but not the packaged default model,
 and what travels to it is small. The CUDA plan runs in bfloat16 (``plan_for("cuda")``), so the kit
-holds the default model's checkpoint with its floating-point weights stored in that dtype: half the
-size, and loaded in that dtype it is the same model to the bit (the cast happens before saving instead
-of after loading). ``headlab bench .gpu/all-MiniLM-L6-v2 --device cuda`` then runs every model area on it.
+holds the default model loaded in that dtype and saved (``headlab.heads.save``): half the size, and
+loaded in that dtype it is the same model to the bit (the cast happens before saving instead of after
+loading). ``headlab bench .gpu/all-MiniLM-L6-v2 --device cuda`` then runs every model area on it.
 
     python -m headlab.bench.kit .gpu        # or: make gpu-kit
 
@@ -25,12 +25,10 @@ from headlab.bench.plan import plan_for
 __all__ = ["KIT_MODEL", "write_kit"]
 
 KIT_MODEL = "all-MiniLM-L6-v2"  # the kit's folder for the default model
-# What headlab.load reads of a checkpoint directory besides its weights: the config and the tokenizer.
-_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
 def write_kit(folder: str | os.PathLike[str], *, dtype: torch.dtype | None = None) -> Path:
-    """Write the default model into ``folder / KIT_MODEL`` with its float weights in ``dtype``.
+    """Write the default model, loaded in ``dtype``, into ``folder / KIT_MODEL`` (``headlab.heads.save``).
 
     Args:
         folder: created if missing; an existing ``KIT_MODEL`` in it is replaced.
@@ -43,25 +41,16 @@ def write_kit(folder: str | os.PathLike[str], *, dtype: torch.dtype | None = Non
         ModuleNotFoundError: the default model is not installed (``headlab[models]``).
         ValueError: ``dtype`` is not a floating-point dtype.
     """
-    from safetensors.torch import load_file, save_file
-
-    from headlab.models.loading import default_model_path
+    import headlab
+    from headlab.heads import save
 
     dtype = plan_for("cuda", quick=False).torch_dtype if dtype is None else dtype
     if not dtype.is_floating_point:
         raise ValueError(f"dtype={dtype}; expected a floating-point dtype, e.g. torch.bfloat16")
-    source = default_model_path()
     target = Path(folder) / KIT_MODEL
     if target.exists():
         shutil.rmtree(target)
-    target.mkdir(parents=True)
-    for name in _FILES:
-        if (source / name).exists():
-            shutil.copyfile(source / name, target / name)
-    weights = load_file(source / "model.safetensors")
-    save_file({name: w.to(dtype) if w.is_floating_point() else w for name, w in weights.items()},
-              target / "model.safetensors", metadata={"format": "pt"})
-    return target
+    return save(headlab.load(dtype=dtype), target)
 
 
 def main(argv: list[str] | None = None) -> None:

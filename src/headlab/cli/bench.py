@@ -88,7 +88,8 @@ def bench(
 
     if threads is not None:
         torch.set_num_threads(threads)  # recorded in RESULTS.md's machine table
-    command = " ".join(["headlab bench", *([model] if model is not None else []), f"--device {device}", *(["--quick"] if quick else []),
+    command = " ".join(["headlab bench", *([model] if model is not None else []), f"--device {device}",
+                        *(["--quick"] if quick else []),
                         *([f"--threads {threads}"] if threads is not None else []),
                         *(["--json"] if as_json else []), *([f"--out {out}"] if out is not None else [])])
     with nullcontext() if out is None else staged_files(out.parent, shown=out) as work:
