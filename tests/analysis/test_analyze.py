@@ -369,6 +369,22 @@ def test_length_groups_leave_every_accumulator_result_as_one_padded_block_gives(
     _numbers_equal(grouped, whole, rel=1e-6)  # float32 row sums over shorter rows: rounding only
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_accumulator_gives_on_cuda_what_it_gives_on_the_cpu():
+    # On a GPU the batches, the patterns and v are CUDA tensors; W_O and the sums stay on the CPU.
+    from headlab.analysis.analyze import AnalysisAccumulators
+    from headlab.analysis.norms import out_projections
+    from headlab.capture import capture
+
+    def results(model):
+        accumulators = AnalysisAccumulators(causal=False, W_O=out_projections(model))
+        parts = accumulators()
+        capture(model, corpus=TEXTS, consumers=parts, what=accumulators.what, progress=False)
+        return json.loads(json.dumps([p.result().to_dict() for p in parts]))
+
+    _numbers_equal(results(headlab.load(device="cuda")), results(minilm()), rel=1e-4)  # float32 kernels of another device: rounding
+
+
 @pytest.mark.slow  # MiniLM loaded on 2 workers, spaCy parses, ~1 min on 2 cores
 def test_the_ray_engine_gives_the_local_result_on_minilm_with_syntax():
     pytest.importorskip("ray")

@@ -138,10 +138,12 @@ class HeadSimilarity:
         entropy = -torch.einsum("hrk,hrk->hr", rows, log_rows).double()  # (head, row)
         mass = rows.sum(-1).double()  # (head, row): 1, or 0 for a row that saw no key
         sums = np.zeros((n, n))
-        i, j = torch.triu_indices(n, n, offset=1)
+        i, j = torch.triu_indices(n, n, offset=1)  # on the CPU, where the sums are
+        on_rows = i.to(rows.device), j.to(rows.device)  # the same, where the rows are
         chunk = max(1, _CHUNK_ELEMENTS // (n_rows * rows.shape[2]))
         for start in range(0, len(i), chunk):
-            a, b = i[start:start + chunk], j[start:start + chunk]
+            at = slice(start, start + chunk)
+            a, b = on_rows[0][at], on_rows[1][at]
             shape = (len(a), n_rows, rows.shape[2])  # (pairs, row, key_pos)
             s = torch.index_select(rows, 0, a, out=self._scratch.take(shape, dtype=rows.dtype, device=rows.device))
             s += torch.index_select(rows, 0, b, out=self._scratch.take(shape, dtype=rows.dtype, device=rows.device,
@@ -151,7 +153,7 @@ class HeadSimilarity:
             s_log_s = log_s.mul_(s).sum(-1).double()
             mixed = 0.5 * math.log(2.0) * (mass[a] + mass[b]) - 0.5 * s_log_s  # H((p + q) / 2)
             divergence = mixed - (entropy[a] + entropy[b]) / 2  # (pairs, row)
-            sums[a.numpy(), b.numpy()] = divergence.clamp_min(0.0).sqrt().sum(-1).cpu().numpy()
+            sums[i[at].numpy(), j[at].numpy()] = divergence.clamp_min(0.0).sqrt().sum(-1).cpu().numpy()
         sums += sums.T
         self.sampled += n_rows
         self._add(sums * (n_real / n_rows), np.full((n, n), float(n_real)))  # the sample stands for every real row
