@@ -163,6 +163,18 @@ def test_half_precision_rows_are_normalised_in_float32():
     assert float((sums - 1).abs().max()) < 1e-2
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k_len", [128, 4096], ids=["one-warp kernel", "block kernel"])
+def test_half_precision_patterns_on_cuda_are_the_float32_softmax_to_the_bit(dtype, k_len):
+    # On CUDA the explicit path skips the float32 copy: torch's kernel accumulates in float32 itself.
+    g = torch.Generator().manual_seed(3)
+    scores = (4 * torch.randn(2, H, 64, k_len, generator=g)).to("cuda", dtype)
+    blocked = torch.ones(64, k_len, dtype=torch.bool, device="cuda").triu(k_len - 64 + 1)[None, None]
+    want = scores.float().masked_fill(blocked, float("-inf")).softmax(-1).to(dtype)
+    assert torch.equal(functional.masked_softmax(scores.clone(), blocked, None), want)
+
+
 @pytest.mark.parametrize("heads", [[0], [2, 0], [3, 1, 2]])
 def test_subsets_in_any_order_equal_the_explicit_path(heads, lse_calls):
     q, k, v = _qkv(n_kv=2)

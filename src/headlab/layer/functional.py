@@ -79,10 +79,13 @@ def masked_softmax(scores: Tensor, bias: Tensor | None, dead: Tensor | None) -> 
         scores.masked_fill_(bias, float("-inf"))
     elif bias is not None:
         scores += bias
-    if scores.dtype in (torch.float16, torch.bfloat16):
+    half = scores.dtype in (torch.float16, torch.bfloat16)
+    if half and scores.device.type != "cuda":
         # Half-precision softmax loses mass on long rows: normalise in float32.
         pattern = scores.softmax(dim=-1, dtype=torch.float32).to(scores.dtype)
-    elif scores.requires_grad or not scores.is_contiguous():
+    elif half or scores.requires_grad or not scores.is_contiguous():
+        # CUDA's kernel accumulates half precision in float32 itself: the float32 path's pattern to the bit
+        # (bfloat16 on an H200) without its float32 copy, which took as long as the matmul and the softmax.
         pattern = scores.softmax(dim=-1)
     else:
         # Inference: softmax in place. A fresh (query_pos × key_pos) buffer per head costs
