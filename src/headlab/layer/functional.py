@@ -84,8 +84,9 @@ def masked_softmax(scores: Tensor, bias: Tensor | None, dead: Tensor | None) -> 
         # Half-precision softmax loses mass on long rows: normalise in float32.
         pattern = scores.softmax(dim=-1, dtype=torch.float32).to(scores.dtype)
     elif half or scores.requires_grad or not scores.is_contiguous():
-        # CUDA's kernel accumulates half precision in float32 itself: the float32 path's pattern to the bit
-        # (bfloat16 on an H200) without its float32 copy, which took as long as the matmul and the softmax.
+        # Half precision gets here on CUDA only, whose kernel accumulates in float32 itself: the float32 path's
+        # pattern to the bit (bfloat16 on an H200) without its float32 copy, which took as long as the matmul
+        # and the softmax together.
         pattern = scores.softmax(dim=-1)
     else:
         # Inference: softmax in place. A fresh (query_pos × key_pos) buffer per head costs
