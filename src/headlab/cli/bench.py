@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from headlab.cli.errors import fail
+from headlab.cli.loading import load_model, quiet_loading
 from headlab.cli.output import output_file, staged_files
 
 SHOWN = ("case", "contender", "peer", "ratio", "goal", "met", "rate", "noise")  # the full table is in --out / --json
@@ -63,8 +63,8 @@ def bench(
     from rich.table import Table
 
     from headlab.bench import check_device, read_results, run_suite, write_results
+    from headlab.bench.plan import plan_for
     from headlab.bench.results import TABLE_HEADERS, json_path, table_rows
-    from headlab.bench.suite import ModelNotLoaded
 
     console = Console(stderr=as_json)
     try:
@@ -92,11 +92,12 @@ def bench(
                         *(["--quick"] if quick else []),
                         *([f"--threads {threads}"] if threads is not None else []),
                         *(["--json"] if as_json else []), *([f"--out {out}"] if out is not None else [])])
+    quiet_loading()  # the packaged model too loads without transformers' "Loading weights" bar
+    # In the run's dtype and on its device, before anything is timed: one that does not load ends the command.
+    loaded = None if model is None else load_model(model, dtype=plan_for(device, quick=quick).torch_dtype,
+                                                   device=device)
     with nullcontext() if out is None else staged_files(out.parent, shown=out) as work:
-        try:
-            result = run_suite(device=device, quick=quick, progress=True, command=command, model=model)
-        except ModelNotLoaded as err:
-            fail(str(err))
+        result = run_suite(device=device, quick=quick, progress=True, command=command, model=loaded)
         if work is not None:
             if json_path(out).exists():  # write_results keeps the other device's run from the JSON beside it
                 shutil.copyfile(json_path(out), work / json_path(out).name)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headlab.cli.errors import INPUT_ERRORS, fail
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["load_model", "quiet_loading"]
 
@@ -20,11 +23,12 @@ def quiet_loading() -> None:
         enable_progress_bars()  # which a download of a large checkpoint needs
 
 
-def load_model(model: str | None) -> Any:
-    """``headlab.load(model)`` for a command.
+def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: str | None = None) -> Any:
+    """``headlab.load(model, dtype=dtype, device=device)`` for a command.
 
     Args:
         model: the MODEL argument: a checkpoint directory, a hub id, or None for the packaged MiniLM.
+        dtype, device: as ``headlab.load`` takes them (None: its defaults).
 
     Returns:
         The ``LoadedModel``.
@@ -38,6 +42,6 @@ def load_model(model: str | None) -> Any:
 
     quiet_loading()
     try:
-        return headlab.load(model)
+        return headlab.load(model, dtype=dtype, device=device)
     except (*INPUT_ERRORS, ModuleNotFoundError) as err:
         fail(str(err))
