@@ -66,7 +66,8 @@ def test_rows_cover_the_peers_the_issue_names(ran: tuple[dict, Path]) -> None:
     assert sum(r["goal"] is not None for r in rows["models"]) == 2 * 4  # two models, four goal rows each
     contenders = {r["contender"] for r in rows["inspection"]}
     assert contenders == {"forward + one head's pattern", "forward + every head's pattern",
-                          "forward + every head's output", "raw floor, no pattern (the bound)"}
+                          "forward + every head's output", "raw floor, no pattern (the bound)",
+                          "raw floor + one head's pattern (the bound)"}
     assert all(r["contender_tokens_per_s"] > 0 for r in rows["decode"] + rows["capture"])
     assert any("corpus order" in r["peer"] for r in rows["capture"])
     assert [r["contender"] for r in rows["analysis"]][-1] == "all, as analyze runs them"

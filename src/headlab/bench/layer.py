@@ -46,14 +46,17 @@ def layer_flops(config: AttentionConfig, *, batch: int, pos: int) -> int:
     return batch * account(config, seq_len=pos).total_flops
 
 
-def raw_floor(layer: MultiHeadAttention) -> Callable[[Tensor], Tensor]:
+def raw_floor(layer: MultiHeadAttention, *, pattern_head: int | None = None) -> Callable[[Tensor], Tensor]:
     """Fused linear + ``scaled_dot_product_attention`` + linear, reading ``layer``'s (wide) weights.
 
     Args:
         layer: a ``wide`` layer with fused input weights (self-attention).
+        pattern_head: also form this query head's pattern beside the kernel, with one matmul and one
+            softmax: the least eager PyTorch does to show one head. None for the layer alone.
 
     Returns:
-        ``forward(x) -> output`` for x ``(batch, pos, d_model)``, without masks.
+        ``forward(x) -> output`` for x ``(batch, pos, d_model)``, without masks; with ``pattern_head``,
+        ``forward(x) -> (output, pattern (batch, 1, pos, pos))``.
     """
     c, p = layer.config, layer.projection
     if c.projection != "wide" or p.in_proj_weight is None:
@@ -61,32 +64,38 @@ def raw_floor(layer: MultiHeadAttention) -> Callable[[Tensor], Tensor]:
     sizes = [c.n_heads * c.d_head, c.n_kv_heads * c.d_head, c.n_kv_heads * c.d_head_v]
     gqa = {"enable_gqa": True} if c.n_kv_heads != c.n_heads else {}
 
-    def forward(x: Tensor) -> Tensor:
+    def forward(x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         batch, pos, _ = x.shape
         q, k, v = F.linear(x, p.in_proj_weight, p.in_proj_bias).split(sizes, dim=-1)
         q = q.view(batch, pos, c.n_heads, c.d_head).transpose(1, 2)  # (batch, n_heads, pos, d_head)
         k = k.view(batch, pos, c.n_kv_heads, c.d_head).transpose(1, 2)  # (batch, n_kv_heads, pos, d_head)
         v = v.view(batch, pos, c.n_kv_heads, c.d_head_v).transpose(1, 2)
         z = F.scaled_dot_product_attention(q, k, v, scale=c.softmax_scale, **gqa)
-        return F.linear(z.transpose(1, 2).reshape(batch, pos, -1), p.out_proj.weight, p.out_proj.bias)
+        output = F.linear(z.transpose(1, 2).reshape(batch, pos, -1), p.out_proj.weight, p.out_proj.bias)
+        if pattern_head is None:
+            return output
+        q_h = q.narrow(1, pattern_head, 1) * c.softmax_scale
+        k_h = k.narrow(1, c.kv_head_of[pattern_head], 1)
+        return output, torch.matmul(q_h, k_h.transpose(-1, -2)).softmax(-1)
 
     return forward
 
 
 def bound_note(case: str, row: Comparison, bound: Comparison, why: str) -> str | None:
-    """A note when ``row`` missed its goal and ``bound`` (the raw floor against the same peer) already took
-    more than the goal: no implementation that computes the layer could meet it in this run. None otherwise.
+    """A note when ``row`` missed its goal and ``bound`` (the least eager PyTorch does for the same thing, against
+    the same peer) already took more than the goal: no implementation in eager PyTorch could meet it in this run.
+    None otherwise.
 
     Args:
         case: the sizes, as the rows name them.
         row: a goal row against a peer.
-        bound: the raw floor timed against that peer in the same group.
-        why: a sentence on where the peer's extra time goes.
+        bound: the raw floor (with whatever the row adds) timed against that peer in the same group.
+        why: a sentence on where the time goes.
     """
     if row.met() is not False or row.goal is None or bound.ratio <= row.goal:
         return None
-    return (f"{case}: the goal of {row.goal:.2f}× {row.peer} is out of reach here for any implementation that "
-            f"computes the layer: the raw floor alone takes {bound.ratio:.2f}× its time. {why}")
+    return (f"{case}: the goal of {row.goal:.2f}× {row.peer} is out of reach here for any implementation in eager "
+            f"PyTorch: {bound.contender.removesuffix(' (the bound)')} alone takes {bound.ratio:.2f}× its time. {why}")
 
 
 def standard_pair(plan: Plan) -> tuple[nn.MultiheadAttention, MultiHeadAttention]:
