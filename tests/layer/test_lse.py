@@ -173,6 +173,7 @@ def test_half_precision_patterns_on_cuda_are_the_float32_softmax_to_the_bit(dtyp
     blocked = torch.ones(64, k_len, dtype=torch.bool, device="cuda").triu(k_len - 64 + 1)[None, None]
     want = scores.float().masked_fill(blocked, float("-inf")).softmax(-1).to(dtype)
     assert torch.equal(functional.masked_softmax(scores.clone(), blocked, None), want)
+    assert torch.equal(functional.key_softmax(scores.masked_fill(blocked, float("-inf"))), want)
 
 
 @pytest.mark.parametrize("heads", [[0], [2, 0], [3, 1, 2]])

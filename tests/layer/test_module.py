@@ -231,6 +231,35 @@ def test_low_precision_dtypes_track_float64(device, dtype):
     torch.testing.assert_close(got.pattern.double().cpu(), want.pattern, atol=tol, rtol=tol)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_heads_on_cuda_are_read_by_the_kernel_only_where_flash_serves(masked, monkeypatch):
+    # Unmasked, the flash kernel (sm80 and up) reads each key/value head for its group; with a mask
+    # torch would fall back to the math path with enable_gqa, so the heads are expanded for the efficient kernel.
+    import headlab.layer.functional as functional
+
+    seen: list[bool] = []
+    sdpa = functional.F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("enable_gqa", False))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(functional.F, "scaled_dot_product_attention", spy)
+    config = dict(d_model=256, n_heads=8, n_kv_heads=2, causal=True)
+    layer64 = _layer(config)
+    layer = _layer(config).to("cuda", torch.bfloat16)
+    layer.load_state_dict(layer64.state_dict())
+    query = torch.randn(2, 33, 256, dtype=torch.float64)
+    kpm = torch.zeros(2, 33, dtype=torch.bool)
+    kpm[1, 30:] = True
+    kpm = kpm if masked else None
+    want = layer64(query, key_padding_mask=kpm)
+    got = layer(query.to("cuda", torch.bfloat16), key_padding_mask=None if kpm is None else kpm.cuda())
+    assert seen == [not masked and torch.cuda.get_device_capability() >= (8, 0)]
+    torch.testing.assert_close(got.double().cpu(), want, atol=0.2, rtol=5e-2)
+
+
 def test_dropout_only_in_training_and_patterns_are_pre_dropout():
     layer = _layer(dict(d_model=16, n_heads=2, dropout=0.5))
     query, _, _ = _inputs(layer, q_len=8)

@@ -104,15 +104,18 @@ def test_output_attentions_equal_transformers_eager_weights(name):
         assert float((g - e).abs().masked_fill(~real, 0).max()) < 1e-5, layer
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_in_bfloat16_output_attentions_equal_transformers_eager_to_the_bit(name):
+def test_in_bfloat16_output_attentions_equal_transformers_eager_to_the_bit(name, device):
     # In 16-bit dtypes the order of the scaling matters: scaling the query instead of q kᵀ moved these
-    # outputs by up to 0.17, more than bfloat16's rounding (the GPU bench runs bfloat16).
-    ids, mask = _inputs(name)
+    # outputs by up to 0.17, more than bfloat16's rounding (the GPU bench runs bfloat16). On CUDA the
+    # softmax runs in bfloat16 (its kernel sums in float32), where transformers casts to float32 and back.
+    ids, mask = (x.to(device) for x in _inputs(name))
     with torch.no_grad():
-        expected = built(name).to(torch.bfloat16)(input_ids=ids, attention_mask=mask, output_attentions=True)
-        got = headlab.attach(built(name).to(torch.bfloat16))(input_ids=ids, attention_mask=mask,
-                                                             output_attentions=True)
+        expected = built(name).to(device, torch.bfloat16)(input_ids=ids, attention_mask=mask, output_attentions=True)
+        got = headlab.attach(built(name).to(device, torch.bfloat16))(input_ids=ids, attention_mask=mask,
+                                                                     output_attentions=True)
     real = (mask[:, None, :, None] * mask[:, None, None, :]).bool()
     for layer, (g, e) in enumerate(zip(got.attentions, expected.attentions)):
         assert g.dtype == e.dtype == torch.bfloat16, layer

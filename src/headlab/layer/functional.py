@@ -79,23 +79,32 @@ def masked_softmax(scores: Tensor, bias: Tensor | None, dead: Tensor | None) -> 
         scores.masked_fill_(bias, float("-inf"))
     elif bias is not None:
         scores += bias
-    half = scores.dtype in (torch.float16, torch.bfloat16)
-    if half and scores.device.type != "cuda":
-        # Half-precision softmax loses mass on long rows: normalise in float32.
-        pattern = scores.softmax(dim=-1, dtype=torch.float32).to(scores.dtype)
-    elif half or scores.requires_grad or not scores.is_contiguous():
-        # Half precision gets here on CUDA only, whose kernel accumulates in float32 itself: the float32 path's
-        # pattern to the bit (bfloat16 on an H200) without its float32 copy, which took as long as the matmul
-        # and the softmax together.
-        pattern = scores.softmax(dim=-1)
-    else:
-        # Inference: softmax in place. A fresh (query_pos × key_pos) buffer per head costs
-        # more in first-touch page faults than the softmax itself on large inputs. (Only on
-        # contiguous scores: out= aliasing a strided input gives wrong rows.)
-        pattern = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
+    pattern = key_softmax(scores)
     if dead is not None:
         pattern = pattern.masked_fill(dead[..., None], 0.0)
     return pattern
+
+
+def key_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last axis, summed in float32 or wider, in ``scores``' dtype. May reuse ``scores``' memory.
+
+    Half precision is normalised in float32 (a half-precision sum loses mass on long rows). On CUDA
+    torch's kernel accumulates in float32 itself: its half-precision softmax is the float32 path's to
+    the bit (bfloat16 and float16 on an H200) without the float32 copy, which took as long as the
+    matmul and the softmax together.
+
+    Args:
+        scores: ``(..., key_pos)``, a fresh tensor the caller gives up.
+    """
+    half = scores.dtype in (torch.float16, torch.bfloat16)
+    if half and scores.device.type != "cuda":
+        return scores.softmax(dim=-1, dtype=torch.float32).to(scores.dtype)
+    if half or scores.requires_grad or not scores.is_contiguous():
+        return scores.softmax(dim=-1)
+    # Inference: softmax in place. A fresh (query_pos × key_pos) buffer per head costs more in first-touch
+    # page faults than the softmax itself on large inputs. (Only on contiguous scores: out= aliasing a
+    # strided input gives wrong rows.)
+    return torch.ops.aten._softmax.out(scores, -1, False, out=scores)
 
 
 def fused_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, bias: Tensor | None, is_causal: bool,
@@ -143,7 +152,7 @@ def softmax_from_lse(scores: Tensor, bias: Tensor | None, lse: Tensor) -> Tensor
         lse: ``(batch, head, query_pos)``: ``logsumexp(scores + bias)`` over key_pos, as a fused kernel gave it.
 
     Returns:
-        The pattern, in scores' dtype (half precision goes through float32, as ``masked_softmax``).
+        The pattern, in scores' dtype (half precision goes through float32, as ``key_softmax`` on the CPU).
     """
     if scores.dtype in (torch.float16, torch.bfloat16):
         return softmax_from_lse(scores.float(), bias, lse.float()).to(scores.dtype)
@@ -187,9 +196,7 @@ def attend(
         weights = F.dropout(patterns, dropout_p) if dropout_p > 0.0 else patterns
         z = torch.matmul(weights, expand_kv(v, n_heads, kv_index))
     else:
-        # Grouped-query on CPU: the kernel reads each key/value head for its whole group
-        # (no expanded copy). Elsewhere some kernels lack it and fall back to slow math: expand.
-        grouped = kv_index is None and k.shape[1] != n_heads and q.device.type == "cpu" and _SDPA_HAS_GQA
+        grouped = kv_index is None and k.shape[1] != n_heads and sdpa_reads_groups(q, k, v, mask, dropout_p)
         k_all, v_all = (k, v) if grouped else (expand_kv(k, n_heads, kv_index), expand_kv(v, n_heads, kv_index))
         fused = None if pattern_heads is None else fused_attention_with_lse(
             q, k_all, v_all, bias=additive_bias(mask.bias, q.dtype), is_causal=mask.is_causal, scale=scale,
@@ -207,6 +214,30 @@ def attend(
     if mask.dead is not None:
         z = z.masked_fill(mask.dead[..., None], 0.0)
     return z, patterns
+
+
+def sdpa_reads_groups(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float) -> bool:
+    """Whether ``scaled_dot_product_attention(enable_gqa=True)`` runs a fused kernel on these grouped heads.
+
+    On the CPU its kernel reads each key/value head for its whole group, with no expanded copy. On CUDA
+    only the flash kernel does (no mask, 16-bit dtypes, sm80 and up, head sizes up to 256): for any other
+    input torch falls back to the math path, which forms every score, so the caller expands the heads and
+    the efficient kernel runs. torch's own check (``can_use_flash_attention``) decides.
+
+    Args:
+        q: ``(batch, n_heads, query_pos, d_head)``.
+        k, v: ``(batch, n_kv_heads, key_pos, d)``, each key/value head serving consecutive query heads.
+        mask: the call's merged mask.
+        dropout_p: dropout on the weights.
+    """
+    if not _SDPA_HAS_GQA:
+        return False
+    if q.device.type == "cpu":
+        return True
+    if q.device.type != "cuda" or mask.bias is not None or not torch.backends.cuda.flash_sdp_enabled():
+        return False
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, dropout_p, mask.is_causal, True)
+    return torch.backends.cuda.can_use_flash_attention(params, False)
 
 
 def additive_bias(bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:

@@ -35,7 +35,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headlab.layer.functional import additive_bias, fused_attention_with_lse, select_heads, softmax_from_lse
+from headlab.layer.functional import (
+    additive_bias, fused_attention_with_lse, key_softmax, select_heads, softmax_from_lse,
+)
 from headlab.models.site import SITE_ATTRIBUTE, AttentionSite, TapOutput
 
 IMPLEMENTATION = "headlab"  # the name under which the function is registered
@@ -198,13 +200,14 @@ def eager_mask(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Te
 
 def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: float,
                   softcap: float | None = None) -> Tensor:
-    """softmax(q kᵀ · scaling, soft-capped, + mask) over key_pos, in float32 (or float64), cast to query's dtype.
+    """softmax(q kᵀ · scaling, soft-capped, + mask) over key_pos, summed in float32 (or float64), in query's dtype.
 
     The order and precision of transformers' eager functions (Gemma 2's soft-capping before
-    the mask; the softmax upcast to float32; in 16-bit dtypes the scaling after q kᵀ). In float32
-    the scaling multiplies the query (``_scores``; rounding differs in the last bit), and float64
-    stays float64: cast to float32, a padding row's mask (float64's most negative number) becomes
-    -inf everywhere, its softmax NaN, and 0 · NaN carries that into the real tokens of the next layer.
+    the mask; the softmax upcast to float32, which ``key_softmax`` gives without the float32 copy on
+    CUDA; in 16-bit dtypes the scaling after q kᵀ). In float32 the scaling multiplies the query
+    (``_scores``; rounding differs in the last bit), and float64 stays float64: cast to float32, a
+    padding row's mask (float64's most negative number) becomes -inf everywhere, its softmax NaN, and
+    0 · NaN carries that into the real tokens of the next layer.
 
     Args:
         query: ``(batch, head, query_pos, d_head)``.
@@ -217,22 +220,19 @@ def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: f
         ``(batch, head, query_pos, key_pos)``.
     """
     scores = _scores(query, key, scaling)  # (batch, head, query_pos, key_pos)
-    dtype = torch.promote_types(scores.dtype, torch.float32)
     if scores.requires_grad:
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if mask is not None:
             scores = scores + mask
-        return scores.softmax(dim=-1, dtype=dtype).to(query.dtype)
+        return key_softmax(scores)
     # Without autograd, in place: the same operations in the same order, on one (query_pos × key_pos)
     # buffer per head instead of three (a fresh buffer costs more in first-touch page faults than the math).
     if softcap is not None:
         scores.div_(softcap).tanh_().mul_(softcap)
     if mask is not None:
         scores.add_(mask)
-    if scores.dtype == dtype and scores.is_contiguous():
-        return torch.ops.aten._softmax.out(scores, -1, False, out=scores)
-    return scores.softmax(dim=-1, dtype=dtype).to(query.dtype)
+    return key_softmax(scores)
 
 
 @contextmanager
