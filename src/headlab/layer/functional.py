@@ -132,15 +132,21 @@ def fused_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, bias: Tensor | 
         ``(z (batch, n_heads, query_pos, d_head), lse (batch, n_heads, query_pos) float32 or float64)``,
         or None.
     """
-    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     grouped = q.shape[1] != k.shape[1]
-    if (kernel is None or q.device.type != "cpu" or q.dtype not in _LSE_KERNEL_DTYPES or dropout_p > 0.0
+    if (not has_lse_kernel(q.device) or q.dtype not in _LSE_KERNEL_DTYPES or dropout_p > 0.0
             or q.shape[-1] != v.shape[-1] or q.shape[1] % k.shape[1] or (grouped and not _SDPA_HAS_GQA)
             or not (q.shape[2] and k.shape[2]) or any(x.stride(-1) != 1 for x in (q, k, v))
             or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))):
         return None
-    z, lse = kernel(q, k, v, 0.0, is_causal, attn_mask=bias, scale=scale)
+    z, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=bias,
+                                                                         scale=scale)
     return z, lse
+
+
+def has_lse_kernel(device: torch.device) -> bool:
+    """Whether this torch has, on ``device``, the fused kernel that ``fused_attention_with_lse`` calls: the CPU's."""
+    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return device.type == "cpu" and kernel is not None
 
 
 def softmax_from_lse(scores: Tensor, bias: Tensor | None, lse: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer.functional import (
-    additive_bias, fused_attention_with_lse, key_softmax, select_heads, softmax_from_lse,
+    additive_bias, expand_kv, fused_attention_with_lse, has_lse_kernel, key_softmax, select_heads, softmax_from_lse,
 )
 from headlab.models.site import SITE_ATTRIBUTE, AttentionSite, TapOutput
 
@@ -114,21 +114,23 @@ def attention(
         attention_mask = site.window_mask(eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
                                           query, key, end_aligned=attention_mask is not None)
     n_heads, scaling = query.shape[1], query.shape[-1] ** -0.5 if scaling is None else scaling
-    kv_of = _kv_heads(n_heads, key.shape[1], site, query.device)  # each query head's key/value head, or None
+    kv_of = _kv_heads(n_heads, key.shape[1], site)  # each query head's key/value head (host ints), or None
     tap = None if site is None else site.tap
     tapped_every = tap is not None and tap.pattern is not None and len(tap.pattern) == n_heads
     every_pattern = wants_weights or softcap is not None or tapped_every
     patterns = weights = None  # every head's pattern (the explicit path), and what transformers returns
     tapped_patterns = None  # the tapped heads' patterns, when the fused kernel's log-sum-exp gave them
     if every_pattern:
-        key_all, value_all = (x if kv_of is None else x.index_select(1, kv_of) for x in (key, value))
+        regroup = None if site is None or site.uniform_groups else site.kv_index(query.device)
+        key_all, value_all = (expand_kv(x, n_heads, regroup) for x in (key, value))
         mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
         patterns = eager_pattern(query, key_all, mask, scaling=scaling, softcap=softcap)
         weights = nn.functional.dropout(patterns, p=dropout, training=module.training) if dropout > 0 else patterns
         z = torch.matmul(weights, value_all)  # (batch, n_heads, query_pos, d_head_v)
     else:
         if site is not None and not site.uniform_groups:  # such a module's num_key_value_groups is 1 (see prune)
-            key, value = key.index_select(1, kv_of), value.index_select(1, kv_of)
+            regroup = site.kv_index(query.device)
+            key, value = key.index_select(1, regroup), value.index_select(1, regroup)
             kv_of = None
         fused = None
         if tap is not None and tap.pattern is not None:
@@ -284,13 +286,15 @@ def _pooled(pool: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, devi
     return buffer.view(shape)
 
 
-def _per_head(x: Tensor, kv_of: Tensor | None, heads: list[int]) -> Tensor:
-    """The key (or value) each of the query heads ``heads`` reads: ``(batch, len(heads), key_pos, d)``."""
-    index = torch.tensor(heads, device=x.device)
-    return x.index_select(1, index if kv_of is None else kv_of.index_select(0, index))
+def _per_head(x: Tensor, kv_of: list[int] | None, heads: list[int]) -> Tensor:
+    """The key (or value) each of the query heads ``heads`` reads: ``(batch, len(heads), key_pos, d)``, a copy.
+
+    Indexed with host ints: an index tensor on the GPU would cost a copy that waits for the device.
+    """
+    return torch.stack([x[:, h if kv_of is None else kv_of[h]] for h in heads], dim=1)
 
 
-def _head_patterns(query: Tensor, key: Tensor, mask: Tensor | None, kv_of: Tensor | None, heads: list[int], *,
+def _head_patterns(query: Tensor, key: Tensor, mask: Tensor | None, kv_of: list[int] | None, heads: list[int], *,
                    scaling: float) -> Tensor:
     """The eager patterns of the query heads ``heads`` only: ``(batch, len(heads), query_pos, key_pos)``."""
     if mask is not None and mask.shape[1] > 1:  # a mask per head
@@ -298,9 +302,9 @@ def _head_patterns(query: Tensor, key: Tensor, mask: Tensor | None, kv_of: Tenso
     return eager_pattern(*_query_and_key(query, key, kv_of, heads), mask, scaling=scaling)
 
 
-def _query_and_key(query: Tensor, key: Tensor, kv_of: Tensor | None, heads: list[int]) -> tuple[Tensor, Tensor]:
+def _query_and_key(query: Tensor, key: Tensor, kv_of: list[int] | None, heads: list[int]) -> tuple[Tensor, Tensor]:
     """The query heads ``heads`` and the key head each reads, views where the heads run consecutively."""
-    return select_heads(query, heads), select_heads(key, heads if kv_of is None else kv_of[heads].tolist())
+    return select_heads(query, heads), select_heads(key, heads if kv_of is None else [kv_of[h] for h in heads])
 
 
 def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,
@@ -319,6 +323,8 @@ def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor
     """
     if kwargs.get("cache") is not None:  # a paged cache is updated inside transformers' function
         return None
+    if not has_lse_kernel(query.device):  # before the mask is converted for it
+        return None
     q_len, k_len = query.shape[2], key.shape[2]
     causal = kwargs.get("is_causal")
     causal = q_len > 1 and attention_mask is None and (getattr(module, "is_causal", True) if causal is None else causal)
@@ -335,7 +341,7 @@ def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor
     return fused[0], fused[1], bias
 
 
-def _patterns_from_lse(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, kv_of: Tensor | None,
+def _patterns_from_lse(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, kv_of: list[int] | None,
                        heads: list[int], *, scaling: float) -> Tensor:
     """The patterns of the query heads ``heads`` from the kernel's log-sum-exp.
 
@@ -359,15 +365,15 @@ def _sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attentio
     return _sdpa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def _kv_heads(n_heads: int, n_kv_heads: int, site: AttentionSite | None, device: torch.device) -> Tensor | None:
-    """``(n_heads,)``: the key/value head each query head reads; None when every head has its own."""
+def _kv_heads(n_heads: int, n_kv_heads: int, site: AttentionSite | None) -> list[int] | None:
+    """The key/value head each query head reads, as host ints; None when every head has its own."""
     if site is not None and not site.uniform_groups:
-        return site.kv_index(device)
+        return list(site.kv_head_of)
     if n_kv_heads == n_heads:
         return None
     if n_heads % n_kv_heads:
         raise ValueError(f"{n_heads} query heads cannot share {n_kv_heads} key/value heads in equal groups")
-    return torch.arange(n_heads, device=device) // (n_heads // n_kv_heads)
+    return [h // (n_heads // n_kv_heads) for h in range(n_heads)]
 
 
 def _weights_requested(kwargs: dict[str, Any]) -> bool:
