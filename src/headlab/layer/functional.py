@@ -19,6 +19,8 @@ instead of a second softmax; elsewhere the explicit softmax of those heads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -277,6 +279,23 @@ def head_patterns(q: Tensor, k: Tensor, mask: AttentionMask, heads: list[int], *
         return attention_pattern(q, k, bias, dead, scale=scale)
     pattern = softmax_from_lse(torch.matmul(q * scale, k.transpose(-1, -2)), bias, select_heads(lse, heads))
     return pattern if dead is None else pattern.masked_fill_(dead[..., None], 0.0)
+
+
+def copy_heads(x: Tensor, heads: Sequence[int]) -> Tensor:
+    """``x[:, heads]`` as a tensor of its own, indexed with host ints.
+
+    Indexing with a list (or ``index_select`` with a fresh index tensor) first copies the index to
+    ``x``'s device, and on a GPU that copy waits for every kernel queued before it: a stall per call.
+    The heads' views stacked are one copy kernel and no wait.
+
+    Args:
+        x: ``(batch, head, ...)``.
+        heads: indices into the head axis (may repeat).
+
+    Returns:
+        ``(batch, len(heads), ...)``, contiguous.
+    """
+    return torch.stack([x[:, h] for h in heads], dim=1)
 
 
 def select_heads(x: Tensor, heads: list[int]) -> Tensor:

@@ -24,7 +24,7 @@ from headlab.layer.cache import KVCache
 from headlab.layer.config import AttentionConfig
 from headlab.layer.extra_kv import ExtraKeyValues
 from headlab.layer.factored import FactoredMatrix
-from headlab.layer.functional import attend
+from headlab.layer.functional import attend, copy_heads
 from headlab.layer.gates import apply_gates, check_affine, check_gate, identity_affine
 from headlab.layer.masks import build_mask
 from headlab.layer.projections import projection_for
@@ -184,7 +184,7 @@ class MultiHeadAttention(nn.Module):
         if result_heads is not None:
             all_heads = result_heads == list(range(c.n_heads))
             result = self.projection.result(z, None if all_heads else result_heads)
-        z_out = None if z_heads is None else z[:, z_heads]
+        z_out = None if z_heads is None else copy_heads(z, z_heads)
         return AttentionOutput(output=output, pattern=patterns, result=result, z=z_out)
 
     def set_head_affine(self, scale: Tensor | None, shift: Tensor | None = None) -> None:

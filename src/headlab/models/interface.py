@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer.functional import (
-    additive_bias, expand_kv, fused_attention_with_lse, has_lse_kernel, key_softmax, select_heads, softmax_from_lse,
+    additive_bias, copy_heads, expand_kv, fused_attention_with_lse, has_lse_kernel, key_softmax, select_heads,
+    softmax_from_lse,
 )
 from headlab.models.site import SITE_ATTRIBUTE, AttentionSite, TapOutput
 
@@ -145,13 +146,13 @@ def attention(
     if site is not None:
         z = site.gate(z)
         if tap is not None:
-            taken = TapOutput(z=None if tap.z is None else z[:, tap.z],
+            taken = TapOutput(z=None if tap.z is None else copy_heads(z, tap.z),
                               result=None if tap.result is None else site.result(z, tap.result),
-                              q=None if tap.q is None else query[:, tap.q],
+                              q=None if tap.q is None else copy_heads(query, tap.q),
                               k=None if tap.k is None else _per_head(key, kv_of, tap.k),
                               v=None if tap.v is None else _per_head(value, kv_of, tap.v))
             if tap.pattern is not None and patterns is not None:
-                taken.pattern = patterns if tapped_every else patterns[:, tap.pattern]
+                taken.pattern = patterns if tapped_every else copy_heads(patterns, tap.pattern)
             elif tap.pattern is not None and tapped_patterns is not None:
                 taken.pattern = tapped_patterns
             elif tap.pattern is not None:
@@ -287,11 +288,8 @@ def _pooled(pool: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, devi
 
 
 def _per_head(x: Tensor, kv_of: list[int] | None, heads: list[int]) -> Tensor:
-    """The key (or value) each of the query heads ``heads`` reads: ``(batch, len(heads), key_pos, d)``, a copy.
-
-    Indexed with host ints: an index tensor on the GPU would cost a copy that waits for the device.
-    """
-    return torch.stack([x[:, h if kv_of is None else kv_of[h]] for h in heads], dim=1)
+    """The key (or value) each of the query heads ``heads`` reads: ``(batch, len(heads), key_pos, d)``, a copy."""
+    return copy_heads(x, heads if kv_of is None else [kv_of[h] for h in heads])
 
 
 def _head_patterns(query: Tensor, key: Tensor, mask: Tensor | None, kv_of: list[int] | None, heads: list[int], *,

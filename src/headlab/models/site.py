@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer import FactoredMatrix
+from headlab.layer.functional import copy_heads
 from headlab.layer.gates import Replacement, apply_gates, check_affine, check_gate
 from headlab.layer.masks import sink_window_blocked
 
@@ -296,6 +297,5 @@ class AttentionSite:
         Returns:
             ``(batch, len(heads), query_pos, d_model)``.
         """
-        index = torch.tensor(list(heads), device=z.device)
-        W_O = self.W_O.index_select(0, index).to(z.dtype)  # noqa: N806
-        return torch.einsum("bhqd,hdm->bhqm", z.index_select(1, index), W_O)
+        W_O = torch.stack([self.W_O[h] for h in heads]).to(z.dtype)  # noqa: N806  (host ints: copy_heads)
+        return torch.einsum("bhqd,hdm->bhqm", copy_heads(z, heads), W_O)

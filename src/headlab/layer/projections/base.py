@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer.config import AttentionConfig
+from headlab.layer.functional import copy_heads
 
 
 class Projection(nn.Module):
@@ -84,9 +85,8 @@ class Projection(nn.Module):
             and added to ``b_O`` it is the layer's output.
         """
         W_O = self.W_O  # (n_heads, d_head_v, d_model)
-        if heads is not None:
-            index = torch.tensor(heads, device=z.device)
-            z, W_O = z.index_select(1, index), W_O.index_select(0, index)
+        if heads is not None:  # host ints (copy_heads)
+            z, W_O = copy_heads(z, heads), torch.stack([W_O[h] for h in heads])
         return torch.einsum("bhqd,hdm->bhqm", z, W_O)
 
     @property
