@@ -281,21 +281,39 @@ def head_patterns(q: Tensor, k: Tensor, mask: AttentionMask, heads: list[int], *
     return pattern if dead is None else pattern.masked_fill_(dead[..., None], 0.0)
 
 
-def copy_heads(x: Tensor, heads: Sequence[int]) -> Tensor:
-    """``x[:, heads]`` as a tensor of its own, indexed with host ints.
+def copy_heads(x: Tensor, heads: Sequence[int], *, dim: int = 1) -> Tensor:
+    """``x[:, heads]`` (the head axis ``dim``) as a tensor of its own, indexed with host ints.
 
     Indexing with a list (or ``index_select`` with a fresh index tensor) first copies the index to
     ``x``'s device, and on a GPU that copy waits for every kernel queued before it: a stall per call.
     The heads' views stacked are one copy kernel and no wait.
 
     Args:
-        x: ``(batch, head, ...)``.
+        x: ``(batch, head, ...)``, or the head axis at ``dim``.
         heads: indices into the head axis (may repeat).
+        dim: the head axis.
 
     Returns:
-        ``(batch, len(heads), ...)``, contiguous.
+        ``x`` with ``len(heads)`` entries on the head axis, contiguous.
     """
-    return torch.stack([x[:, h] for h in heads], dim=1)
+    return torch.stack([x.select(dim, h) for h in heads], dim=dim)
+
+
+def head_results(z: Tensor, W_O: Tensor, heads: Sequence[int] | None = None) -> Tensor:  # noqa: N803
+    """Each head's contribution to the output, without the output bias.
+
+    Args:
+        z: ``(batch, n_heads, query_pos, d_head_v)``.
+        W_O: ``(n_heads, d_head_v, d_model)``; the heads used are cast to z's dtype.
+        heads: query heads to compute, or None for all.
+
+    Returns:
+        ``(batch, len(heads), query_pos, d_model)``; over all heads they sum, with the output bias, to
+        the output projection's output.
+    """
+    if heads is not None:
+        z, W_O = copy_heads(z, heads), copy_heads(W_O, heads, dim=0)  # noqa: N806
+    return torch.einsum("bhqd,hdm->bhqm", z, W_O.to(z.dtype))
 
 
 def select_heads(x: Tensor, heads: list[int]) -> Tensor:

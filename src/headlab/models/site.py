@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer import FactoredMatrix
-from headlab.layer.functional import copy_heads
+from headlab.layer.functional import head_results
 from headlab.layer.gates import Replacement, apply_gates, check_affine, check_gate
 from headlab.layer.masks import sink_window_blocked
 
@@ -297,5 +297,4 @@ class AttentionSite:
         Returns:
             ``(batch, len(heads), query_pos, d_model)``.
         """
-        W_O = torch.stack([self.W_O[h] for h in heads]).to(z.dtype)  # noqa: N806  (host ints: copy_heads)
-        return torch.einsum("bhqd,hdm->bhqm", copy_heads(z, heads), W_O)
+        return head_results(z, self.W_O, heads)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer.config import AttentionConfig
-from headlab.layer.functional import copy_heads
+from headlab.layer.functional import head_results
 
 
 class Projection(nn.Module):
@@ -84,10 +84,7 @@ class Projection(nn.Module):
             ``(batch, len(heads), query_pos, d_model)``; summed over the head axis (all heads)
             and added to ``b_O`` it is the layer's output.
         """
-        W_O = self.W_O  # (n_heads, d_head_v, d_model)
-        if heads is not None:  # host ints (copy_heads)
-            z, W_O = copy_heads(z, heads), torch.stack([W_O[h] for h in heads])
-        return torch.einsum("bhqd,hdm->bhqm", z, W_O)
+        return head_results(z, self.W_O, heads)
 
     @property
     def dtype(self) -> torch.dtype:
