@@ -90,7 +90,11 @@ def test_matrix_symmetric_merge_equals_whole():
     np.testing.assert_allclose(result.distances, slow_matrix(batches), rtol=1e-5, atol=1e-6)
 
 
-def test_float64_patterns_are_reduced_in_float64():
+@pytest.mark.parametrize("chunk_elements", [None, 1, 250])
+def test_float64_patterns_are_reduced_in_float64(chunk_elements, monkeypatch):
+    """The pair loop gives the same distances however its chunks cut the pairs (one pair each; a few)."""
+    if chunk_elements is not None:
+        monkeypatch.setattr("headlab.analysis.similarity._CPU_CHUNK_ELEMENTS", chunk_elements)
     batches = [random_batch(seed) for seed in range(2)]
     for b in batches:
         for taken in b.layers.values():

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from functools import cached_property
 from typing import Any
 
 import torch
@@ -191,8 +190,8 @@ def value_reductions(batch: CaptureBatch, projections: ValueProjections) -> Valu
 
 class ValueReductions:
     """What the value-reading accumulators (``ValueWeighted``, ``SinkShare``) take from one batch, per layer
-    computed once on first access: the value norms, each row's weighted total (the one full read of the
-    patterns), and the masses on the first and special tokens.
+    computed once on first access: the value norms, and each row's masses on the first and special tokens, raw
+    and weighted, with its weighted total (the one read of the patterns).
 
     Attributes:
         real: ``(batch, pos)`` bool, True at real tokens.
@@ -204,7 +203,6 @@ class ValueReductions:
         self.real = batch.attention_mask.bool()
         self.first, self.special, self.other = key_masks(batch)
         self._norms: dict[int, Tensor] = {}
-        self._totals: dict[int, Tensor] = {}
         self._masses: dict[int, Tensor] = {}
 
     def norms(self, layer: int, *, fix: str) -> Tensor:
@@ -215,34 +213,25 @@ class ValueReductions:
         return self._norms[layer]
 
     def total(self, layer: int, *, fix: str) -> Tensor:
-        """``(batch, head, query_pos)`` in the patterns' dtype: each row's weighted total ``Σ_j α_ij n_j``."""
-        if layer not in self._totals:
-            p = self._pattern(layer, fix)
-            norms = self.norms(layer, fix=fix).to(p.dtype)[..., None]  # (b, h, k, 1)
-
-            def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
-                return torch.matmul(block, norms[items, :, :pos]).squeeze(-1)
-
-            self._totals[layer] = by_group(p, self.batch.length_groups(), reduce)
-        return self._totals[layer]
+        """``(batch, head, query_pos)`` float64: each row's weighted total ``Σ_j α_ij n_j``, ``masses``' last."""
+        return self.masses(layer, fix=fix)[..., 4]
 
     def masses(self, layer: int, *, fix: str) -> Tensor:
         """``(batch, head, query_pos, 5)`` float64: each row's mass ``Σ_j α_ij c_j`` on the columns c = first,
-        special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total."""
+        special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total.
+
+        One product per length group against the five key columns reads the patterns once (in their dtype).
+        """
         if layer not in self._masses:
             p = self._pattern(layer, fix)
-            norms = self.norms(layer, fix=fix).to(p.dtype)  # (b, h, k)
-            b, h, q, _ = p.shape
-            # The first position and the few special tokens are read where they are, not by a product.
-            first = p[..., 0] * self.first[:, None, None, 0].to(p.dtype)
-            index, valid = self._special_positions  # (b, s) each
-            valid = valid.to(p.dtype)
-            taken = p.gather(-1, index[:, None, None, :].expand(b, h, q, index.shape[1]))  # (b, h, q, s)
-            at_norms = norms.gather(-1, index[:, None, :].expand(b, h, index.shape[1])) * valid[:, None, :]
-            special = (taken * valid[:, None, None, :]).sum(-1)
-            weighted_special = (taken * at_norms[:, :, None, :]).sum(-1)
-            columns = [first, special, first * norms[..., None, 0], weighted_special, self.total(layer, fix=fix)]
-            self._masses[layer] = torch.stack(columns, -1).double()
+            norms = self.norms(layer, fix=fix).to(p.dtype)  # (b, h, k), 0 at padding
+            first, special = (mask.to(p.dtype)[:, None, :].expand_as(norms) for mask in (self.first, self.special))
+            columns = torch.stack([first, special, first * norms, special * norms, norms], -1)  # (b, h, k, 5)
+
+            def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
+                return torch.matmul(block, columns[items, :, :pos])
+
+            self._masses[layer] = by_group(p, self.batch.length_groups(), reduce).double()
         return self._masses[layer]
 
     def _pattern(self, layer: int, fix: str) -> Tensor:
@@ -250,16 +239,6 @@ class ValueReductions:
         if p is None:
             raise ValueError(f"layer {layer} was captured without patterns; {fix}")
         return p
-
-    @cached_property
-    def _special_positions(self) -> tuple[Tensor, Tensor]:
-        """``(index, valid)``, each ``(batch, s)``: the positions of each item's special tokens other than the
-        first position, left-aligned and padded with position 0 (``valid`` False there)."""
-        count = self.special.sum(-1)
-        width = int(count.max()) if len(count) else 0
-        order = torch.argsort((~self.special).to(torch.int8), dim=-1, stable=True)[:, :width]  # specials first
-        valid = torch.arange(width, device=count.device)[None, :] < count[:, None]
-        return torch.where(valid, order, 0), valid
 
 
 class ValueWeighted(HeadSums):

@@ -34,7 +34,9 @@ from headlab.capture.batch import CaptureBatch
 __all__ = ["HeadSimilarity", "MDSResult", "SimilarityResult", "js_distance", "mds", "plot_mds"]
 
 MAX_JS_DISTANCE = math.sqrt(math.log(2.0))
-_CHUNK_ELEMENTS = 1 << 22  # elements per pair chunk (3 float32 scratch buffers of 16 MiB): bounds memory
+# Elements per pair chunk, which bounds the pair loop's 3 float32 scratch buffers. On the CPU 4 MiB each: they stay
+# in the last-level cache, which makes the loop ~1.7× faster than 16 MiB ones; on a GPU 16 MiB, fewer launches.
+_CPU_CHUNK_ELEMENTS, _CHUNK_ELEMENTS = 1 << 20, 1 << 22
 
 
 def js_distance(p: Tensor, q: Tensor) -> Tensor:
@@ -140,7 +142,8 @@ class HeadSimilarity:
         sums = np.zeros((n, n))
         i, j = torch.triu_indices(n, n, offset=1)  # on the CPU, where the sums are
         on_rows = i.to(rows.device), j.to(rows.device)  # the same, where the rows are
-        chunk = max(1, _CHUNK_ELEMENTS // (n_rows * rows.shape[2]))
+        elements = _CPU_CHUNK_ELEMENTS if rows.device.type == "cpu" else _CHUNK_ELEMENTS
+        chunk = max(1, elements // (n_rows * rows.shape[2]))
         for start in range(0, len(i), chunk):
             at = slice(start, start + chunk)
             a, b = on_rows[0][at], on_rows[1][at]

@@ -185,7 +185,7 @@ class SinkShare(HeadSums):
         """``(valid, share)`` of the value-weighted rows: valid where the row's weighted total is > 0."""
         fix = "capture with what=('pattern', 'v') or pass W_O=None"
         shared = value_reductions(batch, self.projections)  # the norms and totals ValueWeighted reads too
-        total = shared.total(layer, fix=fix).double()  # (batch, head, query): Σ_j α_ij n_j
+        total = shared.total(layer, fix=fix)  # (batch, head, query) float64: Σ_j α_ij n_j
         norms = shared.norms(layer, fix=fix)[..., :s]  # (batch, head, sink)
         p = batch.layers[layer].pattern[..., :s]  # (batch, head, query, sink)
         sink = (p * norms[:, :, None, :].to(p.dtype)).sum(-1).double()  # Σ_{j < s} α_ij n_j
