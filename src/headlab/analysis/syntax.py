@@ -202,7 +202,7 @@ class SyntaxAccuracy:
         for items, pos in batch.length_groups():  # each run of items as its own shorter block
             best = self._best_keys(batch, units[items, :pos], word_ids[items, :pos], items)
             predicted[items, :, : best.shape[-1]] = best
-        self._add_arcs(parses, aligned, predicted, units.tolist(), word_ids.tolist())
+        self._add_arcs(parses, aligned, predicted, units.cpu(), word_ids.cpu())
 
     def _best_keys(self, batch: CaptureBatch, units: Tensor, word_ids: Tensor, items: slice) -> Tensor:
         """``(items, head_slot, unit)``: every captured head's heaviest word unit from each query unit, for the
@@ -290,37 +290,47 @@ class SyntaxAccuracy:
             raise KeyError(f"no parse for corpus indices {missing[:10]}; parse the same corpus the capture runs")
         return [self.parses[int(i)] for i in batch.corpus_indices]
 
-    def _add_arcs(self, parses: Sequence[Parse], aligned: Sequence[bool], predicted: Tensor,
-                  units: list[list[int]], word_ids: list[list[int]]) -> None:
+    def _add_arcs(self, parses: Sequence[Parse], aligned: Sequence[bool], predicted: Tensor, units: Tensor,
+                  word_ids: Tensor) -> None:
         """Score the arcs of a batch's aligned items: ``predicted`` (batch, head_slot, unit) is each head's
-        argmax unit; ``units``/``word_ids`` (batch, pos) as lists."""
-        rows, deps, heads, labels = [], [], [], []  # one entry per arc kept
-        for row, parse in enumerate(parses):
-            if not aligned[row]:
-                continue
-            unit_of = {}  # spaCy token → the unit of its first piece (tokens without a piece are absent)
-            for unit, token in zip(units[row], word_ids[row]):
-                if token >= 0 and token not in unit_of:
-                    unit_of[token] = unit
-            arcs = parse.arcs()
-            kept = [(d, h, r) for d, h, r in arcs if d in unit_of and h in unit_of]
-            self.skipped["arcs_without_pieces"] += len(arcs) - len(kept)
-            if not kept:
-                self.skipped["items_without_arcs"] += 1
-                continue
-            self.items += 1
-            for d, h, r in kept:
-                rows.append(row)
-                deps.append(unit_of[d])
-                heads.append(unit_of[h])
-                labels.append(self._label(r))
-                self.offsets[r][h - d] += 1
+        argmax unit; ``units``/``word_ids`` (batch, pos) on the CPU. Every arc of the batch at once: an arc
+        is scored where both its words have a piece, each word by the unit of its first piece."""
+        rows = [row for row, ok in enumerate(aligned) if ok]
         if not rows:
             return
-        row, dep, head, label = (torch.tensor(x) for x in (rows, deps, heads, labels))
-        self.dep_to_head.index_add_(0, label, (predicted[row, :, dep] == head[:, None]).long())  # (arc, head_slot)
-        self.head_to_dep.index_add_(0, label, (predicted[row, :, head] == dep[:, None]).long())
+        sizes = [len(parses[row].heads) for row in rows]
+        width = max(max(sizes), int(word_ids.max()) + 1)
+        # each spaCy token's unit, -1 for a token without a piece: units grow with position, so the least unit of
+        # a token's pieces is its first piece's (pieces of no token land in the spare last column)
+        unit_of = torch.full((len(parses), width + 1), torch.iinfo(torch.int64).max)
+        unit_of.scatter_reduce_(1, torch.where(word_ids >= 0, word_ids, width), units, "amin")
+        unit_of = unit_of.masked_fill_(unit_of == torch.iinfo(torch.int64).max, -1)[:, :width]
+        row = torch.repeat_interleave(torch.tensor(rows), torch.tensor(sizes))  # one entry per token
+        dep = torch.cat([torch.arange(n) for n in sizes])
+        head = torch.tensor([h for r in rows for h in parses[r].heads], dtype=torch.int64)
+        arc = head != dep  # roots point to themselves
+        dep_unit, head_unit = unit_of[row, dep], unit_of[row, head]
+        kept = arc & (dep_unit >= 0) & (head_unit >= 0)
+        self.skipped["arcs_without_pieces"] += int(arc.sum()) - int(kept.sum())
+        with_arcs = torch.bincount(row[kept], minlength=len(parses))[rows] > 0
+        self.skipped["items_without_arcs"] += int((~with_arcs).sum())
+        self.items += int(with_arcs.sum())
+        index = kept.nonzero()[:, 0]
+        if not len(index):
+            return
+        relations = [r for i in rows for r in parses[i].labels]
+        relations = [relations[i] for i in index.tolist()]
+        ids = {r: self._label(r) for r in dict.fromkeys(relations)}  # new relations in order of first arc
+        label = torch.tensor([ids[r] for r in relations])
+        row, dep, head, dep_unit, head_unit = row[index], dep[index], head[index], dep_unit[index], head_unit[index]
+        self.dep_to_head.index_add_(0, label, (predicted[row, :, dep_unit] == head_unit[:, None]).long())
+        self.head_to_dep.index_add_(0, label, (predicted[row, :, head_unit] == dep_unit[:, None]).long())
         self.counts.index_add_(0, label, torch.ones_like(label))
+        # each relation's head − dependent offsets (in spaCy tokens), counted per distinct (relation, offset)
+        span = 2 * width - 1  # offsets run over −(width − 1) … width − 1
+        keys, hits = torch.unique(label * span + (head - dep + width - 1), return_counts=True)
+        for key, n in zip(keys.tolist(), hits.tolist()):
+            self.offsets[self.labels[key // span]][key % span - width + 1] += n
 
     def _label(self, label: str) -> int:
         if label not in self.offsets:
