@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from headlab.bench import Plan, SuiteResult, read_results
+from headlab.bench.capture import FIXED_COST
 from headlab.cli import app
 
 def _flat(output: str) -> str:
@@ -70,7 +71,7 @@ def test_rows_cover_the_peers_the_issue_names(ran: tuple[dict, Path]) -> None:
                           "raw floor + one head's pattern (the bound)"}
     assert all(r["contender_tokens_per_s"] > 0 for r in rows["decode"] + rows["capture"])
     assert any("corpus order" in r["peer"] for r in rows["capture"])
-    assert [r["contender"] for r in rows["analysis"]][-1] == "all, as analyze runs them"
+    assert [r["contender"] for r in rows["analysis"]][-2:] == ["all, as analyze runs them", FIXED_COST]
     assert -1.0 <= rows["importance"][0]["details"]["spearman |gradient| vs |ablation|"] <= 1.0
     assert {r["peer"] for r in rows["patching"]} == {"exact activation patching, every head"}
     assert all(-1.0 <= r["details"]["spearman |effect|"] <= 1.0 for r in rows["patching"])
