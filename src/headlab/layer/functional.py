@@ -333,4 +333,4 @@ def select_heads(x: Tensor, heads: list[int]) -> Tensor:
     first = heads[0]
     if heads == list(range(first, first + len(heads))):
         return x.narrow(1, first, len(heads))
-    return torch.stack([x[:, h] for h in heads], dim=1)
+    return copy_heads(x, heads)
