@@ -115,24 +115,22 @@ def attention(
         attention_mask = site.window_mask(eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
                                           query, key, end_aligned=attention_mask is not None)
     n_heads, scaling = query.shape[1], query.shape[-1] ** -0.5 if scaling is None else scaling
-    kv_of = _kv_heads(n_heads, key.shape[1], site)  # each query head's key/value head (host ints), or None
+    if site is not None and not site.uniform_groups:  # such a module's num_key_value_groups is 1 (see prune)
+        regroup = site.kv_index(query.device)  # every path below then reads one key/value head per query head
+        key, value = key.index_select(1, regroup), value.index_select(1, regroup)
+    kv_of = _kv_heads(n_heads, key.shape[1])  # each query head's key/value head (host ints), or None
     tap = None if site is None else site.tap
     tapped_every = tap is not None and tap.pattern is not None and len(tap.pattern) == n_heads
     every_pattern = wants_weights or softcap is not None or tapped_every
     patterns = weights = None  # every head's pattern (the explicit path), and what transformers returns
     tapped_patterns = None  # the tapped heads' patterns, when the fused kernel's log-sum-exp gave them
     if every_pattern:
-        regroup = None if site is None or site.uniform_groups else site.kv_index(query.device)
-        key_all, value_all = (expand_kv(x, n_heads, regroup) for x in (key, value))
+        key_all, value_all = (expand_kv(x, n_heads) for x in (key, value))
         mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
         patterns = eager_pattern(query, key_all, mask, scaling=scaling, softcap=softcap)
         weights = nn.functional.dropout(patterns, p=dropout, training=module.training) if dropout > 0 else patterns
         z = torch.matmul(weights, value_all)  # (batch, n_heads, query_pos, d_head_v)
     else:
-        if site is not None and not site.uniform_groups:  # such a module's num_key_value_groups is 1 (see prune)
-            regroup = site.kv_index(query.device)
-            key, value = key.index_select(1, regroup), value.index_select(1, regroup)
-            kv_of = None
         fused = None
         if tap is not None and tap.pattern is not None:
             fused = _fused_with_lse(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -363,10 +361,9 @@ def _sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attentio
     return _sdpa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def _kv_heads(n_heads: int, n_kv_heads: int, site: AttentionSite | None) -> list[int] | None:
-    """The key/value head each query head reads, as host ints; None when every head has its own."""
-    if site is not None and not site.uniform_groups:
-        return list(site.kv_head_of)
+def _kv_heads(n_heads: int, n_kv_heads: int) -> list[int] | None:
+    """The key/value head each query head reads (equal consecutive groups), as host ints; None when every head has
+    its own."""
     if n_kv_heads == n_heads:
         return None
     if n_heads % n_kv_heads:
