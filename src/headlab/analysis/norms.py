@@ -115,6 +115,12 @@ class ValueProjections:
             digest.update(compact[layer].contiguous().numpy().tobytes())
         self.factors = {layer: f.float() for layer, f in compact.items()}
         self.key = ("value reductions", digest.hexdigest())
+        # the factors moved to a device, by (layer, heads, device)
+        self._placed: dict[tuple[int, tuple[int, ...], torch.device], Tensor] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the copies placed on a device."""
+        return self.__dict__ | {"_placed": {}}
 
     @classmethod
     def of(cls, W_O: Mapping[int, Tensor] | ValueProjections) -> ValueProjections:  # noqa: N803
@@ -132,11 +138,14 @@ class ValueProjections:
             raise ValueError(f"layer {layer} was captured without v; {fix}")
         if layer not in self.factors:
             raise ValueError(f"layer {layer} has no W_O here; expected one of the layers {sorted(self.factors)}")
-        factor = self.factors[layer]
-        index = torch.tensor(taken.heads)
-        if int(index.max()) >= len(factor):
-            raise ValueError(f"layer {layer}: head {int(index.max())} is beyond W_O's {len(factor)} heads")
-        return value_norms(taken.v, factor.index_select(0, index))
+        key = (layer, tuple(taken.heads), taken.v.device)
+        if key not in self._placed:  # once per layer, heads and device: not a copy to the GPU per batch
+            factor = self.factors[layer]
+            index = torch.tensor(taken.heads)
+            if int(index.max()) >= len(factor):
+                raise ValueError(f"layer {layer}: head {int(index.max())} is beyond W_O's {len(factor)} heads")
+            self._placed[key] = factor.index_select(0, index).to(taken.v.device)
+        return value_norms(taken.v, self._placed[key])
 
 
 def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
@@ -269,7 +278,7 @@ class ValueWeighted(HeadSums):
         real = shared.real[:, None, :, None]  # (batch, 1, query, 1)
         keys = torch.stack([shared.first, shared.special, shared.other], -1).double()  # (batch, key, 3)
         n_keys = keys.sum((0, 1))  # (3,): first, special, other
-        n_queries = float(shared.real.sum())
+        n_queries = shared.real.sum().double()
         for layer, taken in batch.layers.items():
             masses = shared.masses(layer, fix=self.FIX)  # (b, h, q, 5)
             total = masses[..., 4:]
@@ -282,7 +291,7 @@ class ValueWeighted(HeadSums):
             sums = {"raw_first": raw[:, 0], "raw_special": raw[:, 1], "weighted_first": shares[:, 0],
                     "weighted_special": shares[:, 1], "norm_first": norms[:, 0], "norm_special": norms[:, 1],
                     "norm_other": norms[:, 2]}
-            counts = {"queries": torch.full((n_heads,), n_queries, dtype=torch.float64),
+            counts = {"queries": n_queries.expand(n_heads),
                       "weighted": defined.double().sum((0, 2, 3)),
                       **{f"keys_{name}": n_keys[k].expand(n_heads) for k, name in enumerate(("first", "special", "other"))}}
             self._add(layer, taken.heads, sums, counts)

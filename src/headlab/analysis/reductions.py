@@ -46,6 +46,7 @@ __all__ = [
 # ``len(COLUMNS) + s`` (its content tokens only).
 COLUMNS = ("first_special", "other_special", "punctuation", "special")
 _BLOCK = 1 << 18  # elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
+_GPU_BLOCK = 1 << 26  # on a GPU, where a block costs its launches: a whole group at once as a rule
 _SENTENCE_ENDS = frozenset({".", "!", "?"})
 # Word-piece markers stripped before the punctuation test: WordPiece "##", byte-level BPE "Ġ"
 # (a leading space), SentencePiece "▁".
@@ -269,7 +270,7 @@ class LayerReductions:
             offsets = (torch.arange(n_q, device=block.device)[:, None] - torch.arange(n_k, device=block.device))
             offsets = offsets.abs().to(block.dtype)
             sums = block.new_empty(2, len(matrices), n_q)  # entropy, distance
-            step = max(1, _BLOCK // max(1, n_q * n_k))
+            step = max(1, (_BLOCK if block.device.type == "cpu" else _GPU_BLOCK) // max(1, n_q * n_k))
             buffer = block.new_empty(min(step, len(matrices)), n_q, n_k)
             tiny = torch.finfo(block.dtype).tiny
             for start in range(0, len(matrices), step):

@@ -73,9 +73,9 @@ class SurfaceStats(PerHeadMeans):
         has_next = torch.zeros_like(real)
         has_next[:, :-1] = real[:, 1:] & real[:, :-1]
         weights = {"queries": real, "prev": has_prev, "next": has_next}
-        counts = {name: int(w.sum()) for name, w in weights.items()}
+        counts = {name: w.sum() for name, w in weights.items()}  # left on the device until the sums are folded
         # The same for every head: the log of the keys each real query may see, summed once per batch.
-        uniform_entropy = float(torch.where(real, self._uniform_entropy(real), 0.0).sum())
+        uniform_entropy = torch.where(real, self._uniform_entropy(real), 0.0).sum()
         names = [name for name in STATISTICS if name != "uniform_entropy"]
         # where, not a product: padded query rows may hold anything, NaN included
         kept = torch.stack([weights[STATISTICS[name]] for name in names], dim=-1)[:, None]  # (batch, 1, q, stat)
@@ -88,9 +88,9 @@ class SurfaceStats(PerHeadMeans):
                 "confidence": rows.confidence,
             }
             values = torch.stack([stats[name] for name in names], dim=-1).double()  # (batch, head, q, stat)
-            totals = torch.where(kept.to(values.device), values, 0.0).sum(dim=(0, 2)).cpu()  # (head, stat)
+            totals = torch.where(kept.to(values.device), values, 0.0).sum(dim=(0, 2))  # (head, stat)
             sums = dict(zip(names, totals.unbind(-1)))
-            sums["uniform_entropy"] = torch.full((len(taken.heads),), uniform_entropy, dtype=torch.float64)
+            sums["uniform_entropy"] = uniform_entropy.expand(len(taken.heads))
             self._add(layer, taken.heads, sums, counts)
 
     def _uniform_entropy(self, real: Tensor) -> Tensor:

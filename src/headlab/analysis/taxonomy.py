@@ -111,19 +111,19 @@ class TaxonomyStats(PerHeadMeans):
         real = shared.real
         block_rows = real & ~shared.special & (shared.n_content >= 2)[:, None]
         weights = {"queries": real, "block_queries": block_rows}
-        counts = {"queries": int(real.sum()), "block_queries": int(block_rows.sum()), "items": len(batch)}
+        counts = {"queries": real.sum(), "block_queries": block_rows.sum(), "items": len(batch)}
+        per_row = [name for name in _STATS if _COUNT_OF[name] != "items"]
+        # where, not a product: padded query rows may hold anything, NaN included
+        kept = torch.stack([weights[_COUNT_OF[name]] for name in per_row], dim=-1)[:, None]  # (batch, 1, q, stat)
         near = block_uniform = None
         for layer, taken in batch.layers.items():
             rows = shared.layer(layer)
             if near is None:  # once per batch, shared by every layer
                 near, block_uniform = _near(shared), _block_uniform(shared, causal=self.causal)
             stats = _item_statistics(rows, near, block_uniform)
-            sums = {}
-            for name in _STATS:
-                if _COUNT_OF[name] == "items":
-                    sums[name] = stats[name].sum(0).cpu()
-                else:
-                    sums[name] = torch.where(weights[_COUNT_OF[name]][:, None, :], stats[name], 0.0).sum((0, 2)).cpu()
+            values = torch.stack([stats[name] for name in per_row], dim=-1)  # (batch, head, q, stat)
+            sums = dict(zip(per_row, torch.where(kept, values, 0.0).sum((0, 2)).unbind(-1)))
+            sums |= {name: stats[name].sum(0) for name in _STATS if _COUNT_OF[name] == "items"}
             self._add(layer, taken.heads, sums, counts)
 
     def result(self) -> HeadTable:

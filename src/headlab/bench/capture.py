@@ -162,7 +162,8 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
     texts = list(load_corpus().texts)[: plan.analysis_items]
     area = Area("analysis", "Analysis: accumulators on top of capture", (
         f"Every contender is the same capture pass (all heads, default batches) over {len(texts)} corpus items with "
-        f"different consumers, the patterns captured, and v too where a consumer reads the values; "
+        f"different consumers, the patterns captured, and v too where a consumer reads the values, then each "
+        f"consumer's result; "
         f"{_rounds(plan.analysis_rounds)}, median. Dependency parses are made once before timing (parsing is "
         "spaCy's cost, not the accumulator's)."))
     projections = out_projections(loaded)  # read once, outside the timed calls
@@ -189,7 +190,9 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
 
     def run(make: Callable[[], list[Any]], what: tuple[str, ...]) -> Callable[[], None]:
         def once() -> None:
-            tokens.append(capture(loaded, corpus=texts, consumers=make(), what=what, progress=False).tokens)
+            parts = make()
+            tokens.append(capture(loaded, corpus=texts, consumers=parts, what=what, progress=False).tokens)
+            _results(parts)
         return once
 
     tick(f"analysis: {len(texts)} items")
@@ -235,8 +238,16 @@ def _fixed_cost(loaded: Any, texts: Sequence[str], shortest: Sequence[str], accu
             for part in parts:
                 part.update(batch)
             batch.release_shared()
+        _results(parts)
 
     return once
+
+
+def _results(consumers: Sequence[Any]) -> None:
+    """Each consumer's result, as ``analyze`` asks for it (an accumulator may leave work for then)."""
+    for consumer in consumers:
+        if hasattr(consumer, "result"):
+            consumer.result()
 
 
 def _parses(texts: Sequence[str], area: Area) -> list[Any] | None:

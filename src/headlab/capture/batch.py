@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.capture.batching import length_groups
+from headlab.capture.batching import GPU_GROUP_COST, length_groups
 from headlab.capture.encoding import TokenizedCorpus
 from headlab.capture.words import word_units
 from headlab.models import TapOutput
@@ -115,8 +115,10 @@ class CaptureBatch:
 
     def length_groups(self) -> list[tuple[slice, int]]:
         """Runs of items that readers of the patterns take as their own ``(items, pos, pos)`` blocks, each
-        ``(items, its longest length)`` (``headlab.capture.batching.length_groups``), worked out once."""
-        return self.shared(length_groups, lambda batch: length_groups(batch.lengths.tolist()))
+        ``(items, its longest length)`` (``headlab.capture.batching.length_groups``; ``GPU_GROUP_COST`` per
+        run on a GPU), worked out once."""
+        group_cost = None if self.input_ids.device.type == "cpu" else GPU_GROUP_COST
+        return self.shared(length_groups, lambda batch: length_groups(batch.lengths.tolist(), group_cost=group_cost))
 
     def word_units(self) -> tuple[Tensor, Tensor]:
         """``(units (batch, pos), n_units (batch,))``: words and special tokens, for
@@ -150,13 +152,20 @@ def collate(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch
         word_ids[row, :n] = [-1 if w is None else w for w in e.word_ids]
         special[row, :n] = e.special_tokens_mask
 
-    def to(a: np.ndarray) -> Tensor:
-        return torch.from_numpy(a).to(device)
-
+    corpus_indices = np.asarray(indices, dtype=np.int64)
+    truncated = np.array([tokenized.full_lengths[i] > tokenized.lengths[i] for i in indices], dtype=bool)
+    input_ids, attention_mask, lengths, offsets, word_ids, corpus_indices = _moved(
+        (input_ids, attention_mask, lengths, offsets, word_ids, corpus_indices), device)
+    special, truncated = _moved((special, truncated), device)
     return CaptureBatch(
-        input_ids=to(input_ids), attention_mask=to(attention_mask), lengths=to(lengths), offsets=to(offsets),
-        word_ids=to(word_ids), special_tokens_mask=to(special),
-        corpus_indices=to(np.asarray(indices, dtype=np.int64)),
-        truncated=to(np.array([tokenized.full_lengths[i] > tokenized.lengths[i] for i in indices], dtype=bool)),
+        input_ids=input_ids, attention_mask=attention_mask, lengths=lengths, offsets=offsets, word_ids=word_ids,
+        special_tokens_mask=special, corpus_indices=corpus_indices, truncated=truncated,
         texts=[tokenized.texts[i] for i in indices], tokens=[list(e.tokens) for e in encodings],
     )
+
+
+def _moved(arrays: Sequence[np.ndarray], device: torch.device | str) -> list[Tensor]:
+    """``arrays`` (one dtype) on ``device`` in one copy: each copy to a GPU from ordinary host memory waits for
+    the GPU to catch up, so a batch's inputs go as two copies (integers, flags) instead of eight."""
+    flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays])).to(device)
+    return [part.view(a.shape) for part, a in zip(flat.split([a.size for a in arrays]), arrays)]

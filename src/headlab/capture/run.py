@@ -205,7 +205,7 @@ def capture(
                 taken.clear()
                 for consumer in consumers:
                     consumer.update(batch)
-                done_tokens += batch.n_tokens
+                done_tokens += sum(tokenized.lengths[i] for i in indices)  # counted on the host: no wait for the GPU
                 batch.release_shared()  # what consumers derived may hold the batch: freed now, not at the next GC
                 del batch  # nothing of a batch outlives its turn
                 bar.advance(done_tokens / max(time.perf_counter() - start, 1e-9))
