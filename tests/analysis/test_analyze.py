@@ -369,6 +369,41 @@ def test_length_groups_leave_every_accumulator_result_as_one_padded_block_gives(
     _numbers_equal(grouped, whole, rel=1e-6)  # float32 row sums over shorter rows: rounding only
 
 
+def test_layers_read_as_one_stack_give_every_accumulator_result_that_layers_read_one_by_one(monkeypatch):
+    # On a GPU every layer's patterns are reduced as one (layer, …) stack; here the CPU is made to stack them too.
+    pytest.importorskip("spacy")
+    from headlab.analysis.analyze import AnalysisAccumulators
+    from headlab.analysis.norms import out_projections
+    from headlab.analysis.parses import parse_texts
+    from headlab.analysis.reductions import reductions
+    from headlab.analysis.syntax import SyntaxAccuracy
+    from headlab.capture import capture
+
+    model = minilm()
+    texts = [" ".join(TEXTS[: 1 + i % len(TEXTS)]) for i in range(12)]
+    accumulators = AnalysisAccumulators(causal=False, parses=parse_texts(texts), W_O=out_projections(model))
+
+    class Stacks:
+        def __init__(self):
+            self.layers = []
+
+        def update(self, batch):
+            self.layers.append([rows.layers for rows in reductions(batch).stacks])
+
+    def results(stacked):
+        monkeypatch.setattr("headlab.analysis.reductions._stacks_layers", lambda device: stacked)
+        parts, stacks = accumulators(), Stacks()
+        capture(model, corpus=texts, consumers=[*parts, stacks], what=accumulators.what, progress=False)
+        tables = [(p.result(min_count=1) if isinstance(p, SyntaxAccuracy) else p.result()).to_dict() for p in parts]
+        return json.loads(json.dumps(tables)), stacks.layers
+
+    alone, one_by_one = results(False)
+    together, stacked = results(True)
+    assert set(map(tuple, one_by_one)) == {tuple((layer,) for layer in range(6))}
+    assert set(map(tuple, stacked)) == {(tuple(range(6)),)}
+    _numbers_equal(together, alone, rel=1e-6)  # float32 products of other shapes: rounding only
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_every_accumulator_gives_on_cuda_what_it_gives_on_the_cpu():
     # On a GPU the batches, the patterns and v are CUDA tensors; W_O and the sums stay on the CPU.

@@ -1,7 +1,8 @@
 """The reductions shared by the accumulators of a batch: each one against its formula, computed once
 per batch however many accumulators read it, and the accumulators' results unchanged by the sharing.
 
-Axis legend: patterns ``(batch, head, query_pos, key_pos)``; rows ``(batch, head, query_pos)``.
+Axis legend: patterns ``(batch, head, query_pos, key_pos)``; rows ``(batch, head, query_pos)``; a stack's
+reductions have a layer axis in front.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
-from headlab.analysis.reductions import COLUMNS, BatchReductions, LayerReductions, reductions
+from headlab.analysis.reductions import COLUMNS, BatchReductions, StackReductions, reductions, stack_layers
+from headlab.capture import LayerCapture
 from tests.analysis.test_surface import make_batch, sentence
 
 
@@ -36,7 +38,8 @@ def test_one_reductions_object_per_batch_and_layer():
     batch = _random_batch()
     shared = reductions(batch)
     assert reductions(batch) is shared and isinstance(shared, BatchReductions)
-    assert shared.layer(2) is shared.layer(2) and isinstance(shared.layer(2), LayerReductions)
+    assert shared.stack(2) is shared.stack(2) and isinstance(shared.stack(2), StackReductions)
+    assert [rows.layers for rows in shared.stacks] == [(0,), (2,)]  # on the CPU each layer is its own stack
     assert reductions(_random_batch()) is not shared  # a new batch: new reductions
 
 
@@ -50,7 +53,8 @@ def test_each_reduction_equals_its_formula(group_cost, monkeypatch):
     real = batch.attention_mask.bool()
     special = batch.special_tokens_mask.bool() & real
     for layer, taken in batch.layers.items():
-        p, rows = taken.pattern, shared.layer(layer)
+        p, stack = taken.pattern, shared.stack(layer)
+        rows = _Layer(stack, stack.layers.index(layer))
         ok = real[:, None, :].expand(p.shape[:-1])  # real query rows
         n = p.shape[-1]
         i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
@@ -80,19 +84,48 @@ def test_each_reduction_equals_its_formula(group_cost, monkeypatch):
     assert len(COLUMNS) == 4
 
 
+def test_layers_are_stacked_where_they_agree_in_heads_shape_and_size(monkeypatch):
+    batch = _random_batch()  # layer 0: 3 heads, layer 2: 2 heads
+    assert stack_layers(batch) == [(0,), (2,)]  # a CPU: every layer alone
+    monkeypatch.setattr("headlab.analysis.reductions._stacks_layers", lambda device: True)
+    assert stack_layers(batch) == [(0,), (2,)]  # other heads: not one stack
+    p = batch.layers[2].pattern
+    batch.layers = {layer: LayerCapture(layer=layer, heads=(0, 1), pattern=p.clone()) for layer in (0, 1, 3, 4, 7)}
+    assert stack_layers(batch) == [(0, 1, 3, 4, 7)]
+    monkeypatch.setattr("headlab.analysis.reductions._GPU_STACK_BYTES", 2 * p.numel() * p.element_size())
+    assert stack_layers(batch) == [(0, 1), (3, 4), (7,)]
+    stacks = reductions(batch).stacks
+    assert [rows.pattern.shape[0] for rows in stacks] == [2, 2, 1]
+    assert reductions(batch).stack(4) is stacks[1] and stacks[1].heads == (0, 1)
+    torch.testing.assert_close(stacks[1].pattern[1], batch.layers[4].pattern, rtol=0, atol=0, equal_nan=True)
+
+
+class _Layer:
+    """One layer of a stack's reductions, read as ``(batch, head, …)``."""
+
+    def __init__(self, stack: StackReductions, index: int) -> None:
+        self.stack, self.index = stack, index
+
+    def __getattr__(self, name):
+        value = getattr(self.stack, name)
+        return (lambda *args: value(*args)[self.index]) if callable(value) else value[self.index]
+
+
 def test_key_sums_without_nan_take_the_matmul():
     batch = _random_batch(nan_padding=False, dtype=torch.float32)
     p = batch.layers[0].pattern
     real = batch.attention_mask.bool()
-    torch.testing.assert_close(reductions(batch).layer(0).key_sums, torch.where(real[:, None, :, None], p, 0.0).sum(-2),
-                               atol=1e-6, rtol=0)
+    want = torch.where(real[:, None, :, None], p, 0.0).sum(-2)
+    torch.testing.assert_close(reductions(batch).stack(0).key_sums[0], want, atol=1e-6, rtol=0)
 
 
 def test_a_layer_without_patterns_is_named():
     batch = _random_batch()
     batch.layers[0].pattern = None
     with pytest.raises(ValueError, match="layer 0 was captured without patterns"):
-        reductions(batch).layer(0)
+        reductions(batch).stacks
+    with pytest.raises(ValueError, match=r"layer 5 was not captured; the batch holds the layers \[0, 2\]"):
+        reductions(_random_batch()).stack(5)
 
 
 def test_each_reduction_is_computed_once_for_every_accumulator(monkeypatch):
@@ -114,7 +147,7 @@ def test_each_reduction_is_computed_once_for_every_accumulator(monkeypatch):
     after_surface = dict(counts)
     TaxonomyStats().update(batch)
     SurfaceStats().update(batch)
-    layer_state = reductions(batch).layer(0).__dict__
+    layer_state = reductions(batch).stack(0).__dict__
     assert {"masses", "_entropy_and_distance", "confidence"} <= layer_state.keys()
     # the taxonomy adds only what surface statistics did not need (the key sums); a second surface adds nothing
     assert counts["amax"] == after_surface["amax"]

@@ -8,6 +8,9 @@ Axis legend:
     rows       (batch, head, query_pos)            one number per attention row
     result     HeadTable                           a row per captured (layer, head)
 
+``ValueReductions`` reads a stack of layers at once (``headlab.analysis.reductions.BatchReductions.stacks``):
+its norms, rows and masses have a layer axis in front.
+
 A head's output at query i is Σ_j α_ij f_h(x_j), with f_h(x_j) = v_j W_O[h] the value vector of token j
 carried through the head's slice of the output projection. A large α_ij on a token whose f_h(x_j) is
 short moves the output little. Kobayashi et al. read ‖α_ij f_h(x_j)‖ instead of α_ij; here each row of
@@ -39,7 +42,7 @@ import torch
 from torch import Tensor
 
 from headlab.analysis.per_head import HeadSums
-from headlab.analysis.reductions import by_group
+from headlab.analysis.reductions import StackReductions, by_group, reductions
 from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
 
@@ -198,56 +201,56 @@ def value_reductions(batch: CaptureBatch, projections: ValueProjections) -> Valu
 
 
 class ValueReductions:
-    """What the value-reading accumulators (``ValueWeighted``, ``SinkShare``) take from one batch, per layer
-    computed once on first access: the value norms, and each row's masses on the first and special tokens, raw
-    and weighted, with its weighted total (the one read of the patterns).
+    """What the value-reading accumulators (``ValueWeighted``, ``SinkShare``) take from one batch, per stack of
+    layers (``headlab.analysis.reductions.BatchReductions.stacks``) computed once on first access: the value
+    norms, and each row's masses on the first and special tokens, raw and weighted, with its weighted total
+    (the one read of the patterns).
 
     Attributes:
         real: ``(batch, pos)`` bool, True at real tokens.
         first, special, other: ``key_masks(batch)``.
+        stacks: the batch's ``StackReductions``, shared with the accumulators that read the patterns alone.
     """
 
     def __init__(self, batch: CaptureBatch, projections: ValueProjections) -> None:
         self.batch, self.projections = batch, projections
         self.real = batch.attention_mask.bool()
         self.first, self.special, self.other = key_masks(batch)
-        self._norms: dict[int, Tensor] = {}
-        self._masses: dict[int, Tensor] = {}
+        self.stacks = reductions(batch).stacks
+        self._norms: dict[tuple[int, ...], Tensor] = {}
+        self._masses: dict[tuple[int, ...], Tensor] = {}
 
-    def norms(self, layer: int, *, fix: str) -> Tensor:
-        """``(batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding (``ValueProjections.norms``)."""
-        if layer not in self._norms:
-            norms = self.projections.norms(layer, self.batch.layers[layer], fix=fix)
-            self._norms[layer] = norms.masked_fill(~self.real[:, None, :], 0.0)
-        return self._norms[layer]
+    def norms(self, rows: StackReductions, *, fix: str) -> Tensor:
+        """``(layer, batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding
+        (``ValueProjections.norms``)."""
+        if rows.layers not in self._norms:
+            per_layer = [self.projections.norms(layer, self.batch.layers[layer], fix=fix) for layer in rows.layers]
+            norms = per_layer[0][None] if len(per_layer) == 1 else torch.stack(per_layer)
+            self._norms[rows.layers] = norms.masked_fill(~self.real[:, None, :], 0.0)
+        return self._norms[rows.layers]
 
-    def total(self, layer: int, *, fix: str) -> Tensor:
-        """``(batch, head, query_pos)`` float64: each row's weighted total ``Σ_j α_ij n_j``, ``masses``' last."""
-        return self.masses(layer, fix=fix)[..., 4]
+    def total(self, rows: StackReductions, *, fix: str) -> Tensor:
+        """``(layer, batch, head, query_pos)`` float64: each row's weighted total ``Σ_j α_ij n_j`` (``masses``'
+        last column)."""
+        return self.masses(rows, fix=fix)[..., 4]
 
-    def masses(self, layer: int, *, fix: str) -> Tensor:
-        """``(batch, head, query_pos, 5)`` float64: each row's mass ``Σ_j α_ij c_j`` on the columns c = first,
+    def masses(self, rows: StackReductions, *, fix: str) -> Tensor:
+        """``(layer, batch, head, query_pos, 5)`` float64: each row's mass ``Σ_j α_ij c_j`` on the columns c = first,
         special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total.
 
         One product per length group against the five key columns reads the patterns once (in their dtype).
         """
-        if layer not in self._masses:
-            p = self._pattern(layer, fix)
-            norms = self.norms(layer, fix=fix).to(p.dtype)  # (b, h, k), 0 at padding
+        if rows.layers not in self._masses:
+            p = rows.pattern
+            norms = self.norms(rows, fix=fix).to(p.dtype)  # (l, b, h, k), 0 at padding
             first, special = (mask.to(p.dtype)[:, None, :].expand_as(norms) for mask in (self.first, self.special))
-            columns = torch.stack([first, special, first * norms, special * norms, norms], -1)  # (b, h, k, 5)
+            columns = torch.stack([first, special, first * norms, special * norms, norms], -1)  # (l, b, h, k, 5)
 
             def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
-                return torch.matmul(block, columns[items, :, :pos])
+                return torch.matmul(block, columns[:, items, :, :pos])
 
-            self._masses[layer] = by_group(p, self.batch.length_groups(), reduce).double()
-        return self._masses[layer]
-
-    def _pattern(self, layer: int, fix: str) -> Tensor:
-        p = self.batch.layers[layer].pattern
-        if p is None:
-            raise ValueError(f"layer {layer} was captured without patterns; {fix}")
-        return p
+            self._masses[rows.layers] = by_group(p, self.batch.length_groups(), reduce).double()
+        return self._masses[rows.layers]
 
 
 class ValueWeighted(HeadSums):
@@ -279,22 +282,23 @@ class ValueWeighted(HeadSums):
         keys = torch.stack([shared.first, shared.special, shared.other], -1).double()  # (batch, key, 3)
         n_keys = keys.sum((0, 1))  # (3,): first, special, other
         n_queries = shared.real.sum().double()
-        for layer, taken in batch.layers.items():
-            masses = shared.masses(layer, fix=self.FIX)  # (b, h, q, 5)
+        for rows in shared.stacks:
+            masses = shared.masses(rows, fix=self.FIX)  # (l, b, h, q, 5)
             total = masses[..., 4:]
-            defined = real & (total > 0)  # (batch, head, query, 1)
+            defined = real & (total > 0)  # (layer, batch, head, query, 1)
             weighted = masses[..., 2:4] / total.clamp_min(torch.finfo(torch.float64).tiny)
-            raw = torch.where(real, masses[..., :2], 0.0).sum((0, 2))  # (head, 2): first, special
-            shares = torch.where(defined, weighted, 0.0).sum((0, 2))
-            norms = torch.einsum("bhk,bkc->hc", shared.norms(layer, fix=self.FIX).double(), keys)  # (head, 3)
-            n_heads = len(taken.heads)
-            sums = {"raw_first": raw[:, 0], "raw_special": raw[:, 1], "weighted_first": shares[:, 0],
-                    "weighted_special": shares[:, 1], "norm_first": norms[:, 0], "norm_special": norms[:, 1],
-                    "norm_other": norms[:, 2]}
+            raw = torch.where(real, masses[..., :2], 0.0).sum((1, 3))  # (layer, head, 2): first, special
+            shares = torch.where(defined, weighted, 0.0).sum((1, 3))
+            norms = torch.einsum("lbhk,bkc->lhc", shared.norms(rows, fix=self.FIX).double(), keys)  # (layer, head, 3)
+            n_weighted = defined.double().sum((1, 3, 4))  # (layer, head)
+            n_heads = len(rows.heads)
             counts = {"queries": n_queries.expand(n_heads),
-                      "weighted": defined.double().sum((0, 2, 3)),
                       **{f"keys_{name}": n_keys[k].expand(n_heads) for k, name in enumerate(("first", "special", "other"))}}
-            self._add(layer, taken.heads, sums, counts)
+            for i, layer in enumerate(rows.layers):
+                sums = {"raw_first": raw[i, :, 0], "raw_special": raw[i, :, 1], "weighted_first": shares[i, :, 0],
+                        "weighted_special": shares[i, :, 1], "norm_first": norms[i, :, 0],
+                        "norm_special": norms[i, :, 1], "norm_other": norms[i, :, 2]}
+                self._add(layer, rows.heads, sums, counts | {"weighted": n_weighted[i]})
 
     def result(self) -> HeadTable:
         """A row per captured head: ``n_queries`` then ``COLUMNS`` (float64; NaN where a count stayed 0).

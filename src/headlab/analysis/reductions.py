@@ -1,18 +1,22 @@
 """The reductions of a batch's patterns that several accumulators read, each computed once per batch.
 
 Axis legend:
-    pattern     (batch, head, query_pos, key_pos)   one captured layer's selected heads
-    masks       (batch, pos)                        per position
-    rows        (batch, head, query_pos)            one number per attention row
-    masses      (batch, head, query_pos, column)    each row's mass on each key column of ``COLUMNS``
-    key sums    (batch, head, key_pos)              Σ over the real queries
+    pattern     (layer, batch, head, query_pos, key_pos)   a stack of captured layers' selected heads
+    masks       (batch, pos)                               per position
+    rows        (layer, batch, head, query_pos)            one number per attention row
+    masses      (layer, batch, head, query_pos, column)    each row's mass on each key column of ``COLUMNS``
+    key sums    (layer, batch, head, key_pos)              Σ over the real queries
 
 Surface statistics and the taxonomy read the same attention rows: mass on special tokens,
 punctuation and segments, the diagonals, the entropy, the distance, the largest weight.
 ``reductions(batch)`` hands every accumulator one ``BatchReductions`` per batch (kept on the batch
-with ``CaptureBatch.shared``); each reduction of a layer is computed by the first accumulator that
-asks for it and then reused, so each pattern is read once per kind of reduction however many
-accumulators run: one matmul for every column mass (``COLUMNS``: surface's and the taxonomy's key
+with ``CaptureBatch.shared``). Its ``stacks`` hold the captured layers' patterns as ``(layer, batch,
+head, query_pos, key_pos)`` tensors, and every reduction reads a whole stack at once: on a CPU each
+layer is a stack of its own (a view, no copy: there the arithmetic outweighs the ops' launches), on a
+GPU the layers with the same heads are stacked into one copy (``stack_layers``), so each op is launched
+once per batch rather than once per layer. Each reduction of a stack is computed by the first
+accumulator that asks for it and then reused, so each pattern is read once per kind of reduction
+however many accumulators run: one matmul for every column mass (``COLUMNS``: surface's and the taxonomy's key
 masks side by side), one for the key sums, one max, the entropy and the distance together in blocks
 that stay in cache, and the diagonals as views. Each reads every run of items of similar length
 (``CaptureBatch.length_groups``) as its own block, cut to the run's longest item (``by_group``): the
@@ -38,15 +42,16 @@ from torch import Tensor
 from headlab.capture.batch import CaptureBatch
 
 __all__ = [
-    "COLUMNS", "BatchReductions", "LayerReductions", "by_group", "is_punctuation", "punctuation_mask", "reductions",
-    "segments",
+    "COLUMNS", "BatchReductions", "StackReductions", "by_group", "is_punctuation", "punctuation_mask", "reductions",
+    "segments", "stack_layers",
 ]
 
-# The key columns of ``LayerReductions.masses``, in order; segment s of ``segments`` is column
+# The key columns of ``StackReductions.masses``, in order; segment s of ``segments`` is column
 # ``len(COLUMNS) + s`` (its content tokens only).
 COLUMNS = ("first_special", "other_special", "punctuation", "special")
 _BLOCK = 1 << 18  # elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
 _GPU_BLOCK = 1 << 26  # on a GPU, where a block costs its launches: a whole group at once as a rule
+_GPU_STACK_BYTES = 1 << 30  # on a GPU, the most pattern bytes stacked into one copy
 _SENTENCE_ENDS = frozenset({".", "!", "?"})
 # Word-piece markers stripped before the punctuation test: WordPiece "##", byte-level BPE "Ġ"
 # (a leading space), SentencePiece "▁".
@@ -108,38 +113,69 @@ def reductions(batch: CaptureBatch) -> BatchReductions:
     return batch.shared(BatchReductions, BatchReductions)
 
 
+def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
+    """The captured layers in runs whose patterns are reduced as one ``(layer, …)`` stack, in layer order.
+
+    On a CPU every layer is a run of its own. On a GPU a run holds consecutive layers with the same heads
+    and the same pattern shape and dtype, at most ``_GPU_STACK_BYTES`` of patterns: there an op costs its
+    launch far more than its arithmetic (the default model on an H200: 20 ms of launches per batch of
+    every accumulator, 2.5 ms of kernels), and the copy that stacks the layers costs one.
+
+    Raises:
+        ValueError: a layer was captured without patterns.
+    """
+    runs: list[list[int]] = []
+    previous = None
+    for layer, taken in batch.layers.items():
+        p = taken.pattern
+        if p is None:
+            raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
+        kind = (tuple(taken.heads), p.shape, p.dtype)
+        if _stacks_layers(p.device) and kind == previous and \
+                (len(runs[-1]) + 1) * p.numel() * p.element_size() <= _GPU_STACK_BYTES:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+        previous = kind
+    return [tuple(run) for run in runs]
+
+
+def _stacks_layers(device: torch.device) -> bool:
+    """Whether ``stack_layers`` stacks layers on ``device``: everywhere but on a CPU."""
+    return device.type != "cpu"
+
+
 def by_group(pattern: Tensor, groups: list[tuple[slice, int]],
              reduce: Callable[[Tensor, slice, int], Tensor]) -> Tensor:
-    """``(batch, head, pos, …)``: ``reduce(block, items, pos)`` of each length group's block
-    ``pattern[items, :, :pos, :pos]`` side by side, 0 past each group's ``pos``.
+    """``(layer, batch, head, pos, …)``: ``reduce(block, items, pos)`` of each length group's block
+    ``pattern[:, items, :, :pos, :pos]`` side by side, 0 past each group's ``pos``.
 
     Args:
-        pattern: ``(batch, head, query_pos, key_pos)``; when not square (not self-attention) the whole
-            pattern is one block.
+        pattern: ``(layer, batch, head, query_pos, key_pos)``; when not square (not self-attention) the
+            whole pattern is one block.
         groups: ``CaptureBatch.length_groups()``.
-        reduce: maps a block ``(items, head, pos, pos)`` to ``(items, head, pos, …)``.
+        reduce: maps a block ``(layer, items, head, pos, pos)`` to ``(layer, items, head, pos, …)``.
     """
     if pattern.shape[-1] != pattern.shape[-2]:
         return reduce(pattern, slice(None), pattern.shape[-1])
+    if len(groups) == 1 and groups[0][1] == pattern.shape[-1]:  # one block, the whole pattern
+        return reduce(pattern, *groups[0])
     out = None
     for items, pos in groups:
-        part = reduce(pattern[items, :, :pos, :pos], items, pos)
+        part = reduce(pattern[:, items, :, :pos, :pos], items, pos)
         if out is None:
-            out = pattern.new_zeros(pattern.shape[:3] + part.shape[3:])
-        out[items, :, :pos] = part
+            out = pattern.new_zeros(pattern.shape[:4] + part.shape[4:])
+        out[:, items, :, :pos] = part
     return out
 
 
 class BatchReductions:
-    """The key masks of one batch and, per captured layer, its ``LayerReductions``.
+    """The key masks of one batch and its ``stacks`` of layers, each with its ``StackReductions``.
 
     Attributes:
         batch: the batch.
         real: ``(batch, pos)`` bool, True at real tokens.
         special: ``(batch, pos)`` bool, True at real special tokens ([CLS], [SEP], BOS …).
-        punctuation: ``(batch, pos)`` bool, True at punctuation pieces that are not special tokens.
-        segment: ``(batch, pos)`` int64, each position's segment (``segments``).
-        n_content: ``(batch,)`` int64, content segments per item.
         groups: ``CaptureBatch.length_groups``: the runs of items each reduction reads as one block.
     """
 
@@ -147,11 +183,27 @@ class BatchReductions:
         self.batch = batch
         self.real = batch.attention_mask.bool()
         self.special = batch.special_tokens_mask.bool() & self.real
-        self.punctuation = punctuation_mask(batch)
-        self.segment, self.n_content = segments(batch)
         self.groups = batch.length_groups()
-        self._layers: dict[int, LayerReductions] = {}
         self._columns: dict[torch.dtype, Tensor] = {}
+
+    @cached_property
+    def punctuation(self) -> Tensor:
+        """``(batch, pos)`` bool: True at punctuation pieces that are not special tokens."""
+        return punctuation_mask(self.batch)
+
+    @cached_property
+    def _segments(self) -> tuple[Tensor, Tensor]:
+        return segments(self.batch)
+
+    @property
+    def segment(self) -> Tensor:
+        """``(batch, pos)`` int64: each position's segment (``segments``)."""
+        return self._segments[0]
+
+    @property
+    def n_content(self) -> Tensor:
+        """``(batch,)`` int64: content segments per item."""
+        return self._segments[1]
 
     @property
     def content(self) -> Tensor:
@@ -173,35 +225,51 @@ class BatchReductions:
         masks = [first, self.special & ~first, self.punctuation & self.real, self.special]
         return torch.cat([torch.stack(masks, dim=-1), one_hot], dim=-1).to(dtype)
 
-    def layer(self, layer: int) -> LayerReductions:
-        """The reductions of one captured layer's patterns (computed as they are asked for).
+    @cached_property
+    def stacks(self) -> list[StackReductions]:
+        """The captured layers' patterns as ``stack_layers`` stacks them, each with its reductions (computed as
+        they are asked for), in layer order.
 
         Raises:
-            ValueError: the layer was captured without patterns.
+            ValueError: a layer was captured without patterns.
         """
-        if layer not in self._layers:
-            pattern = self.batch.layers[layer].pattern
-            if pattern is None:
-                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
-            self._layers[layer] = LayerReductions(pattern, self)
-        return self._layers[layer]
+        out = []
+        for layers in stack_layers(self.batch):
+            patterns = [self.batch.layers[layer].pattern for layer in layers]
+            pattern = patterns[0][None] if len(patterns) == 1 else torch.stack(patterns)
+            out.append(StackReductions(pattern, self, layers=layers, heads=tuple(self.batch.layers[layers[0]].heads)))
+        return out
+
+    def stack(self, layer: int) -> StackReductions:
+        """The stack that holds ``layer`` (its index in the stack: ``stack.layers.index(layer)``).
+
+        Raises:
+            ValueError: the layer was not captured, or a layer was captured without patterns.
+        """
+        for stack in self.stacks:
+            if layer in stack.layers:
+                return stack
+        raise ValueError(f"layer {layer} was not captured; the batch holds the layers {sorted(self.batch.layers)}")
 
 
-class LayerReductions:
-    """The row reductions of one layer's patterns, each computed on first access.
+class StackReductions:
+    """The row reductions of a stack of layers' patterns, each computed on first access.
 
-    All are in the patterns' dtype. Rows are ``(batch, head, query_pos)``; padded query rows
+    All are in the patterns' dtype. Rows are ``(layer, batch, head, query_pos)``; padded query rows
     hold whatever the patterns hold there, or 0. Each reduction reads the batch's length groups
     (``CaptureBatch.length_groups``) as their own shorter blocks, never the padding past a group's
     longest item.
 
     Args:
-        pattern: ``(batch, head, query_pos, key_pos)``.
-        keys: the batch's masks, which make and hold this object (``BatchReductions.layer``); held weakly here.
+        pattern: ``(layer, batch, head, query_pos, key_pos)``.
+        keys: the batch's masks, which make and hold this object (``BatchReductions.stacks``); held weakly here.
+        layers: the layers of the stack, in order.
+        heads: the heads every one of them captured, in the patterns' order.
     """
 
-    def __init__(self, pattern: Tensor, keys: BatchReductions) -> None:
-        self.pattern = pattern
+    def __init__(self, pattern: Tensor, keys: BatchReductions, *, layers: tuple[int, ...],
+                 heads: tuple[int, ...]) -> None:
+        self.pattern, self.layers, self.heads = pattern, layers, heads
         # held weakly: keys holds this object, and a cycle would keep the batch's patterns alive until the next
         # garbage collection after the batch is done (capture then could not reuse their memory)
         self.keys = weakref.proxy(keys)
@@ -212,32 +280,32 @@ class LayerReductions:
 
     @cached_property
     def masses(self) -> Tensor:
-        """``(batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
+        """``(layer, batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
         columns = self.keys.columns(self.pattern.dtype).to(self.pattern.device)  # (batch, key_pos, column)
 
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
             # A matmul reduces short rows far faster than elementwise products followed by sum(-1). A whole
             # block (contiguous) stacks every head's rows of an item into one (head · query_pos × key_pos)
-            # product; a trimmed block (rows strided) takes one product per item and head, copying nothing.
+            # product; a trimmed block (rows strided) takes one product per layer, item and head, copying nothing.
             if not block.is_contiguous():
                 return torch.matmul(block, columns[items, None, :pos])
-            n, heads = block.shape[:2]
-            return torch.bmm(block.view(n, heads * block.shape[2], pos), columns[items, :pos]).view(
-                n, heads, block.shape[2], -1)
+            layers, n, heads, n_q = block.shape[:4]
+            return torch.matmul(block.view(layers, n, heads * n_q, pos), columns[items, :pos]).view(
+                layers, n, heads, n_q, -1)
 
         return self._by_group(reduce)
 
     def mass(self, column: str) -> Tensor:
-        """``(batch, head, query_pos)``: each row's mass on the key column ``column`` of ``COLUMNS``."""
+        """``(layer, batch, head, query_pos)``: each row's mass on the key column ``column`` of ``COLUMNS``."""
         return self.masses[..., COLUMNS.index(column)]
 
     @property
     def segment_masses(self) -> Tensor:
-        """``(batch, head, query_pos, n_segments)``: each row's mass on the content tokens of each segment."""
+        """``(layer, batch, head, query_pos, n_segments)``: each row's mass on the content tokens of each segment."""
         return self.masses[..., len(COLUMNS):]
 
     def diagonal(self, offset: int) -> Tensor:
-        """``(batch, head, query_pos)``: ``p[..., i, i + offset]``, 0 where key ``i + offset`` does not exist."""
+        """``(layer, batch, head, query_pos)``: ``p[..., i, i + offset]``, 0 where key ``i + offset`` does not exist."""
         if offset not in self._diagonals:
             p = self.pattern
             out = p.new_zeros(p.shape[:-1])
@@ -251,17 +319,17 @@ class LayerReductions:
 
     @property
     def entropy(self) -> Tensor:
-        """``(batch, head, query_pos)``: ``−Σ_j p_ij ln p_ij`` (nats; ``0 ln 0 = 0``)."""
+        """``(layer, batch, head, query_pos)``: ``−Σ_j p_ij ln p_ij`` (nats; ``0 ln 0 = 0``)."""
         return self._entropy_and_distance[..., 0]
 
     @property
     def distance(self) -> Tensor:
-        """``(batch, head, query_pos)``: ``Σ_j p_ij |i − j|``."""
+        """``(layer, batch, head, query_pos)``: ``Σ_j p_ij |i − j|``."""
         return self._entropy_and_distance[..., 1]
 
     @cached_property
     def _entropy_and_distance(self) -> Tensor:
-        """``(batch, head, query_pos, 2)``: both row sums in one pass over each group's block, in blocks of
+        """``(layer, batch, head, query_pos, 2)``: both row sums in one pass over each group's block, in blocks of
         whole (query, key) matrices whose temporaries stay in cache."""
 
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
@@ -286,20 +354,20 @@ class LayerReductions:
 
     @cached_property
     def confidence(self) -> Tensor:
-        """``(batch, head, query_pos)``: ``max_j p_ij``."""
+        """``(layer, batch, head, query_pos)``: ``max_j p_ij``."""
         return self._by_group(lambda block, items, pos: block.amax(-1))
 
     @cached_property
     def key_sums(self) -> Tensor:
-        """``(batch, head, key_pos)``: ``Σ_i p_ij`` over the real queries ``i``."""
+        """``(layer, batch, head, key_pos)``: ``Σ_i p_ij`` over the real queries ``i``."""
         p = self.pattern
         real = self.keys.real.to(p.device)
 
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
             rows = real[items, : block.shape[-2]]  # (n, query_pos)
-            sums = torch.matmul(rows.to(block.dtype)[:, None, None, :], block).squeeze(-2)  # (n, head, key_pos)
+            sums = torch.matmul(rows.to(block.dtype)[:, None, None, :], block).squeeze(-2)  # (layer, n, head, key)
             if not torch.isfinite(sums).all():  # padded query rows may hold anything (NaN): keep them out
                 sums = torch.where(rows[:, None, :, None], block, 0.0).sum(-2)
             return sums
 
-        return self._by_group(reduce)  # (batch, head, key_pos): each group's sums fill its first pos keys
+        return self._by_group(reduce)  # (layer, batch, head, key_pos): each group's sums fill its first pos keys

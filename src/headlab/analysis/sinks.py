@@ -2,10 +2,10 @@
 Language Models with Attention Sinks").
 
 Axis legend:
-    pattern    (batch, head, query_pos, key_pos)   one captured layer's selected heads
-    rows       (batch, head, query_pos)            each query's share on the first ``n_sink`` positions
-    bins       (n_bins,)                           query positions [edges[b], edges[b + 1]); the last is open
-    result     SinkResult                          a HeadTable (a row per captured head) and per-bin shares
+    pattern    (layer, batch, head, query_pos, key_pos)   a stack of captured layers' selected heads
+    rows       (layer, batch, head, query_pos)            each query's share on the first ``n_sink`` positions
+    bins       (n_bins,)                                  query positions [edges[b], edges[b + 1]); the last is open
+    result     SinkResult                                 a HeadTable (a row per captured head) and per-bin shares
 
 Xiao et al. found that causal language models send much of every query's attention to the first few
 tokens whatever they say, and keep 4 of them in a streaming key/value cache. The sink share of a query
@@ -33,6 +33,7 @@ from torch import Tensor
 
 from headlab.analysis.norms import ValueProjections, out_projections, value_reductions
 from headlab.analysis.per_head import HeadSums
+from headlab.analysis.reductions import StackReductions, reductions
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
 
@@ -162,33 +163,38 @@ class SinkShare(HeadSums):
                               torch.stack([past, past * x, past * x * x], -1)], -1)  # (batch, query, n_bins + 3)
         # The raw rows are every real query's, the same for every head of every layer: counted once per batch.
         raw_held = torch.einsum("bq,bqf->f", real.double(), features)  # (n_bins + 3,)
-        for layer, taken in batch.layers.items():
-            p = taken.pattern
-            if p is None:
-                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
-            # kind → (valid rows (batch, head | 1, query), share (batch, head, query), what the valid rows hold)
-            shares = {"raw": (real[:, None, :], p[..., :s].sum(-1).double(), raw_held.expand(p.shape[1], -1))}
+        for rows in reductions(batch).stacks:
+            p = rows.pattern  # (layer, batch, head, query, key)
+            # kind → (valid rows (batch, 1, query) or (layer, batch, head, query), share (layer, batch, head, query),
+            # what the valid rows hold (layer, head, n_bins + 3))
+            shares = {"raw": (real[:, None, :], p[..., :s].sum(-1).double(),
+                              raw_held.expand(len(rows.layers), len(rows.heads), -1))}
             if self.projections is not None:
-                valid, share = self._weighted(batch, layer, s)
-                shares["weighted"] = (valid, share, torch.einsum("bhq,bqf->hf", valid.double(), features))
-            sums, counts = {}, {}
-            for kind, (valid, share, held) in shares.items():  # held: (head, n_bins + 3)
-                share = torch.where(valid, share, 0.0)  # (batch, head, query)
-                added = torch.einsum("bhq,bqf->hf", share, features[..., : n_bins + 2])  # (head, n_bins + 2)
-                counts[f"{kind}_bins"], counts[kind] = held[:, :n_bins], held[:, n_bins]
-                sums[f"{kind}_x"], sums[f"{kind}_xx"] = held[:, n_bins + 1], held[:, n_bins + 2]
-                sums[f"{kind}_bins"], sums[kind], sums[f"{kind}_xy"] = (
-                    added[:, :n_bins], added[:, n_bins], added[:, n_bins + 1])
-            self._add(layer, taken.heads, sums, counts)
+                valid, share = self._weighted(batch, rows, s)
+                shares["weighted"] = (valid, share, torch.einsum("lbhq,bqf->lhf", valid.double(), features))
+            totals = {}
+            for kind, (valid, share, held) in shares.items():
+                share = torch.where(valid, share, 0.0)  # (layer, batch, head, query)
+                totals[kind] = (held, torch.einsum("lbhq,bqf->lhf", share, features[..., : n_bins + 2]))
+            for i, layer in enumerate(rows.layers):
+                sums, counts = {}, {}
+                for kind, (held, added) in totals.items():  # (head, n_bins + 3), (head, n_bins + 2) of this layer
+                    held, added = held[i], added[i]
+                    counts[f"{kind}_bins"], counts[kind] = held[:, :n_bins], held[:, n_bins]
+                    sums[f"{kind}_x"], sums[f"{kind}_xx"] = held[:, n_bins + 1], held[:, n_bins + 2]
+                    sums[f"{kind}_bins"], sums[kind], sums[f"{kind}_xy"] = (
+                        added[:, :n_bins], added[:, n_bins], added[:, n_bins + 1])
+                self._add(layer, rows.heads, sums, counts)
 
-    def _weighted(self, batch: CaptureBatch, layer: int, s: int) -> tuple[Tensor, Tensor]:
-        """``(valid, share)`` of the value-weighted rows: valid where the row's weighted total is > 0."""
+    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int) -> tuple[Tensor, Tensor]:
+        """``(valid, share)`` of the value-weighted rows, ``(layer, batch, head, query)``: valid where the row's
+        weighted total is > 0."""
         fix = "capture with what=('pattern', 'v') or pass W_O=None"
         shared = value_reductions(batch, self.projections)  # the norms and totals ValueWeighted reads too
-        total = shared.total(layer, fix=fix)  # (batch, head, query) float64: Σ_j α_ij n_j
-        norms = shared.norms(layer, fix=fix)[..., :s]  # (batch, head, sink)
-        p = batch.layers[layer].pattern[..., :s]  # (batch, head, query, sink)
-        sink = (p * norms[:, :, None, :].to(p.dtype)).sum(-1).double()  # Σ_{j < s} α_ij n_j
+        total = shared.total(rows, fix=fix)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
+        norms = shared.norms(rows, fix=fix)[..., :s]  # (layer, batch, head, sink)
+        p = rows.pattern[..., :s]  # (layer, batch, head, query, sink)
+        sink = (p * norms[..., None, :].to(p.dtype)).sum(-1).double()  # Σ_{j < s} α_ij n_j
         valid = shared.real[:, None, :] & (total > 0)
         return valid, sink / total.clamp_min(torch.finfo(torch.float64).tiny)
 

@@ -1,10 +1,10 @@
 """Surface statistics of each head's attention (Clark et al. 2019, "What Does BERT Look At?").
 
 Axis legend:
-    patterns      (batch, head, query_pos, key_pos)   one layer's selected heads
-    masks         (batch, pos)                        per key position
-    row stats     (batch, head, query_pos)            one number per attention row
-    result        HeadTable                           a row per captured (layer, head)
+    patterns      (layer, batch, head, query_pos, key_pos)   a stack of layers' selected heads
+    masks         (batch, pos)                               per key position
+    row stats     (layer, batch, head, query_pos)            one number per attention row
+    result        HeadTable                                  a row per captured (layer, head)
 
 ``SurfaceStats`` is an accumulator (``update`` / ``merge`` / ``result``) over capture batches:
 it keeps float64 sums and counts per (layer, head), so memory grows with layers × heads only,
@@ -79,19 +79,19 @@ class SurfaceStats(PerHeadMeans):
         names = [name for name in STATISTICS if name != "uniform_entropy"]
         # where, not a product: padded query rows may hold anything, NaN included
         kept = torch.stack([weights[STATISTICS[name]] for name in names], dim=-1)[:, None]  # (batch, 1, q, stat)
-        for layer, taken in batch.layers.items():
-            rows = shared.layer(layer)
-            stats = {  # (batch, head, q) each, in the patterns' dtype
+        for rows in shared.stacks:
+            stats = {  # (layer, batch, head, q) each, in the patterns' dtype
                 "to_cls": rows.mass("first_special"), "to_sep": rows.mass("other_special"),
                 "to_punct": rows.mass("punctuation"), "to_self": rows.diagonal(0), "to_prev": rows.diagonal(-1),
                 "to_next": rows.diagonal(1), "entropy": rows.entropy, "distance": rows.distance,
                 "confidence": rows.confidence,
             }
-            values = torch.stack([stats[name] for name in names], dim=-1).double()  # (batch, head, q, stat)
-            totals = torch.where(kept.to(values.device), values, 0.0).sum(dim=(0, 2))  # (head, stat)
-            sums = dict(zip(names, totals.unbind(-1)))
-            sums["uniform_entropy"] = uniform_entropy.expand(len(taken.heads))
-            self._add(layer, taken.heads, sums, counts)
+            values = torch.stack([stats[name] for name in names], dim=-1).double()  # (layer, batch, head, q, stat)
+            totals = torch.where(kept.to(values.device), values, 0.0).sum(dim=(1, 3))  # (layer, head, stat)
+            for layer, per_layer in zip(rows.layers, totals):
+                sums = dict(zip(names, per_layer.unbind(-1)))
+                sums["uniform_entropy"] = uniform_entropy.expand(len(rows.heads))
+                self._add(layer, rows.heads, sums, counts)
 
     def _uniform_entropy(self, real: Tensor) -> Tensor:
         """``(batch, query_pos)`` float64: log of the keys each query may see (``i + 1`` when causal)."""

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from headlab.analysis.per_head import PerHeadMeans
-from headlab.analysis.reductions import BatchReductions, LayerReductions, reductions
+from headlab.analysis.reductions import BatchReductions, StackReductions, reductions
 from headlab.analysis.surface import is_causal
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
@@ -77,24 +77,25 @@ def _near(shared: BatchReductions) -> dict[int, Tensor]:
     return near
 
 
-def _item_statistics(rows: LayerReductions, near: dict[int, Tensor], block_uniform: Tensor) -> dict[str, Tensor]:
-    """Row statistics ``(batch, head, q)`` and, for ``top_columns``, item statistics ``(batch, head)``,
-    float64, from the layer's shared reductions."""
-    p = rows.pattern  # (batch, head, q, k)
+def _item_statistics(rows: StackReductions, near: dict[int, Tensor], block_uniform: Tensor) -> dict[str, Tensor]:
+    """Row statistics ``(layer, batch, head, q)`` and, for ``top_columns``, item statistics ``(layer, batch,
+    head)``, float64, from the stack's shared reductions."""
+    p = rows.pattern  # (layer, batch, head, q, k)
     if p.shape[-1] != p.shape[-2]:
-        raise ValueError(f"taxonomy needs self-attention patterns (query_pos == key_pos), got shape {tuple(p.shape)}")
+        shape = tuple(p.shape[1:])
+        raise ValueError(f"taxonomy needs self-attention patterns (query_pos == key_pos), got shape {shape}")
     segment = rows.keys.segment.to(p.device)
     own = segment[:, None, :, None].expand(*p.shape[:-1], 1)
-    in_segment = rows.segment_masses.gather(-1, own).squeeze(-1).double()  # (batch, head, q)
+    in_segment = rows.segment_masses.gather(-1, own).squeeze(-1).double()  # (layer, batch, head, q)
     diagonals = {o: rows.diagonal(o).double() for o in (-1, 0, 1)}
     block = in_segment - sum(diagonals[o] * near[o][:, None, :] for o in (-1, 0, 1))
-    columns = rows.key_sums / rows.keys.real.to(p.dtype).sum(-1)[:, None, None].clamp(min=1)  # (batch, head, k)
+    columns = rows.key_sums / rows.keys.real.to(p.dtype).sum(-1)[:, None, None].clamp(min=1)  # (layer, batch, head, k)
     return {
         "special": rows.mass("special").double(),
         "band": sum(diagonals.values()),
         "block": block,
         "block_uniform": block_uniform.expand(p.shape[:-1]),
-        "top_columns": columns.topk(min(TOP_COLUMNS, p.shape[-1]), dim=-1).values.sum(-1).double(),  # (b, h)
+        "top_columns": columns.topk(min(TOP_COLUMNS, p.shape[-1]), dim=-1).values.sum(-1).double(),  # (l, b, h)
     }
 
 
@@ -116,15 +117,16 @@ class TaxonomyStats(PerHeadMeans):
         # where, not a product: padded query rows may hold anything, NaN included
         kept = torch.stack([weights[_COUNT_OF[name]] for name in per_row], dim=-1)[:, None]  # (batch, 1, q, stat)
         near = block_uniform = None
-        for layer, taken in batch.layers.items():
-            rows = shared.layer(layer)
+        for rows in shared.stacks:
             if near is None:  # once per batch, shared by every layer
                 near, block_uniform = _near(shared), _block_uniform(shared, causal=self.causal)
             stats = _item_statistics(rows, near, block_uniform)
-            values = torch.stack([stats[name] for name in per_row], dim=-1)  # (batch, head, q, stat)
-            sums = dict(zip(per_row, torch.where(kept, values, 0.0).sum((0, 2)).unbind(-1)))
-            sums |= {name: stats[name].sum(0) for name in _STATS if _COUNT_OF[name] == "items"}
-            self._add(layer, taken.heads, sums, counts)
+            values = torch.stack([stats[name] for name in per_row], dim=-1)  # (layer, batch, head, q, stat)
+            totals = torch.where(kept, values, 0.0).sum((1, 3))  # (layer, head, stat)
+            per_item = {name: stats[name].sum(1) for name in _STATS if _COUNT_OF[name] == "items"}  # (layer, head)
+            for i, layer in enumerate(rows.layers):
+                sums = dict(zip(per_row, totals[i].unbind(-1))) | {name: s[i] for name, s in per_item.items()}
+                self._add(layer, rows.heads, sums, counts)
 
     def result(self) -> HeadTable:
         """The means: a row per captured head, a float64 column per taxonomy statistic (``special``,
