@@ -87,7 +87,8 @@ def test_value_weighted_and_sink_share_read_each_batchs_values_once_and_equal_th
         alone.append(accumulator)
     calls = []
     real_norms = ValueProjections.norms
-    monkeypatch.setattr(ValueProjections, "norms", lambda self, *a, **k: calls.append(a[0]) or real_norms(self, *a, **k))
+    monkeypatch.setattr(ValueProjections, "norms",
+                        lambda self, taken, **k: calls.extend(t.layer for t in taken) or real_norms(self, taken, **k))
     batch = hand_batch([9, 4, 6], heads=HEADS, seed=0)
     together = make()  # two ValueProjections of equal W_O: one key, so one ValueReductions per batch
     for accumulator in together:

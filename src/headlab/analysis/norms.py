@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -118,8 +118,8 @@ class ValueProjections:
             digest.update(compact[layer].contiguous().numpy().tobytes())
         self.factors = {layer: f.float() for layer, f in compact.items()}
         self.key = ("value reductions", digest.hexdigest())
-        # the factors moved to a device, by (layer, heads, device)
-        self._placed: dict[tuple[int, tuple[int, ...], torch.device], Tensor] = {}
+        # the factors of a stack of layers on a device, by (layers, heads, device)
+        self._placed: dict[tuple[tuple[int, ...], tuple[int, ...], torch.device], Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the copies placed on a device."""
@@ -130,25 +130,36 @@ class ValueProjections:
         """``W_O`` itself when it is already a ``ValueProjections``, else its ``ValueProjections``."""
         return W_O if isinstance(W_O, ValueProjections) else cls(W_O)
 
-    def norms(self, layer: int, taken: LayerCapture, *, fix: str) -> Tensor:
-        """``(batch, head, key_pos)`` float32: ``‖f_h(x_j)‖`` of one captured layer's heads.
+    def norms(self, taken: Sequence[LayerCapture], *, fix: str) -> Tensor:
+        """``(layer, batch, head, key_pos)`` float32: ``‖f_h(x_j)‖`` of a stack of captured layers, the same heads
+        in each (one product for the whole stack).
 
         Raises:
-            ValueError: the layer was captured without v (the message ends with ``fix``), has no W_O
-                here, or holds a head beyond it.
+            ValueError: a layer was captured without v (the message ends with ``fix``), has no W_O here, or
+                holds a head beyond it.
         """
-        if taken.v is None:
-            raise ValueError(f"layer {layer} was captured without v; {fix}")
-        if layer not in self.factors:
-            raise ValueError(f"layer {layer} has no W_O here; expected one of the layers {sorted(self.factors)}")
-        key = (layer, tuple(taken.heads), taken.v.device)
-        if key not in self._placed:  # once per layer, heads and device: not a copy to the GPU per batch
-            factor = self.factors[layer]
-            index = torch.tensor(taken.heads)
-            if int(index.max()) >= len(factor):
-                raise ValueError(f"layer {layer}: head {int(index.max())} is beyond W_O's {len(factor)} heads")
-            self._placed[key] = factor.index_select(0, index).to(taken.v.device)
-        return value_norms(taken.v, self._placed[key])
+        for layer in taken:
+            if layer.v is None:
+                raise ValueError(f"layer {layer.layer} was captured without v; {fix}")
+            if layer.layer not in self.factors:
+                raise ValueError(f"layer {layer.layer} has no W_O here; expected one of the layers "
+                                 f"{sorted(self.factors)}")
+        heads, device = tuple(taken[0].heads), taken[0].v.device
+        key = (tuple(layer.layer for layer in taken), heads, device)
+        if key not in self._placed:  # once per stack, heads and device: not a copy to the GPU per batch
+            index = torch.tensor(heads)
+            factors = []
+            for layer in taken:
+                factor = self.factors[layer.layer]
+                if int(index.max()) >= len(factor):
+                    raise ValueError(f"layer {layer.layer}: head {int(index.max())} is beyond W_O's "
+                                     f"{len(factor)} heads")
+                factors.append(factor.index_select(0, index))
+            self._placed[key] = torch.cat(factors).to(device)  # (layer · head, d_head_v, width)
+        v = taken[0].v[None] if len(taken) == 1 else torch.stack([layer.v for layer in taken])  # (l, b, h, k, d)
+        n_layers, batch, n_heads, n_keys, d_head = v.shape
+        norms = value_norms(v.transpose(0, 1).reshape(batch, n_layers * n_heads, n_keys, d_head), self._placed[key])
+        return norms.view(batch, n_layers, n_heads, n_keys).transpose(0, 1)
 
 
 def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
@@ -224,8 +235,7 @@ class ValueReductions:
         """``(layer, batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding
         (``ValueProjections.norms``)."""
         if rows.layers not in self._norms:
-            per_layer = [self.projections.norms(layer, self.batch.layers[layer], fix=fix) for layer in rows.layers]
-            norms = per_layer[0][None] if len(per_layer) == 1 else torch.stack(per_layer)
+            norms = self.projections.norms([self.batch.layers[layer] for layer in rows.layers], fix=fix)
             self._norms[rows.layers] = norms.masked_fill(~self.real[:, None, :], 0.0)
         return self._norms[rows.layers]
 
