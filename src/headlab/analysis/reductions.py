@@ -118,8 +118,9 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
 
     On a CPU every layer is a run of its own. On a GPU a run holds consecutive layers with the same heads
     and the same pattern shape and dtype, at most ``_GPU_STACK_BYTES`` of patterns: there an op costs its
-    launch far more than its arithmetic (the default model on an H200: 20 ms of launches per batch of
-    every accumulator, 2.5 ms of kernels), and the copy that stacks the layers costs one.
+    launch far more than its arithmetic, and the copy that stacks the layers costs one launch. (The default
+    model on an H200, every accumulator layer by layer: 20 ms per one-item batch, while a batch of the corpus
+    kept the GPU busy for 2.5 ms; stacked: 9.8 ms.)
 
     Raises:
         ValueError: a layer was captured without patterns.

@@ -37,9 +37,10 @@ BATCH_COST = 256
 # each reduction runs once more per group and layer, ~0.3 ms for the analysis accumulators on this
 # project's 2-core CPU, the time they take to read ~16k entries of each of 12 heads.
 GROUP_COST = 128 * 128
-# On a GPU the accumulators' time per batch is almost all op launches (H200, the default model: 27.6 ms per
-# one-item batch against 29.6 ms per batch of up to 32 items of the corpus), so a group costs far more there
-# than the padding it skips: a batch is cut only where it saves more than a 2k-token item's pattern.
+# On a GPU the accumulators' time per batch is almost all op launches (H200, the default model, layer by
+# layer: 27.6 ms per one-item batch against 29.6 ms per batch of up to 32 items of the corpus), so a group
+# costs far more there than the padding it skips: a batch is cut only where it saves more than a 2k-token
+# item's pattern.
 GPU_GROUP_COST = 1 << 22
 
 
