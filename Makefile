@@ -7,6 +7,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.headlab-installed
 TORCH  := torch==2.13.0
+# The GPU machine's python3 version: gpu-kit fetches the test runner's wheels for it (hypothesis is compiled).
+GPU_PYTHON ?= 3.12
 
 .DEFAULT_GOAL := help
 .PHONY: help install report report-full test test-all bench gpu-kit readme docs clean distclean
@@ -17,7 +19,7 @@ help:
 	@echo "make test      run the test suite (without tests marked slow)"
 	@echo "make test-all  run every test, slow ones included"
 	@echo "make bench     run the benchmark suite and regenerate benchmarks/RESULTS.md and docs/scaling.md's numbers"
-	@echo "make gpu-kit   write .gpu/: the default model in bfloat16, for headlab bench on a GPU machine (docs/benchmarks.md)"
+	@echo "make gpu-kit   write .gpu/: the default model in bfloat16 and pytest, for headlab bench and the CUDA tests on a GPU machine (docs/benchmarks.md)"
 	@echo "make readme    regenerate the README sentences written by the analysis"
 	@echo "make docs      regenerate the architecture tables of docs/models.md from the tests"
 	@echo "make clean     remove build, test and report outputs (keeps .venv)"
@@ -52,6 +54,10 @@ bench: $(STAMP)
 
 gpu-kit: $(STAMP)
 	$(BIN)/python -m headlab.bench.kit .gpu
+	# pytest and hypothesis for the GPU machine's python3, without their optional extras (the kit must stay small)
+	$(BIN)/pip install --quiet --upgrade --no-deps --target .gpu/py --python-version $(GPU_PYTHON) \
+		--only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		pytest pluggy iniconfig packaging hypothesis sortedcontainers
 
 readme: $(STAMP)
 	$(BIN)/python tests/test_readme.py

@@ -131,9 +131,35 @@ def _script(*args: str, cwd: Path, out: Path | None = None) -> subprocess.Comple
 def test_the_gpu_script_refuses_a_bad_mode_and_a_missing_kit(tmp_path: Path) -> None:
     for args in ((), ("fast",)):
         run = _script(*args, cwd=tmp_path)
-        assert run.returncode == 2 and "usage: benchmarks/gpu.sh quick|full" in run.stderr
-    run = _script("quick", cwd=tmp_path)
-    assert run.returncode == 2 and ".gpu/all-MiniLM-L6-v2 is missing: run 'make gpu-kit'" in run.stderr
+        assert run.returncode == 2 and "usage: benchmarks/gpu.sh quick|full|tests" in run.stderr
+    for mode in ("quick", "tests"):
+        run = _script(mode, cwd=tmp_path)
+        assert run.returncode == 2 and ".gpu/all-MiniLM-L6-v2 is missing: run 'make gpu-kit'" in run.stderr
+    (tmp_path / ".gpu" / KIT_MODEL).mkdir(parents=True)
+    (tmp_path / ".gpu" / KIT_MODEL / "config.json").write_text("{}")
+    run = _script("tests", cwd=tmp_path)
+    assert run.returncode == 2 and ".gpu/py has no pytest: run 'make gpu-kit'" in run.stderr
+
+
+def test_the_gpu_scripts_tests_find_the_kits_model_as_the_packaged_one(tmp_path: Path) -> None:
+    # A stand-in test tree: one test named for cuda reads the default model's path, one other is not run.
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    (tmp_path / ".gpu" / KIT_MODEL).mkdir(parents=True)
+    (tmp_path / ".gpu" / KIT_MODEL / "config.json").write_text("{}")
+    (tmp_path / ".gpu" / "py").mkdir()
+    (tmp_path / ".gpu" / "py" / "pytest").symlink_to(Path(pytest.__file__).parent)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_stand_in.py").write_text(
+        "from headlab.models import default_model_path\n"
+        "def test_on_cuda():\n"
+        "    assert (default_model_path() / 'config.json').read_text() == '{}'\n"
+        "def test_elsewhere():\n"
+        "    raise AssertionError('not selected')\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    run = _script("tests", cwd=tmp_path, out=out)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed, 1 deselected" in (out / "headlab-bench-gpu-tests.log").read_text()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
