@@ -108,11 +108,6 @@ class CaptureBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    @property
-    def n_tokens(self) -> int:
-        """Real tokens in the batch."""
-        return int(self.lengths.sum())
-
     def length_groups(self) -> list[tuple[slice, int]]:
         """Runs of items that readers of the patterns take as their own ``(items, pos, pos)`` blocks, each
         ``(items, its longest length)`` (``headlab.capture.batching.length_groups``; ``GPU_GROUP_COST`` per
