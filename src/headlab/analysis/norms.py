@@ -220,14 +220,12 @@ class ValueReductions:
     Attributes:
         real: ``(batch, pos)`` bool, True at real tokens.
         first, special, other: ``key_masks(batch)``.
-        stacks: the batch's ``StackReductions``, shared with the accumulators that read the patterns alone.
     """
 
     def __init__(self, batch: CaptureBatch, projections: ValueProjections) -> None:
         self.batch, self.projections = batch, projections
         self.real = batch.attention_mask.bool()
         self.first, self.special, self.other = key_masks(batch)
-        self.stacks = reductions(batch).stacks
         self._norms: dict[tuple[int, ...], Tensor] = {}
         self._masses: dict[tuple[int, ...], Tensor] = {}
 
@@ -292,7 +290,7 @@ class ValueWeighted(HeadSums):
         keys = torch.stack([shared.first, shared.special, shared.other], -1).double()  # (batch, key, 3)
         n_keys = keys.sum((0, 1))  # (3,): first, special, other
         n_queries = shared.real.sum().double()
-        for rows in shared.stacks:
+        for rows in reductions(batch).stacks:
             masses = shared.masses(rows, fix=self.FIX)  # (l, b, h, q, 5)
             total = masses[..., 4:]
             defined = real & (total > 0)  # (layer, batch, head, query, 1)
