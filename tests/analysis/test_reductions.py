@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
-from headlab.analysis.reductions import COLUMNS, BatchReductions, StackReductions, reductions, stack_layers
+from headlab.analysis.reductions import (
+    COLUMNS, BatchReductions, StackReductions, column_masses, reductions, stack_layers,
+)
 from headlab.capture import LayerCapture
 from tests.analysis.test_surface import make_batch, sentence
 
@@ -167,3 +169,27 @@ def test_sharing_leaves_every_result_as_it_is_alone():
     alone = [run([a], shared=False)[0] for a in make()]
     for g, a in zip(got, alone):
         assert g.to_dict() == a.to_dict()
+
+
+@pytest.mark.parametrize("groups", [[(slice(0, 3), 9)], [(slice(0, 1), 9), (slice(1, 3), 8)],
+                                    [(slice(0, 1), 9), (slice(1, 2), 8), (slice(2, 3), 5)]],
+                         ids=["one group", "two groups", "every item its own"])
+def test_column_masses_of_a_stack_equal_the_products(groups):
+    batch = _random_batch()  # items of 9, 8 and 5 tokens; padded query rows NaN
+    p = batch.layers[0].pattern
+    stack = torch.stack([p, p.flip(1)])  # two layers, (layer, batch, head, query, key)
+    columns = torch.rand(3, 5, 9, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = column_masses(stack, columns, groups)
+    want = torch.einsum("lbhqk,bck->lbhqc", torch.nan_to_num(stack), columns)
+    assert got.shape == want.shape
+    for items, pos in groups:
+        rows = stack[:, items, :, :pos].isfinite().all(-1)  # the real rows of the group's items
+        torch.testing.assert_close(got[:, items, :, :pos][rows], want[:, items, :, :pos][rows], rtol=0, atol=1e-12)
+        assert (got[:, items, :, pos:] == 0).all()  # past the group's longest item: 0
+
+
+def test_column_masses_of_cross_attention_read_the_whole_pattern():
+    p = torch.rand(1, 2, 3, 4, 6, dtype=torch.float64)  # 4 queries, 6 keys
+    columns = torch.rand(2, 3, 6, dtype=torch.float64)
+    got = column_masses(p, columns, [(slice(0, 1), 6), (slice(1, 2), 2)])
+    torch.testing.assert_close(got, torch.einsum("lbhqk,bck->lbhqc", p, columns), rtol=0, atol=1e-12)
