@@ -369,8 +369,9 @@ def test_length_groups_leave_every_accumulator_result_as_one_padded_block_gives(
     _numbers_equal(grouped, whole, rel=1e-6)  # float32 row sums over shorter rows: rounding only
 
 
-def test_layers_read_as_one_stack_give_every_accumulator_result_that_layers_read_one_by_one(monkeypatch):
-    # On a GPU every layer's patterns are reduced as one (layer, …) stack; here the CPU is made to stack them too.
+def test_a_stack_read_as_one_copy_gives_every_accumulator_result_that_its_layers_read_one_by_one(monkeypatch):
+    # On a GPU a stack's patterns are copied into one (layer, …) tensor; on a CPU each layer's is read where it
+    # lies. Here the CPU is made to copy them too.
     pytest.importorskip("spacy")
     from headlab.analysis.analyze import AnalysisAccumulators
     from headlab.analysis.norms import out_projections
@@ -385,22 +386,22 @@ def test_layers_read_as_one_stack_give_every_accumulator_result_that_layers_read
 
     class Stacks:
         def __init__(self):
-            self.layers = []
+            self.parts = []
 
         def update(self, batch):
-            self.layers.append([rows.layers for rows in reductions(batch).stacks])
+            self.parts.append([[layers for _, layers in rows.parts] for rows in reductions(batch).stacks])
 
-    def results(stacked):
-        monkeypatch.setattr("headlab.analysis.reductions._stacks_layers", lambda device: stacked)
+    def results(joined):
+        monkeypatch.setattr("headlab.analysis.reductions._joins_patterns", lambda device: joined)
         parts, stacks = accumulators(), Stacks()
         capture(model, corpus=texts, consumers=[*parts, stacks], what=accumulators.what, progress=False)
         tables = [(p.result(min_count=1) if isinstance(p, SyntaxAccuracy) else p.result()).to_dict() for p in parts]
-        return json.loads(json.dumps(tables)), stacks.layers
+        return json.loads(json.dumps(tables)), stacks.parts
 
     alone, one_by_one = results(False)
-    together, stacked = results(True)
-    assert set(map(tuple, one_by_one)) == {tuple((layer,) for layer in range(6))}
-    assert set(map(tuple, stacked)) == {(tuple(range(6)),)}
+    together, joined = results(True)
+    assert {repr(batch) for batch in one_by_one} == {repr([[slice(layer, layer + 1) for layer in range(6)]])}
+    assert {repr(batch) for batch in joined} == {repr([[slice(0, 6)]])}
     _numbers_equal(together, alone, rel=1e-6)  # float32 products of other shapes: rounding only
 
 

@@ -41,7 +41,7 @@ def test_one_reductions_object_per_batch_and_layer():
     shared = reductions(batch)
     assert reductions(batch) is shared and isinstance(shared, BatchReductions)
     assert shared.stack(2) is shared.stack(2) and isinstance(shared.stack(2), StackReductions)
-    assert [rows.layers for rows in shared.stacks] == [(0,), (2,)]  # on the CPU each layer is its own stack
+    assert [rows.layers for rows in shared.stacks] == [(0,), (2,)]  # other heads: a stack each
     assert reductions(_random_batch()) is not shared  # a new batch: new reductions
 
 
@@ -86,20 +86,47 @@ def test_each_reduction_equals_its_formula(group_cost, monkeypatch):
     assert len(COLUMNS) == 4
 
 
-def test_layers_are_stacked_where_they_agree_in_heads_shape_and_size(monkeypatch):
+def test_layers_are_stacked_where_they_agree_in_heads_and_shape_and_copied_up_to_a_size(monkeypatch):
     batch = _random_batch()  # layer 0: 3 heads, layer 2: 2 heads
-    assert stack_layers(batch) == [(0,), (2,)]  # a CPU: every layer alone
-    monkeypatch.setattr("headlab.analysis.reductions._stacks_layers", lambda device: True)
     assert stack_layers(batch) == [(0,), (2,)]  # other heads: not one stack
     p = batch.layers[2].pattern
     batch.layers = {layer: LayerCapture(layer=layer, heads=(0, 1), pattern=p.clone()) for layer in (0, 1, 3, 4, 7)}
-    assert stack_layers(batch) == [(0, 1, 3, 4, 7)]
+    batch.layers[4].pattern = p.flip(0)  # another pattern of the same shape
+    assert stack_layers(batch) == [(0, 1, 3, 4, 7)]  # a CPU: each layer read where it lies, so no size limit
     monkeypatch.setattr("headlab.analysis.reductions._GPU_STACK_BYTES", 2 * p.numel() * p.element_size())
+    assert stack_layers(batch) == [(0, 1, 3, 4, 7)]
+    [rows] = reductions(batch).stacks
+    assert [layers for _, layers in rows.parts] == [slice(i, i + 1) for i in range(5)]
+    assert rows.parts[3][0].data_ptr() == batch.layers[4].pattern.data_ptr()  # a view, no copy
+    assert rows.shape == (5, *p.shape)
+    batch.release_shared()
+    monkeypatch.setattr("headlab.analysis.reductions._joins_patterns", lambda device: True)  # as on a GPU
     assert stack_layers(batch) == [(0, 1), (3, 4), (7,)]
     stacks = reductions(batch).stacks
-    assert [rows.pattern.shape[0] for rows in stacks] == [2, 2, 1]
+    assert [[layers for _, layers in rows.parts] for rows in stacks] == [[slice(0, 2)], [slice(0, 2)], [slice(0, 1)]]
     assert reductions(batch).stack(4) is stacks[1] and stacks[1].heads == (0, 1)
-    torch.testing.assert_close(stacks[1].pattern[1], batch.layers[4].pattern, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(stacks[1].parts[0][0][1], batch.layers[4].pattern, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_stack_read_layer_by_layer_equals_its_copy_read_at_once(monkeypatch):
+    batch = _random_batch()
+    p = batch.layers[2].pattern
+    variants = [p, p.flip(1), p.sqrt() / p.sqrt().sum(-1, keepdim=True)]  # other heads' order, other weights
+    batch.layers = {layer: LayerCapture(layer=layer, heads=(0, 1), pattern=variants[layer]) for layer in range(3)}
+
+    def everything(joined):
+        monkeypatch.setattr("headlab.analysis.reductions._joins_patterns", lambda device: joined)
+        batch.release_shared()
+        [rows] = reductions(batch).stacks
+        assert len(rows.parts) == (1 if joined else 3)
+        return [rows.masses, rows.entropy, rows.distance, rows.confidence, rows.key_sums,
+                *[rows.diagonal(offset) for offset in (-1, 0, 1)]]
+
+    real = batch.attention_mask.bool()[None, :, None, :]  # the real query rows (and keys, for key_sums)
+    for apart, joined in zip(everything(False), everything(True)):
+        assert apart.shape == joined.shape and apart.shape[0] == 3
+        ok = real.expand(apart.shape[:4])
+        torch.testing.assert_close(apart[ok], joined[ok], rtol=0, atol=1e-12)
 
 
 class _Layer:

@@ -8,8 +8,8 @@ Axis legend:
     rows       (batch, head, query_pos)            one number per attention row
     result     HeadTable                           a row per captured (layer, head)
 
-``ValueReductions`` reads a stack of layers at once (``headlab.analysis.reductions.BatchReductions.stacks``):
-its norms, rows and masses have a layer axis in front.
+``ValueReductions`` reads a stack of layers (``headlab.analysis.reductions.BatchReductions.stacks``): its
+norms, rows and masses have a layer axis in front.
 
 A head's output at query i is Σ_j α_ij f_h(x_j), with f_h(x_j) = v_j W_O[h] the value vector of token j
 carried through the head's slice of the output projection. A large α_ij on a token whose f_h(x_j) is
@@ -156,10 +156,13 @@ class ValueProjections:
                                      f"{len(factor)} heads")
                 factors.append(factor.index_select(0, index))
             self._placed[key] = torch.cat(factors).to(device)  # (layer · head, d_head_v, width)
-        v = taken[0].v[None] if len(taken) == 1 else torch.stack([layer.v for layer in taken])  # (l, b, h, k, d)
-        n_layers, batch, n_heads, n_keys, d_head = v.shape
-        norms = value_norms(v.transpose(0, 1).reshape(batch, n_layers * n_heads, n_keys, d_head), self._placed[key])
-        return norms.view(batch, n_layers, n_heads, n_keys).transpose(0, 1)
+        factors = self._placed[key]
+        batch, n_heads, n_keys, d_head = taken[0].v.shape
+        dtype = torch.promote_types(torch.promote_types(taken[0].v.dtype, factors.dtype), torch.float32)
+        # every head's (batch · key_pos, d_head_v) values, heads of every layer in a row: one copy
+        per_head = torch.stack([layer.v.transpose(0, 1) for layer in taken]).to(dtype)  # (l, h, b, k, d)
+        norms = _product_norms(per_head.view(len(taken) * n_heads, batch * n_keys, d_head), factors)
+        return norms.view(len(taken), n_heads, batch, n_keys).transpose(1, 2)
 
 
 def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
@@ -175,10 +178,15 @@ def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
     """
     dtype = torch.promote_types(torch.promote_types(v.dtype, W_O.dtype), torch.float32)
     batch, heads, n_keys, d_head = v.shape
-    # one (batch · key_pos × d_head_v) product per head: a broadcast matmul would run batch × head small ones
     per_head = v.to(dtype).transpose(0, 1).reshape(heads, batch * n_keys, d_head)
-    f = torch.bmm(per_head, W_O.to(device=v.device, dtype=dtype))  # (head, batch · key_pos, width)
-    return torch.linalg.vector_norm(f, dim=-1).view(heads, batch, n_keys).transpose(0, 1)
+    return _product_norms(per_head, W_O.to(device=v.device, dtype=dtype)).view(heads, batch, n_keys).transpose(0, 1)
+
+
+def _product_norms(per_head: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
+    """``(head, row)``: ``‖x W_O[h]‖`` of each head's rows ``per_head`` ``(head, row, d_head_v)``, W_O ``(head,
+    d_head_v, width)`` in the same dtype: one (row × d_head_v) product per head (a broadcast matmul would run a
+    small one per item and head)."""
+    return torch.linalg.vector_norm(torch.bmm(per_head, W_O), dim=-1)
 
 
 def weighted_pattern(pattern: Tensor, norms: Tensor) -> Tensor:
@@ -233,7 +241,10 @@ class ValueReductions:
         """``(layer, batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding
         (``ValueProjections.norms``)."""
         if rows.layers not in self._norms:
-            norms = self.projections.norms([self.batch.layers[layer] for layer in rows.layers], fix=fix)
+            taken = [self.batch.layers[layer] for layer in rows.layers]
+            # as the stack reads its patterns: one product for the stack where they were copied into one tensor (a
+            # GPU), else layer by layer (a CPU: there a layer's products stay in cache, the stack's would not)
+            norms = rows.over_layers(lambda _, layers: self.projections.norms(taken[layers], fix=fix))
             self._norms[rows.layers] = norms.masked_fill(~self.real[:, None, :], 0.0)
         return self._norms[rows.layers]
 
@@ -251,15 +262,17 @@ class ValueReductions:
         its transpose (``headlab.analysis.reductions.column_masses``).
         """
         if rows.layers not in self._masses:
-            p = rows.pattern
-            norms = self.norms(rows, fix=fix).to(p.dtype)  # (l, b, h, k), 0 at padding
-            first, special = (mask.to(p.dtype)[:, None, :].expand_as(norms) for mask in (self.first, self.special))
+            norms = self.norms(rows, fix=fix).to(rows.dtype)  # (l, b, h, k), 0 at padding
+            first, special = (mask.to(rows.dtype)[:, None, :].expand_as(norms) for mask in (self.first, self.special))
             columns = torch.stack([first, special, first * norms, special * norms, norms], -2)  # (l, b, h, 5, k)
 
-            def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
-                return torch.matmul(columns[:, items, :, :, :pos], block.transpose(-1, -2)).transpose(-1, -2)
+            def masses(pattern: Tensor, layers: slice) -> Tensor:
+                def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
+                    return torch.matmul(columns[layers, items, :, :, :pos], block.transpose(-1, -2)).transpose(-1, -2)
 
-            self._masses[rows.layers] = by_group(p, self.batch.length_groups(), reduce).double()
+                return by_group(pattern, self.batch.length_groups(), reduce)
+
+            self._masses[rows.layers] = rows.over_layers(masses).double()
         return self._masses[rows.layers]
 
 

@@ -10,17 +10,19 @@ Axis legend:
 Surface statistics and the taxonomy read the same attention rows: mass on special tokens,
 punctuation and segments, the diagonals, the entropy, the distance, the largest weight.
 ``reductions(batch)`` hands every accumulator one ``BatchReductions`` per batch (kept on the batch
-with ``CaptureBatch.shared``). Its ``stacks`` hold the captured layers' patterns as ``(layer, batch,
-head, query_pos, key_pos)`` tensors, and every reduction reads a whole stack at once: on a CPU each
-layer is a stack of its own (a view, no copy: there the arithmetic outweighs the ops' launches), on a
-GPU the layers with the same heads are stacked into one copy (``stack_layers``), so each op is launched
-once per batch rather than once per layer. Each reduction of a stack is computed by the first
-accumulator that asks for it and then reused, so each pattern is read once per kind of reduction
-however many accumulators run: one matmul for every column mass (``COLUMNS``: surface's and the taxonomy's key
-masks side by side), one for the key sums, one max, the entropy and the distance together in blocks
-that stay in cache, and the diagonals as views. Each reads every run of items of similar length
-(``CaptureBatch.length_groups``) as its own block, cut to the run's longest item (``by_group``): the
-padding a long item gives the rest of its batch is never read.
+with ``CaptureBatch.shared``). Its ``stacks`` hold the captured layers in runs with the same heads
+(``stack_layers``), and every accumulator reads a stack's reductions as ``(layer, …)`` tensors, so its own
+arithmetic runs once per batch rather than once per layer. Where the patterns are read depends on the
+device: on a GPU a stack's patterns are copied into one ``(layer, batch, head, query_pos, key_pos)`` tensor
+and each reduction is launched once for the whole stack (there an op costs its launch more than its
+arithmetic); on a CPU each layer's pattern is reduced where it lies and the reductions, a number per row,
+are put side by side (copying the patterns would cost more than the launches it saves). Each reduction of a
+stack is computed by the first accumulator that asks for it and then reused, so each pattern is read once
+per kind of reduction however many accumulators run: one matmul for every column mass (``COLUMNS``:
+surface's and the taxonomy's key masks side by side), one for the key sums, one max, the entropy and the
+distance together in blocks that stay in cache, and the diagonals as views. Each reads every run of items
+of similar length (``CaptureBatch.length_groups``) as its own block, cut to the run's longest item
+(``by_group``): the padding a long item gives the rest of its batch is never read.
 
 Reductions run in the patterns' dtype (float32 row sums are exact to ~1e-7, far below anything a
 statistic is read at); the accumulators widen the per-row values to float64 before summing over the
@@ -116,11 +118,12 @@ def reductions(batch: CaptureBatch) -> BatchReductions:
 def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     """The captured layers in runs whose patterns are reduced as one ``(layer, …)`` stack, in layer order.
 
-    On a CPU every layer is a run of its own. On a GPU a run holds consecutive layers with the same heads
-    and the same pattern shape and dtype, at most ``_GPU_STACK_BYTES`` of patterns: there an op costs its
-    launch far more than its arithmetic, and the copy that stacks the layers costs one launch. (The default
-    model on an H200, every accumulator layer by layer: 20 ms per one-item batch, while a batch of the corpus
-    kept the GPU busy for 2.5 ms; stacked: 9.8 ms.)
+    A run holds consecutive layers with the same heads and the same pattern shape and dtype; where a stack's
+    patterns are copied into one tensor (``_joins_patterns``: on a GPU), at most ``_GPU_STACK_BYTES`` of them.
+    (The default model on an H200, every accumulator layer by layer: 20 ms per one-item batch, while a batch of
+    the corpus kept the GPU busy for 2.5 ms; stacked: 9.8 ms. On a CPU, the own arithmetic of surface statistics,
+    the taxonomy, value-weighted attention and the sink share on the reductions of a corpus pass: 101 ms layer by
+    layer, 71 ms stacked.)
 
     Raises:
         ValueError: a layer was captured without patterns.
@@ -132,8 +135,8 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
         if p is None:
             raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
         kind = (tuple(taken.heads), p.shape, p.dtype)
-        if _stacks_layers(p.device) and kind == previous and \
-                (len(runs[-1]) + 1) * p.numel() * p.element_size() <= _GPU_STACK_BYTES:
+        if kind == previous and (not _joins_patterns(p.device)
+                                 or (len(runs[-1]) + 1) * p.numel() * p.element_size() <= _GPU_STACK_BYTES):
             runs[-1].append(layer)
         else:
             runs.append([layer])
@@ -141,8 +144,9 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     return [tuple(run) for run in runs]
 
 
-def _stacks_layers(device: torch.device) -> bool:
-    """Whether ``stack_layers`` stacks layers on ``device``: everywhere but on a CPU."""
+def _joins_patterns(device: torch.device) -> bool:
+    """Whether a stack's patterns are copied into one tensor on ``device``, each reduction then launched once for
+    the stack: everywhere but on a CPU, where each layer's pattern is reduced where it lies."""
     return device.type != "cpu"
 
 
@@ -270,8 +274,7 @@ class BatchReductions:
         out = []
         for layers in stack_layers(self.batch):
             patterns = [self.batch.layers[layer].pattern for layer in layers]
-            pattern = patterns[0][None] if len(patterns) == 1 else torch.stack(patterns)
-            out.append(StackReductions(pattern, self, layers=layers, heads=tuple(self.batch.layers[layers[0]].heads)))
+            out.append(StackReductions(patterns, self, layers=layers, heads=tuple(self.batch.layers[layers[0]].heads)))
         return out
 
     def stack(self, layer: int) -> StackReductions:
@@ -295,28 +298,52 @@ class StackReductions:
     longest item.
 
     Args:
-        pattern: ``(layer, batch, head, query_pos, key_pos)``.
+        patterns: each layer's ``(batch, head, query_pos, key_pos)``, the same shape and dtype.
         keys: the batch's masks, which make and hold this object (``BatchReductions.stacks``); held weakly here.
         layers: the layers of the stack, in order.
         heads: the heads every one of them captured, in the patterns' order.
+
+    Attributes:
+        shape: ``(layer, batch, head, query_pos, key_pos)``, the stack's patterns side by side.
+        dtype, device: the patterns'.
+        parts: the patterns as the reductions read them, ``[(pattern (layer, batch, head, query_pos, key_pos),
+            the slice of the stack's layers it holds)]``: one copy of the whole stack where ``_joins_patterns``
+            (a GPU), else each layer's pattern where it lies (a CPU).
     """
 
-    def __init__(self, pattern: Tensor, keys: BatchReductions, *, layers: tuple[int, ...],
+    def __init__(self, patterns: list[Tensor], keys: BatchReductions, *, layers: tuple[int, ...],
                  heads: tuple[int, ...]) -> None:
-        self.pattern, self.layers, self.heads = pattern, layers, heads
+        first = patterns[0]
+        self.layers, self.heads = layers, heads
+        self.shape, self.dtype, self.device = (len(patterns), *first.shape), first.dtype, first.device
+        # the patterns as they are read, each with the slice of the stack's layers it holds
+        if len(patterns) > 1 and _joins_patterns(first.device):  # one (layer, …) tensor: an op per stack
+            self.parts = [(torch.stack(patterns), slice(0, len(patterns)))]
+        else:  # each layer where it lies, as (1, …)
+            self.parts = [(p[None], slice(i, i + 1)) for i, p in enumerate(patterns)]
         # held weakly: keys holds this object, and a cycle would keep the batch's patterns alive until the next
         # garbage collection after the batch is done (capture then could not reuse their memory)
         self.keys = weakref.proxy(keys)
         self._diagonals: dict[int, Tensor] = {}
 
+    def over_layers(self, reduce: Callable[[Tensor, slice], Tensor]) -> Tensor:
+        """``(layer, …)``: ``reduce(pattern, layers)`` of each of ``parts`` (``pattern`` ``(layer, batch, head,
+        query_pos, key_pos)``, ``layers`` the slice of the stack it holds), the results side by side: all at once
+        where the patterns were copied into one tensor (a GPU), else layer by layer (a CPU)."""
+        results = [reduce(pattern, layers) for pattern, layers in self.parts]
+        return results[0] if len(results) == 1 else torch.cat(results)
+
     def _by_group(self, reduce: Callable[[Tensor, slice, int], Tensor]) -> Tensor:
-        return by_group(self.pattern, self.keys.groups, reduce)
+        return self.over_layers(lambda pattern, _: by_group(pattern, self.keys.groups, reduce))
 
     @cached_property
     def masses(self) -> Tensor:
         """``(layer, batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
-        columns = self.keys.columns(self.pattern.dtype).to(self.pattern.device)  # (batch, key_pos, column)
-        return column_masses(self.pattern, columns.transpose(1, 2), self.keys.groups)
+        columns = self.keys.columns(self.dtype).to(self.device).transpose(1, 2)  # (batch, column, key_pos)
+        # each layer's masses are a view of a (…, column, head, query_pos) tensor: put those side by side
+        layout = self.over_layers(
+            lambda pattern, _: column_masses(pattern, columns, self.keys.groups).permute(0, 1, 4, 2, 3))
+        return layout.permute(0, 1, 3, 4, 2)
 
     def mass(self, column: str) -> Tensor:
         """``(layer, batch, head, query_pos)``: each row's mass on the key column ``column`` of ``COLUMNS``."""
@@ -330,13 +357,10 @@ class StackReductions:
     def diagonal(self, offset: int) -> Tensor:
         """``(layer, batch, head, query_pos)``: ``p[..., i, i + offset]``, 0 where key ``i + offset`` does not exist."""
         if offset not in self._diagonals:
-            p = self.pattern
-            out = p.new_zeros(p.shape[:-1])
-            values = p.diagonal(offset=offset, dim1=-2, dim2=-1)
-            if offset < 0:
-                out[..., -offset:] = values
-            else:
-                out[..., : out.shape[-1] - offset] = values
+            out = torch.zeros(self.shape[:-1], dtype=self.dtype, device=self.device)
+            rows = slice(-offset, None) if offset < 0 else slice(0, out.shape[-1] - offset)
+            for pattern, layers in self.parts:
+                out[layers, ..., rows] = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
             self._diagonals[offset] = out
         return self._diagonals[offset]
 
@@ -383,8 +407,7 @@ class StackReductions:
     @cached_property
     def key_sums(self) -> Tensor:
         """``(layer, batch, head, key_pos)``: ``Σ_i p_ij`` over the real queries ``i``."""
-        p = self.pattern
-        real = self.keys.real.to(p.device)
+        real = self.keys.real.to(self.device)
 
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
             rows = real[items, : block.shape[-2]]  # (n, query_pos)

@@ -164,10 +164,10 @@ class SinkShare(HeadSums):
         # The raw rows are every real query's, the same for every head of every layer: counted once per batch.
         raw_held = torch.einsum("bq,bqf->f", real.double(), features)  # (n_bins + 3,)
         for rows in reductions(batch).stacks:
-            p = rows.pattern  # (layer, batch, head, query, key)
             # kind → (valid rows (batch, 1, query) or (layer, batch, head, query), share (layer, batch, head, query),
             # what the valid rows hold (layer, head, n_bins + 3))
-            shares = {"raw": (real[:, None, :], p[..., :s].sum(-1).double(),
+            raw = rows.over_layers(lambda p, _: p[..., :s].sum(-1)).double()  # p (layer, batch, head, query, key)
+            shares = {"raw": (real[:, None, :], raw,
                               raw_held.expand(len(rows.layers), len(rows.heads), -1))}
             if self.projections is not None:
                 valid, share = self._weighted(batch, rows, s)
@@ -192,9 +192,9 @@ class SinkShare(HeadSums):
         fix = "capture with what=('pattern', 'v') or pass W_O=None"
         shared = value_reductions(batch, self.projections)  # the norms and totals ValueWeighted reads too
         total = shared.total(rows, fix=fix)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
-        norms = shared.norms(rows, fix=fix)[..., :s]  # (layer, batch, head, sink)
-        p = rows.pattern[..., :s]  # (layer, batch, head, query, sink)
-        sink = (p * norms[..., None, :].to(p.dtype)).sum(-1).double()  # Σ_{j < s} α_ij n_j
+        norms = shared.norms(rows, fix=fix)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
+        # Σ_{j < s} α_ij n_j, of the patterns (layer, batch, head, query, key)
+        sink = rows.over_layers(lambda p, layers: (p[..., :s] * norms[layers]).sum(-1)).double()
         valid = shared.real[:, None, :] & (total > 0)
         return valid, sink / total.clamp_min(torch.finfo(torch.float64).tiny)
 

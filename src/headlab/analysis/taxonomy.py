@@ -80,22 +80,21 @@ def _near(shared: BatchReductions) -> dict[int, Tensor]:
 def _item_statistics(rows: StackReductions, near: dict[int, Tensor], block_uniform: Tensor) -> dict[str, Tensor]:
     """Row statistics ``(layer, batch, head, q)`` and, for ``top_columns``, item statistics ``(layer, batch,
     head)``, float64, from the stack's shared reductions."""
-    p = rows.pattern  # (layer, batch, head, q, k)
-    if p.shape[-1] != p.shape[-2]:
-        shape = tuple(p.shape[1:])
-        raise ValueError(f"taxonomy needs self-attention patterns (query_pos == key_pos), got shape {shape}")
-    segment = rows.keys.segment.to(p.device)
-    own = segment[:, None, :, None].expand(*p.shape[:-1], 1)
+    shape = rows.shape  # (layer, batch, head, q, k)
+    if shape[-1] != shape[-2]:
+        raise ValueError(f"taxonomy needs self-attention patterns (query_pos == key_pos), got shape {shape[1:]}")
+    segment = rows.keys.segment.to(rows.device)
+    own = segment[:, None, :, None].expand(*shape[:-1], 1)
     in_segment = rows.segment_masses.gather(-1, own).squeeze(-1).double()  # (layer, batch, head, q)
     diagonals = {o: rows.diagonal(o).double() for o in (-1, 0, 1)}
     block = in_segment - sum(diagonals[o] * near[o][:, None, :] for o in (-1, 0, 1))
-    columns = rows.key_sums / rows.keys.real.to(p.dtype).sum(-1)[:, None, None].clamp(min=1)  # (layer, batch, head, k)
+    columns = rows.key_sums / rows.keys.real.to(rows.dtype).sum(-1)[:, None, None].clamp(min=1)  # (layer, batch, head, k)
     return {
         "special": rows.mass("special").double(),
         "band": sum(diagonals.values()),
         "block": block,
-        "block_uniform": block_uniform.expand(p.shape[:-1]),
-        "top_columns": columns.topk(min(TOP_COLUMNS, p.shape[-1]), dim=-1).values.sum(-1).double(),  # (l, b, h)
+        "block_uniform": block_uniform.expand(shape[:-1]),
+        "top_columns": columns.topk(min(TOP_COLUMNS, shape[-1]), dim=-1).values.sum(-1).double(),  # (l, b, h)
     }
 
 
