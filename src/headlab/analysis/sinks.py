@@ -166,7 +166,7 @@ class SinkShare(HeadSums):
         for rows in reductions(batch).stacks:
             # kind → (valid rows (batch, 1, query) or (layer, batch, head, query), share (layer, batch, head, query),
             # what the valid rows hold (layer, head, n_bins + 3))
-            raw = rows.over_layers(lambda p, _: p[..., :s].sum(-1)).double()  # p (layer, batch, head, query, key)
+            raw = rows.over_layers(lambda p, _: _sink_mass(p, s)).double()  # p (layer, batch, head, query, key)
             shares = {"raw": (real[:, None, :], raw,
                               raw_held.expand(len(rows.layers), len(rows.heads), -1))}
             if self.projections is not None:
@@ -194,7 +194,7 @@ class SinkShare(HeadSums):
         total = shared.total(rows, fix=fix)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
         norms = shared.norms(rows, fix=fix)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
         # Σ_{j < s} α_ij n_j, of the patterns (layer, batch, head, query, key)
-        sink = rows.over_layers(lambda p, layers: (p[..., :s] * norms[layers]).sum(-1)).double()
+        sink = rows.over_layers(lambda p, layers: _sink_mass(p, s, norms[layers])).double()
         valid = shared.real[:, None, :] & (total > 0)
         return valid, sink / total.clamp_min(torch.finfo(torch.float64).tiny)
 
@@ -230,6 +230,17 @@ class SinkShare(HeadSums):
         table = HeadTable([(layer, head) for layer, head, _ in order], columns)
         return SinkResult(table=table, n_sink=self.n_sink, edges=self.edges, raw=np.stack(bins["raw"]),
                           weighted=np.stack(bins["weighted"]) if self.weighted else None, counts=np.stack(counts))
+
+
+def _sink_mass(pattern: Tensor, n_sink: int, weights: Tensor | None = None) -> Tensor:
+    """``(…, query)``: ``Σ_{j < n_sink} p_ij`` (times ``weights[..., j]``, broadcast to ``(…, 1, n_sink)``) of
+    ``pattern`` ``(…, query, key)``, 1 ≤ n_sink ≤ key, the columns added one by one: a sum over a short strided
+    last axis runs several times slower on a CPU."""
+    total = None
+    for j in range(n_sink):
+        column = pattern[..., j] if weights is None else pattern[..., j] * weights[..., j]
+        total = column if total is None else total + column
+    return total
 
 
 def sink_share(model: Any, corpus: Any = None, *, n_sink: int | None = None, weighted: bool = True,

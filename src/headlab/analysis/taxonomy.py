@@ -112,20 +112,18 @@ class TaxonomyStats(PerHeadMeans):
         block_rows = real & ~shared.special & (shared.n_content >= 2)[:, None]
         weights = {"queries": real, "block_queries": block_rows}
         counts = {"queries": real.sum(), "block_queries": block_rows.sum(), "items": len(batch)}
-        per_row = [name for name in _STATS if _COUNT_OF[name] != "items"]
-        # where, not a product: padded query rows may hold anything, NaN included
-        kept = torch.stack([weights[_COUNT_OF[name]] for name in per_row], dim=-1)[:, None]  # (batch, 1, q, stat)
+        kept = {name: w[:, None] for name, w in weights.items()}  # (batch, 1, q)
         near = block_uniform = None
         for rows in shared.stacks:
             if near is None:  # once per batch, shared by every layer
                 near, block_uniform = _near(shared), _block_uniform(shared, causal=self.causal)
             stats = _item_statistics(rows, near, block_uniform)
-            values = torch.stack([stats[name] for name in per_row], dim=-1)  # (layer, batch, head, q, stat)
-            totals = torch.where(kept, values, 0.0).sum((1, 3))  # (layer, head, stat)
-            per_item = {name: stats[name].sum(1) for name in _STATS if _COUNT_OF[name] == "items"}  # (layer, head)
+            # (layer, head) each: where, not a product (padded query rows may hold anything, NaN included), each
+            # statistic on its own (2–3× faster on a CPU than stacking them first)
+            totals = {name: torch.where(kept[count], stats[name], 0.0).sum((1, 3)) if count != "items"
+                      else stats[name].sum(1) for name, count in _COUNT_OF.items()}
             for i, layer in enumerate(rows.layers):
-                sums = dict(zip(per_row, totals[i].unbind(-1))) | {name: s[i] for name, s in per_item.items()}
-                self._add(layer, rows.heads, sums, counts)
+                self._add(layer, rows.heads, {name: total[i] for name, total in totals.items()}, counts)
 
     def result(self) -> HeadTable:
         """The means: a row per captured head, a float64 column per taxonomy statistic (``special``,
