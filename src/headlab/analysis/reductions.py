@@ -174,7 +174,8 @@ def by_group(pattern: Tensor, groups: list[tuple[slice, int]],
     return out
 
 
-def column_masses(pattern: Tensor, columns: Tensor, groups: list[tuple[slice, int]]) -> Tensor:
+def column_masses(pattern: Tensor, columns: Tensor, groups: list[tuple[slice, int]], *,
+                  out: Tensor | None = None) -> Tensor:
     """``(layer, batch, head, query_pos, column)``: ``Σ_j p_ij c_j``, each row's mass on each key column of its item,
     0 past each length group's ``pos`` (as ``by_group`` lays it out; a view of a ``(…, column, head, query_pos)``
     tensor, so that each column is contiguous).
@@ -189,14 +190,18 @@ def column_masses(pattern: Tensor, columns: Tensor, groups: list[tuple[slice, in
             pattern is one block.
         columns: ``(batch, column, key_pos)``, the same for every head of an item.
         groups: ``CaptureBatch.length_groups()``.
+        out: ``(layer, batch, column, head, query_pos)``, contiguous, to write the masses into (returned as the
+            view above); None allocates.
     """
     layers, batch, heads, n_q, n_k = pattern.shape
     n_columns = columns.shape[1]
+    if out is None:
+        out = pattern.new_empty(layers, batch, n_columns, heads, n_q)
     if n_q != n_k or (len(groups) == 1 and groups[0][1] == n_k):  # one block, the whole pattern
         rows = pattern.reshape(layers, batch, heads * n_q, n_k).transpose(-1, -2)
-        out = torch.matmul(columns, rows).view(layers, batch, n_columns, heads, n_q)
+        torch.matmul(columns, rows, out=out.view(layers, batch, n_columns, heads * n_q))
         return out.permute(0, 1, 3, 4, 2)
-    out = pattern.new_zeros(layers, batch, n_columns, heads, n_q)
+    out.zero_()
     for items, pos in groups:
         block = pattern[:, items, :, :, :pos]  # every query row: (head, query) rows one key_pos stride apart
         n = block.shape[1]
@@ -340,10 +345,11 @@ class StackReductions:
     def masses(self) -> Tensor:
         """``(layer, batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
         columns = self.keys.columns(self.dtype).to(self.device).transpose(1, 2)  # (batch, column, key_pos)
-        # each layer's masses are a view of a (…, column, head, query_pos) tensor: put those side by side
-        layout = self.over_layers(
-            lambda pattern, _: column_masses(pattern, columns, self.keys.groups).permute(0, 1, 4, 2, 3))
-        return layout.permute(0, 1, 3, 4, 2)
+        layers, batch, heads, n_q, _ = self.shape
+        out = torch.empty(layers, batch, columns.shape[1], heads, n_q, dtype=self.dtype, device=self.device)
+        for pattern, part in self.parts:  # each part's masses written in place
+            column_masses(pattern, columns, self.keys.groups, out=out[part])
+        return out.permute(0, 1, 3, 4, 2)
 
     def mass(self, column: str) -> Tensor:
         """``(layer, batch, head, query_pos)``: each row's mass on the key column ``column`` of ``COLUMNS``."""
