@@ -88,7 +88,8 @@ def _item_statistics(rows: StackReductions, near: dict[int, Tensor], block_unifo
     in_segment = rows.segment_masses.gather(-1, own).squeeze(-1).double()  # (layer, batch, head, q)
     diagonals = {o: rows.diagonal(o).double() for o in (-1, 0, 1)}
     block = in_segment - sum(diagonals[o] * near[o][:, None, :] for o in (-1, 0, 1))
-    columns = rows.key_sums / rows.keys.real.to(rows.dtype).sum(-1)[:, None, None].clamp(min=1)  # (layer, batch, head, k)
+    n_real = rows.keys.real.to(rows.dtype).sum(-1)[:, None, None].clamp(min=1)
+    columns = rows.key_sums / n_real  # (layer, batch, head, k)
     return {
         "special": rows.mass("special").double(),
         "band": sum(diagonals.values()),
