@@ -369,9 +369,10 @@ def test_length_groups_leave_every_accumulator_result_as_one_padded_block_gives(
     _numbers_equal(grouped, whole, rel=1e-6)  # float32 row sums over shorter rows: rounding only
 
 
-def test_a_stack_read_as_one_copy_gives_every_accumulator_result_that_its_layers_read_one_by_one(monkeypatch):
-    # On a GPU a stack's patterns are copied into one (layer, …) tensor; on a CPU each layer's is read where it
-    # lies. Here the CPU is made to copy them too.
+def test_the_accumulators_taken_as_on_a_gpu_give_what_they_give_as_on_a_cpu(monkeypatch):
+    # Where ops cost their launch (launch_bound: a GPU) a stack's patterns are copied into one (layer, …) tensor and
+    # statistics are stacked before they are summed; on a CPU each layer's pattern is read where it lies and each
+    # statistic summed on its own. Here the CPU is made to take the GPU's way.
     pytest.importorskip("spacy")
     from headlab.analysis.analyze import AnalysisAccumulators
     from headlab.analysis.norms import out_projections
@@ -392,7 +393,8 @@ def test_a_stack_read_as_one_copy_gives_every_accumulator_result_that_its_layers
             self.parts.append([[layers for _, layers in rows.parts] for rows in reductions(batch).stacks])
 
     def results(joined):
-        monkeypatch.setattr("headlab.analysis.reductions._joins_patterns", lambda device: joined)
+        for module in ("reductions", "per_head", "sinks"):
+            monkeypatch.setattr(f"headlab.analysis.{module}.launch_bound", lambda device: joined)
         parts, stacks = accumulators(), Stacks()
         capture(model, corpus=texts, consumers=[*parts, stacks], what=accumulators.what, progress=False)
         tables = [(p.result(min_count=1) if isinstance(p, SyntaxAccuracy) else p.result()).to_dict() for p in parts]

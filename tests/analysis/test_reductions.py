@@ -100,7 +100,7 @@ def test_layers_are_stacked_where_they_agree_in_heads_and_shape_and_copied_up_to
     assert rows.parts[3][0].data_ptr() == batch.layers[4].pattern.data_ptr()  # a view, no copy
     assert rows.shape == (5, *p.shape)
     batch.release_shared()
-    monkeypatch.setattr("headlab.analysis.reductions._joins_patterns", lambda device: True)  # as on a GPU
+    monkeypatch.setattr("headlab.analysis.reductions.launch_bound", lambda device: True)  # as on a GPU
     assert stack_layers(batch) == [(0, 1), (3, 4), (7,)]
     stacks = reductions(batch).stacks
     assert [[layers for _, layers in rows.parts] for rows in stacks] == [[slice(0, 2)], [slice(0, 2)], [slice(0, 1)]]
@@ -115,7 +115,7 @@ def test_a_stack_read_layer_by_layer_equals_its_copy_read_at_once(monkeypatch):
     batch.layers = {layer: LayerCapture(layer=layer, heads=(0, 1), pattern=variants[layer]) for layer in range(3)}
 
     def everything(joined):
-        monkeypatch.setattr("headlab.analysis.reductions._joins_patterns", lambda device: joined)
+        monkeypatch.setattr("headlab.analysis.reductions.launch_bound", lambda device: joined)
         batch.release_shared()
         [rows] = reductions(batch).stacks
         assert len(rows.parts) == (1 if joined else 3)

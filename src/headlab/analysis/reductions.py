@@ -44,8 +44,8 @@ from torch import Tensor
 from headlab.capture.batch import CaptureBatch
 
 __all__ = [
-    "COLUMNS", "BatchReductions", "StackReductions", "by_group", "column_masses", "is_punctuation", "punctuation_mask",
-    "reductions", "segments", "stack_layers",
+    "COLUMNS", "BatchReductions", "StackReductions", "by_group", "column_masses", "is_punctuation", "launch_bound",
+    "punctuation_mask", "reductions", "segments", "stack_layers",
 ]
 
 # The key columns of ``StackReductions.masses``, in order; segment s of ``segments`` is column
@@ -119,7 +119,7 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     """The captured layers in runs whose patterns are reduced as one ``(layer, …)`` stack, in layer order.
 
     A run holds consecutive layers with the same heads and the same pattern shape and dtype; where a stack's
-    patterns are copied into one tensor (``_joins_patterns``: on a GPU), at most ``_GPU_STACK_BYTES`` of them.
+    patterns are copied into one tensor (where ``launch_bound``: a GPU), at most ``_GPU_STACK_BYTES`` of them.
     (The default model on an H200, every accumulator layer by layer: 20 ms per one-item batch, while a batch of
     the corpus kept the GPU busy for 2.5 ms; stacked: 9.8 ms. On a CPU, the own arithmetic of surface statistics,
     the taxonomy, value-weighted attention and the sink share on the reductions of a corpus pass: 101 ms layer by
@@ -135,7 +135,7 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
         if p is None:
             raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
         kind = (tuple(taken.heads), p.shape, p.dtype)
-        if kind == previous and (not _joins_patterns(p.device)
+        if kind == previous and (not launch_bound(p.device)
                                  or (len(runs[-1]) + 1) * p.numel() * p.element_size() <= _GPU_STACK_BYTES):
             runs[-1].append(layer)
         else:
@@ -144,9 +144,11 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     return [tuple(run) for run in runs]
 
 
-def _joins_patterns(device: torch.device) -> bool:
-    """Whether a stack's patterns are copied into one tensor on ``device``, each reduction then launched once for
-    the stack: everywhere but on a CPU, where each layer's pattern is reduced where it lies."""
+def launch_bound(device: torch.device) -> bool:
+    """Whether an op on ``device`` costs its launch more than its arithmetic: everywhere but on a CPU. There the
+    accumulators take fewer, larger ops: a stack's patterns are copied into one tensor, statistics are stacked
+    before they are summed (``headlab.analysis.per_head.real_row_sums``); on a CPU each layer's pattern is reduced
+    where it lies and a statistic is summed on its own, both faster there."""
     return device.type != "cpu"
 
 
@@ -312,8 +314,8 @@ class StackReductions:
         shape: ``(layer, batch, head, query_pos, key_pos)``, the stack's patterns side by side.
         dtype, device: the patterns'.
         parts: the patterns as the reductions read them, ``[(pattern (layer, batch, head, query_pos, key_pos),
-            the slice of the stack's layers it holds)]``: one copy of the whole stack where ``_joins_patterns``
-            (a GPU), else each layer's pattern where it lies (a CPU).
+            the slice of the stack's layers it holds)]``: one copy of the whole stack where ``launch_bound`` (a
+            GPU), else each layer's pattern where it lies (a CPU).
     """
 
     def __init__(self, patterns: list[Tensor], keys: BatchReductions, *, layers: tuple[int, ...],
@@ -322,7 +324,7 @@ class StackReductions:
         self.layers, self.heads = layers, heads
         self.shape, self.dtype, self.device = (len(patterns), *first.shape), first.dtype, first.device
         # the patterns as they are read, each with the slice of the stack's layers it holds
-        if len(patterns) > 1 and _joins_patterns(first.device):  # one (layer, …) tensor: an op per stack
+        if len(patterns) > 1 and launch_bound(first.device):  # one (layer, …) tensor: an op per stack
             self.parts = [(torch.stack(patterns), slice(0, len(patterns)))]
         else:  # each layer where it lies, as (1, …)
             self.parts = [(p[None], slice(i, i + 1)) for i, p in enumerate(patterns)]

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from headlab.analysis.norms import ValueProjections, out_projections, value_reductions
 from headlab.analysis.per_head import HeadSums
-from headlab.analysis.reductions import StackReductions, reductions
+from headlab.analysis.reductions import StackReductions, launch_bound, reductions
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
 
@@ -234,8 +234,12 @@ class SinkShare(HeadSums):
 
 def _sink_mass(pattern: Tensor, n_sink: int, weights: Tensor | None = None) -> Tensor:
     """``(…, query)``: ``Σ_{j < n_sink} p_ij`` (times ``weights[..., j]``, broadcast to ``(…, 1, n_sink)``) of
-    ``pattern`` ``(…, query, key)``, 1 ≤ n_sink ≤ key, the columns added one by one: a sum over a short strided
-    last axis runs several times slower on a CPU."""
+    ``pattern`` ``(…, query, key)``, 1 ≤ n_sink ≤ key. On a CPU the columns are added one by one (a sum over a
+    short strided last axis runs several times slower there); where ops cost their launch (``launch_bound``), one
+    sum."""
+    if launch_bound(pattern.device):
+        sink = pattern[..., :n_sink]
+        return (sink if weights is None else sink * weights).sum(-1)
     total = None
     for j in range(n_sink):
         column = pattern[..., j] if weights is None else pattern[..., j] * weights[..., j]

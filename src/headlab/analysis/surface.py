@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.analysis.per_head import PerHeadMeans
+from headlab.analysis.per_head import PerHeadMeans, real_row_sums
 from headlab.analysis.reductions import reductions
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
@@ -84,10 +84,7 @@ class SurfaceStats(PerHeadMeans):
                 "to_next": rows.diagonal(1), "entropy": rows.entropy, "distance": rows.distance,
                 "confidence": rows.confidence,
             }
-            # where, not a product: padded query rows may hold anything, NaN included; summed in float64, each
-            # statistic on its own (2–3× faster on a CPU than stacking them first)
-            totals = {name: torch.where(kept[STATISTICS[name]], value, 0.0).sum(dim=(1, 3), dtype=torch.float64)
-                      for name, value in stats.items()}  # (layer, head) each
+            totals = real_row_sums(stats, {name: kept[STATISTICS[name]] for name in stats})  # (layer, head) each
             for i, layer in enumerate(rows.layers):
                 sums = {name: total[i] for name, total in totals.items()}
                 sums["uniform_entropy"] = uniform_entropy.expand(len(rows.heads))
