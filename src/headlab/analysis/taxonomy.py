@@ -120,8 +120,9 @@ class TaxonomyStats(PerHeadMeans):
                 near, block_uniform = _near(shared), _block_uniform(shared, causal=self.causal)
             stats = _item_statistics(rows, near, block_uniform)
             per_row = {name: count for name, count in _COUNT_OF.items() if count != "items"}
-            totals = real_row_sums({name: stats[name] for name in per_row}, {name: kept[c] for name, c in per_row.items()})
-            totals |= {name: stats[name].sum(1) for name, count in _COUNT_OF.items() if count == "items"}  # (layer, head)
+            totals = real_row_sums({name: stats[name] for name in per_row},
+                                   {name: kept[count] for name, count in per_row.items()})  # (layer, head) each
+            totals |= {name: stats[name].sum(1) for name, count in _COUNT_OF.items() if count == "items"}
             for i, layer in enumerate(rows.layers):
                 self._add(layer, rows.heads, {name: total[i] for name, total in totals.items()}, counts)
 
