@@ -393,7 +393,7 @@ class StackReductions:
             offsets = (torch.arange(n_q, device=block.device)[:, None] - torch.arange(n_k, device=block.device))
             offsets = offsets.abs().to(block.dtype)
             sums = block.new_empty(2, len(matrices), n_q)  # entropy, distance
-            step = max(1, (_BLOCK if block.device.type == "cpu" else _GPU_BLOCK) // max(1, n_q * n_k))
+            step = max(1, (_GPU_BLOCK if launch_bound(block.device) else _BLOCK) // max(1, n_q * n_k))
             buffer = block.new_empty(min(step, len(matrices)), n_q, n_k)
             tiny = torch.finfo(block.dtype).tiny
             for start in range(0, len(matrices), step):

@@ -76,7 +76,8 @@ class SurfaceStats(PerHeadMeans):
         counts = {name: w.sum() for name, w in weights.items()}  # left on the device until the sums are folded
         # The same for every head: the log of the keys each real query may see, summed once per batch.
         uniform_entropy = torch.where(real, self._uniform_entropy(real), 0.0).sum()
-        kept = {name: w[:, None] for name, w in weights.items()}  # (batch, 1, q)
+        # the rows each statistic is summed over, (batch, 1, q)
+        kept = {name: weights[count][:, None] for name, count in STATISTICS.items() if name != "uniform_entropy"}
         for rows in shared.stacks:
             stats = {  # (layer, batch, head, q) each, in the patterns' dtype
                 "to_cls": rows.mass("first_special"), "to_sep": rows.mass("other_special"),
@@ -84,7 +85,7 @@ class SurfaceStats(PerHeadMeans):
                 "to_next": rows.diagonal(1), "entropy": rows.entropy, "distance": rows.distance,
                 "confidence": rows.confidence,
             }
-            totals = real_row_sums(stats, {name: kept[STATISTICS[name]] for name in stats})  # (layer, head) each
+            totals = real_row_sums(stats, kept)  # (layer, head) each
             for i, layer in enumerate(rows.layers):
                 sums = {name: total[i] for name, total in totals.items()}
                 sums["uniform_entropy"] = uniform_entropy.expand(len(rows.heads))

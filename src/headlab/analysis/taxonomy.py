@@ -113,15 +113,14 @@ class TaxonomyStats(PerHeadMeans):
         block_rows = real & ~shared.special & (shared.n_content >= 2)[:, None]
         weights = {"queries": real, "block_queries": block_rows}
         counts = {"queries": real.sum(), "block_queries": block_rows.sum(), "items": len(batch)}
-        kept = {name: w[:, None] for name, w in weights.items()}  # (batch, 1, q)
+        # the rows each per-row statistic is summed over, (batch, 1, q)
+        kept = {name: weights[count][:, None] for name, count in _COUNT_OF.items() if count != "items"}
         near = block_uniform = None
         for rows in shared.stacks:
             if near is None:  # once per batch, shared by every layer
                 near, block_uniform = _near(shared), _block_uniform(shared, causal=self.causal)
             stats = _item_statistics(rows, near, block_uniform)
-            per_row = {name: count for name, count in _COUNT_OF.items() if count != "items"}
-            totals = real_row_sums({name: stats[name] for name in per_row},
-                                   {name: kept[count] for name, count in per_row.items()})  # (layer, head) each
+            totals = real_row_sums({name: stats[name] for name in kept}, kept)  # (layer, head) each
             totals |= {name: stats[name].sum(1) for name, count in _COUNT_OF.items() if count == "items"}
             for i, layer in enumerate(rows.layers):
                 self._add(layer, rows.heads, {name: total[i] for name, total in totals.items()}, counts)
