@@ -163,10 +163,8 @@ def by_group(pattern: Tensor, groups: list[tuple[slice, int]],
         groups: ``CaptureBatch.length_groups()``.
         reduce: maps a block ``(layer, items, head, pos, pos)`` to ``(layer, items, head, pos, …)``.
     """
-    if pattern.shape[-1] != pattern.shape[-2]:
+    if _one_block(pattern.shape, groups):
         return reduce(pattern, slice(None), pattern.shape[-1])
-    if len(groups) == 1 and groups[0][1] == pattern.shape[-1]:  # one block, the whole pattern
-        return reduce(pattern, *groups[0])
     out = None
     for items, pos in groups:
         part = reduce(pattern[:, items, :, :pos, :pos], items, pos)
@@ -174,6 +172,12 @@ def by_group(pattern: Tensor, groups: list[tuple[slice, int]],
             out = pattern.new_zeros(pattern.shape[:4] + part.shape[4:])
         out[:, items, :, :pos] = part
     return out
+
+
+def _one_block(shape: torch.Size, groups: list[tuple[slice, int]]) -> bool:
+    """Whether a pattern of ``shape`` (``(…, query_pos, key_pos)``) is read as one block, the whole pattern: it is
+    not square (not self-attention), or its batch is one length group as long as the pattern."""
+    return shape[-1] != shape[-2] or (len(groups) == 1 and groups[0][1] == shape[-1])
 
 
 def column_masses(pattern: Tensor, columns: Tensor, groups: list[tuple[slice, int]], *,
