@@ -1,7 +1,8 @@
 """headlab: multi-head attention, head by head.
 
-The public names load on first use (PEP 562), so that ``import headlab`` and the command
-line's ``--help`` do not pay for importing torch.
+The public names and the rooms (``headlab.capture``, ``headlab.heads``, ``headlab.analysis``, …) load
+on first use (PEP 562), so that ``import headlab`` and the command line's ``--help`` do not pay for
+importing torch, and ``import headlab; headlab.heads.mask(...)`` works without importing the room first.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from headlab.interop import from_torch, to_torch
     from headlab.capture import run_with_cache
-    from headlab.models import attach, detach, load
+    from headlab.models import HeadedModel, attach, detach, load
     from headlab.layer import AttentionConfig, AttentionOutput, FactoredMatrix, KVCache, MultiHeadAttention
 
 try:
@@ -25,6 +26,7 @@ _EXPORTS = {
     "AttentionConfig": "headlab.layer",
     "AttentionOutput": "headlab.layer",
     "FactoredMatrix": "headlab.layer",
+    "HeadedModel": "headlab.models",
     "KVCache": "headlab.layer",
     "MultiHeadAttention": "headlab.layer",
     "attach": "headlab.models",
@@ -35,10 +37,16 @@ _EXPORTS = {
     "to_torch": "headlab.interop",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+# The rooms of the package, imported when first named (``headlab.capture.mean_z(...)``).
+_ROOMS = ("analysis", "audit", "bench", "capture", "data", "experiments", "heads", "interop", "layer", "models",
+          "report")
+
+__all__ = [*_EXPORTS, *_ROOMS, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _ROOMS:
+        return import_module(f"headlab.{name}")  # importing a submodule sets it on the package
     if name not in _EXPORTS:
         raise AttributeError(f"module 'headlab' has no attribute {name!r}")
     value = getattr(import_module(_EXPORTS[name]), name)

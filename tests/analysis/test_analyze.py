@@ -16,7 +16,7 @@ from headlab.analysis.analyze import (
     FIDELITY_METRIC, LM_METRIC, RETRIEVAL_METRIC, TABLE_RELATIONS, AnalysisResult, analyze,
 )
 from headlab.heads import Heads, HeadTable
-from headlab.models import LoadedModel
+from headlab.models import HeadedModel
 from tests.capture.minilm import minilm
 from tests.capture.tiny_model import fake_tokenizer
 from tests.models.tiny import build
@@ -89,8 +89,8 @@ def test_tiny_causal_model_gets_probes_and_next_token_importance():
     tok = transformers.PreTrainedTokenizerFast(tokenizer_object=fake_tokenizer(), pad_token="[PAD]",
                                                eos_token="[SEP]", bos_token="[CLS]")
     model = headlab.attach(build("gpt2", vocab_size=len(tok), bos_token_id=tok.bos_token_id,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, n_positions=128))
-    loaded = LoadedModel(model=model, tokenizer=tok, source="tiny gpt2")
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, n_positions=128)).model
+    loaded = HeadedModel(model=model, tokenizer=tok, source="tiny gpt2")
     words = "the cat sat on a big red mat and the dog ran".split()  # enough text for the copies and the windows
     texts = [" ".join(words[i % 5: i % 5 + 3 + i % 7]) for i in range(40)]
     result = analyze(loaded, texts, quick=True, syntax=False, streaming=True, progress=False)
@@ -235,10 +235,10 @@ def test_the_accumulators_pickle_and_take_a_shards_offsets():
     whole = factory()  # the local engine: the whole corpus
     assert whole[2].batches_seen == 0 and whole[3].parses == ["p0", "p1", "p2"]
     assert len(AnalysisAccumulators(causal=False)(_Shard())) == 3
-    assert AnalysisAccumulators(causal=False).what == ("pattern",)
+    assert AnalysisAccumulators(causal=False).take == ("pattern",)
     W_O = {0: torch.randn(2, 3, 6)}  # noqa: N806
     with_values = pickle.loads(pickle.dumps(AnalysisAccumulators(causal=False, W_O=W_O)))
-    assert with_values.what == ("pattern", "v")
+    assert with_values.take == ("pattern", "v")
     _, _, _, weighted, sinks = with_values(_Shard())
     assert sinks.n_sink == 1 and sinks.weighted and weighted.projections is sinks.projections
     v = torch.randn(4, 2, 3)  # (token, head, d_head_v): the compact factors give the norms W_O gives
@@ -332,7 +332,7 @@ def test_each_batch_is_freed_before_the_next_forward_with_every_accumulator():
 
     model, watch = minilm(), Watch()
     accumulators = AnalysisAccumulators(causal=False, W_O=out_projections(model))
-    capture(model, corpus=TEXTS, consumers=[*accumulators(), watch], what=accumulators.what, max_batch_size=2,
+    capture(model, corpus=TEXTS, consumers=[*accumulators(), watch], take=accumulators.take, max_batch_size=2,
             progress=False)
     assert watch.batches > 2 and not any(watch.alive)
 
@@ -359,7 +359,7 @@ def test_length_groups_leave_every_accumulator_result_as_one_padded_block_gives(
     def results(group_cost):
         monkeypatch.setattr("headlab.capture.batching.GROUP_COST", group_cost)
         parts, groups = accumulators(), Groups()
-        capture(model, corpus=texts, consumers=[*parts, groups], what=accumulators.what, progress=False)
+        capture(model, corpus=texts, consumers=[*parts, groups], take=accumulators.take, progress=False)
         tables = [(p.result(min_count=1) if isinstance(p, SyntaxAccuracy) else p.result()).to_dict() for p in parts]
         return json.loads(json.dumps(tables)), groups.counts
 
@@ -396,7 +396,7 @@ def test_the_accumulators_taken_as_on_a_gpu_give_what_they_give_as_on_a_cpu(monk
         for module in ("reductions", "per_head", "sinks"):
             monkeypatch.setattr(f"headlab.analysis.{module}.launch_bound", lambda device: joined)
         parts, stacks = accumulators(), Stacks()
-        capture(model, corpus=texts, consumers=[*parts, stacks], what=accumulators.what, progress=False)
+        capture(model, corpus=texts, consumers=[*parts, stacks], take=accumulators.take, progress=False)
         tables = [(p.result(min_count=1) if isinstance(p, SyntaxAccuracy) else p.result()).to_dict() for p in parts]
         return json.loads(json.dumps(tables)), stacks.parts
 
@@ -417,7 +417,7 @@ def test_every_accumulator_gives_on_cuda_what_it_gives_on_the_cpu():
     def results(model):
         accumulators = AnalysisAccumulators(causal=False, W_O=out_projections(model))
         parts = accumulators()
-        capture(model, corpus=TEXTS, consumers=parts, what=accumulators.what, progress=False)
+        capture(model, corpus=TEXTS, consumers=parts, take=accumulators.take, progress=False)
         return json.loads(json.dumps([p.result().to_dict() for p in parts]))
 
     # float32 kernels of another device: rounding only

@@ -10,7 +10,7 @@ from headlab.analysis.importance import (
 )
 from headlab.heads import HeadTable, mask, restore, scale, summary
 import headlab
-from headlab.models import Tap, attention_sites
+from headlab.models import Tap, headed
 from tests.capture.minilm import minilm
 
 transformers = pytest.importorskip("transformers")
@@ -21,7 +21,7 @@ from tests.models.tiny import build  # noqa: E402
 @pytest.fixture(scope="module")
 def tiny():
     """A random 2-layer, 4-head BERT in float64, headlab's attention attached."""
-    return headlab.attach(build("bert").double())
+    return headlab.attach(build("bert").double()).model
 
 
 def batches(n: int = 2):
@@ -36,13 +36,13 @@ def readout_loss(net, batch):
 
 
 def loss_at(net, gates, batch):
-    for site, gate in zip(attention_sites(net), gates):
+    for site, gate in zip(headed(net).sites, gates):
         site.head_mask = gate
     try:
         with torch.no_grad():
             return float(readout_loss(net, batch))
     finally:
-        for site in attention_sites(net):
+        for site in headed(net).sites:
             site.head_mask = None
 
 
@@ -63,14 +63,14 @@ def test_gradient_equals_finite_differences(tiny):
     np.testing.assert_allclose(result.table["raw"], expected, rtol=1e-6)
     np.testing.assert_array_equal(result.table["score"], result.table["raw"])  # normalize=False
     assert result.table.value("raw", 1, 2) == pytest.approx(expected[4 + 2], rel=1e-6)
-    assert all(site.head_mask is None for site in attention_sites(tiny))
+    assert all(site.head_mask is None for site in headed(tiny).sites)
     assert all(p.grad is None for p in tiny.parameters())
 
 
 def test_gradient_is_the_sum_of_head_contributions_on_a_linear_readout(tiny):
     """A loss linear in one layer's output is linear in its gates: d loss/d gate_h = ⟨w, head h's
     contribution⟩, which is also exactly minus the change when h is ablated."""
-    last = attention_sites(tiny)[-1]
+    last = headed(tiny).sites[-1]
     ids, attention = random_batch(padding="none")
     w = torch.linspace(-1, 1, 32, dtype=torch.float64)
     taken = {}
@@ -113,7 +113,7 @@ def test_ablation_of_a_masked_head_is_zero_and_matches_masking(tiny):
         assert scores.value("raw", 1, 2) == pytest.approx(masked - base, rel=1e-9, abs=1e-12)
     finally:
         restore(tiny)
-    assert all(site.head_mask is None for site in attention_sites(tiny))
+    assert all(site.head_mask is None for site in headed(tiny).sites)
 
 
 def test_spearman_known_values():
@@ -160,7 +160,7 @@ def test_plot_pruning_curve(tmp_path, tiny):
 
 
 def test_causal_lm_loss_gradient_importance():
-    model = headlab.attach(build("gpt2"))
+    model = headlab.attach(build("gpt2")).model
     ids, attention = random_batch(padding="right")
     result = gradient_importance(model, [{"input_ids": ids, "attention_mask": attention}], causal_lm_loss)
     assert len(result.table) == 8 and np.all(result.table["score"] >= 0)

@@ -149,7 +149,7 @@ def test_tiny_model_equals_the_loop_and_v_through_W_O_gives_the_heads_result(kin
             kept.append(batch)
 
     acc = ValueWeighted.from_model(model)
-    capture(model, corpus=texts, what=("pattern", "v", "result"), consumers=[acc, Keep()], progress=False)
+    capture(model, corpus=texts, take=("pattern", "v", "result"), consumers=[acc, Keep()], progress=False)
     W_O = acc_w(model)  # noqa: N806
     _check(acc.result(), reference(kept, W_O))
     for batch in kept:  # f_h(x_j) is what the head adds: Σ_j α_ij v_j W_O[h] is its captured result
@@ -185,7 +185,7 @@ def test_compact_projections_give_every_norm_w_o_gives():
 def test_bad_input_is_named():
     batch = hand_batch([3], heads={0: (0,)})
     batch.layers[0].v = None
-    with pytest.raises(ValueError, match=r"layer 0 was captured without v; capture with what=\('pattern', 'v'\)"):
+    with pytest.raises(ValueError, match=r"layer 0 was captured without v; capture with take=\('pattern', 'v'\)"):
         ValueWeighted({0: torch.ones(1, 3, 5)}).update(batch)
     with pytest.raises(ValueError, match="layer 0 has no W_O here"):
         ValueWeighted({1: torch.ones(1, 3, 5)}).update(hand_batch([3], heads={0: (0,)}))

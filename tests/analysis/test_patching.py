@@ -12,7 +12,7 @@ import torch
 import headlab
 from headlab.analysis.importance import spearman
 from headlab.analysis.patching import activation_patching, attribution_patching, logit_difference, plot_patching
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.models.tiny import build, first_output
 
 
@@ -29,8 +29,8 @@ def _pair(length: int = 7, changed: int = 3) -> tuple[torch.Tensor, torch.Tensor
 def test_attribution_equals_exact_patching_when_the_metric_is_linear_in_z():
     """⟨w, the last layer's output projection⟩ is linear in that layer's z: the first-order
     estimate is then exact, head by head (float64)."""
-    model = headlab.attach(build("llama").double())
-    last = attention_sites(model)[-1]
+    model = headlab.attach(build("llama").double()).model
+    last = headed(model).sites[-1]
     taken = {}
     hook = last.out_proj.module.register_forward_hook(lambda m, a, out: taken.__setitem__("out", out))
     w = torch.linspace(-1, 1, taken.setdefault("width", last.out_proj.module.out_features), dtype=torch.float64)
@@ -57,7 +57,7 @@ def planted():
     model = build("gpt2", n_layer=2).double()
     headlab.attach(model)
     with torch.no_grad():
-        for site in attention_sites(model):
+        for site in headed(model).sites:
             for h in range(site.n_heads):
                 if (site.layer, h) != (1, 2):
                     site.W_O[h].mul_(0.01)
@@ -83,7 +83,7 @@ def test_the_model_is_put_back_after_patching(planted):
     state = copy.deepcopy(planted.state_dict())
     activation_patching(planted, clean, corrupted, logit_difference(5, 7), heads={1: [2]})
     attribution_patching(planted, clean, corrupted, logit_difference(5, 7))
-    assert all(site.idle for site in attention_sites(planted))
+    assert all(site.idle for site in headed(planted).sites)
     assert all(torch.equal(v, state[k]) for k, v in planted.state_dict().items())
     with torch.no_grad():
         torch.testing.assert_close(first_output(planted(input_ids=corrupted)), before, atol=0, rtol=0)

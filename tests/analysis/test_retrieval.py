@@ -100,7 +100,7 @@ def test_a_planted_head_that_attends_to_every_copied_token_scores_one():
     model = tiny("gpt2")
     cases = copy_cases(model.tokenizer, ["the cat sat on a big red mat while the dog ran"], needles=6,
                        needle_length=4, haystack_length=6, seed=0)
-    cache = run_with_cache(model, torch.tensor([c.input_ids for c in cases]), names=("pattern",))
+    cache = run_with_cache(model, torch.tensor([c.input_ids for c in cases]), take=("pattern",))
     patterns = {layer: cache["pattern", layer].clone() for layer in range(2)}
     predicted = cache.output.logits.argmax(-1)
     for b, case in enumerate(cases):  # plant: head L1 H2 puts all its weight on the token being copied,
@@ -123,7 +123,7 @@ def test_scores_merge_across_batches():
     from headlab.capture import run_with_cache
 
     def scored(part):
-        cache = run_with_cache(model, torch.tensor([c.input_ids for c in part]), names=("pattern",))
+        cache = run_with_cache(model, torch.tensor([c.input_ids for c in part]), take=("pattern",))
         scores = RetrievalScores([4, 4])
         scores.update(part, {layer: cache["pattern", layer] for layer in range(2)}, cache.output.logits.argmax(-1))
         return scores

@@ -66,7 +66,7 @@ def gpt2():
     import headlab
     from tests.models.tiny import build
 
-    return headlab.attach(build("gpt2"))
+    return headlab.attach(build("gpt2")).model
 
 
 def test_probes_on_tiny_gpt2(gpt2):

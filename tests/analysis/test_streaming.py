@@ -15,7 +15,7 @@ from headlab import heads
 from headlab.analysis.importance import causal_lm_loss
 from headlab.analysis.streaming import StreamingStats, _memory, corpus_batches, streaming_simulation
 from headlab.capture import load_corpus, run_with_cache
-from headlab.models import LoadedModel
+from headlab.models import HeadedModel
 from tests.report.viewer.tiny import tiny
 
 pytest.importorskip("transformers")
@@ -59,12 +59,12 @@ def test_each_heads_changes_equal_a_run_with_that_head_alone(kind):
     stats = StreamingStats(model, windows=WINDOWS, sinks=1)
     stats.update(batch)
     z_change, loss_change, base, all_heads = stats.changes()
-    base_z = run_with_cache(model, batch, names=("z",))
+    base_z = run_with_cache(model, batch, take=("z",))
     reference = _pooled(model, batch)
     for w, window in enumerate(WINDOWS):
         for i, (layer, head) in enumerate(stats.heads):
             with heads.windowed(model, [(layer, head)], window=window, sinks=1):
-                z = run_with_cache(model, batch, names=("z",), heads={layer: [head]})["z", layer, head]
+                z = run_with_cache(model, batch, take=("z",), heads={layer: [head]})["z", layer, head]
                 if kind == "gpt2":
                     loss = _lm_loss(model, batch) - base
                 else:
@@ -141,8 +141,8 @@ def test_a_budget_below_the_combined_cost_cuts_the_conversion():
 def test_gqa_frees_a_key_value_head_only_when_all_its_query_heads_stream():
     from tests.models.tiny import build
 
-    net = headlab.attach(build("llama", num_key_value_heads=2, attn_implementation="sdpa"))  # 4 heads, 2 per kv
-    stats = StreamingStats(LoadedModel(net, None, "tiny llama"), windows=[3], sinks=1)
+    net = headlab.attach(build("llama", num_key_value_heads=2, attn_implementation="sdpa")).model  # 4 heads, 2 per kv
+    stats = StreamingStats(HeadedModel(net, source="tiny llama"), windows=[3], sinks=1)
     width = 8 + 8  # d_head + d_head_v numbers per cached token
     assert _memory(stats, [(0, 0)], 3, 20) == (0, 1, 4, 0, 4 * 20 * width * 4, 0.0)
     freed, unsaved, units, saved, total, limit = _memory(stats, [(0, 0), (0, 1), (1, 3)], 3, 20)

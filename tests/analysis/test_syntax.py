@@ -314,14 +314,14 @@ def test_analyze_runs_syntax_on_a_causal_model_with_a_byte_level_bpe_tokenizer()
     needs_parser()
     import headlab
     from headlab.analysis.analyze import analyze
-    from headlab.models import LoadedModel
+    from headlab.models import HeadedModel
     from tests.capture.byte_bpe import SENTENCES, byte_level_tokenizer
     from tests.models.tiny import build
 
     tokenizer = byte_level_tokenizer()
     model = headlab.attach(build("gpt2", vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
-    result = analyze(LoadedModel(model=model, tokenizer=tokenizer, source="tiny gpt2, byte-level BPE"), SENTENCES,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)).model
+    result = analyze(HeadedModel(model=model, tokenizer=tokenizer, source="tiny gpt2, byte-level BPE"), SENTENCES,
                      quick=True, importance=False, progress=False)
     assert "syntax" not in result.skipped
     assert result.syntax.items == len(SENTENCES) and result.syntax.skipped["items_unaligned"] == 0

@@ -8,7 +8,7 @@ import torch
 
 import headlab
 from headlab.audit import audit
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.models.tiny import build
 
 # Attention modules that take the hidden states alone. Rotary ones also take the model's position
@@ -18,7 +18,7 @@ HIDDEN_STATES_ONLY = ["gpt2", "opt", "gpt_bigcode", "bert", "distilbert"]
 
 @pytest.mark.parametrize("name", HIDDEN_STATES_ONLY)
 def test_audit_of_an_attached_module(name: str) -> None:
-    site = attention_sites(headlab.attach(build(name)))[0]
+    site = headlab.attach(build(name)).sites[0]
     result = audit(site.module)
     assert (result.n_heads, result.n_kv_heads, result.d_head, result.causal) == (
         site.n_heads, site.n_kv_heads, site.d_head, site.causal)

@@ -77,12 +77,12 @@ def test_area_round_trips_through_json(area: Area) -> None:
 def causal() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     import headlab
 
-    model = headlab.attach(tiny_causal_model(positions=12))
+    model = headlab.attach(tiny_causal_model(positions=12)).model
     return model, {"input_ids": torch.randint(0, 1024, (2, 12), generator=torch.Generator().manual_seed(1))}
 
 
 def test_peers_are_the_same_model_under_transformers_own_attention(causal: tuple) -> None:
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
     attached, _ = causal
     weights = [p.data_ptr() for p in attached.parameters()]
@@ -90,8 +90,8 @@ def test_peers_are_the_same_model_under_transformers_own_attention(causal: tuple
         with running(attached, implementation) as peer:
             assert peer is attached and peer.config._attn_implementation == implementation
             with pytest.raises(ValueError, match=f"runs attn_implementation='{implementation}' now"):
-                attention_sites(attached)  # headlab's taps and gates would not run
-        assert attached.config._attn_implementation == "headlab" and attention_sites(attached)
+                headed(attached).sites  # headlab's taps and gates would not run
+        assert attached.config._attn_implementation == "headlab" and headed(attached).sites
     with pytest.raises(RuntimeError, match="inside"), running(attached, "sdpa"):
         raise RuntimeError("inside")
     assert attached.config._attn_implementation == "headlab"

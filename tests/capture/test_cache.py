@@ -10,7 +10,7 @@ import torch
 
 import headlab
 from headlab.capture import run_with_cache
-from headlab.models import LoadedModel, attention_sites
+from headlab.models import HeadedModel, headed
 from tests.capture.tiny_model import fake_tokenizer
 from tests.models.tiny import ARCHITECTURES, batch, built
 
@@ -20,13 +20,13 @@ NAMES = ("pattern", "z", "result", "q", "k", "v")
 @pytest.fixture(scope="module", params=["llama", "bert"])
 def pair(request):
     """``(eager model, attached twin)`` of a tiny architecture (llama: causal, grouped-query)."""
-    return built(request.param), headlab.attach(built(request.param))
+    return built(request.param), headlab.attach(built(request.param)).model
 
 
 def test_patterns_equal_transformers_eager_weights(pair):
     eager, attached = pair
     ids, mask = batch(padding="right")
-    cache = run_with_cache(attached, {"input_ids": ids, "attention_mask": mask}, names="pattern")
+    cache = run_with_cache(attached, {"input_ids": ids, "attention_mask": mask}, take="pattern")
     with torch.no_grad():
         expected = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
     real = (mask[:, None, :, None] * mask[:, None, None, :]).bool()
@@ -43,11 +43,11 @@ def test_every_site_equals_an_explicit_float64_computation(pair):
     _, attached = pair
     model = copy.deepcopy(attached).double()  # sites come along with the copy
     ids, mask = batch(padding="right")
-    site = attention_sites(model)[1]
+    site = headed(model).sites[1]
     seen = {}
     hook = site.out_proj.module.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out))
     try:
-        cache = run_with_cache(model, {"input_ids": ids, "attention_mask": mask}, names=NAMES, heads={1: None})
+        cache = run_with_cache(model, {"input_ids": ids, "attention_mask": mask}, take=NAMES, heads={1: None})
     finally:
         hook.remove()
     q, k, v = cache["q", 1], cache["k", 1], cache["v", 1]
@@ -70,10 +70,10 @@ def test_every_site_equals_an_explicit_float64_computation(pair):
 def test_only_the_asked_heads_are_kept(pair):
     _, attached = pair
     ids, mask = batch(padding="none")
-    cache = run_with_cache(attached, ids, names=("pattern", "z"), heads=[(1, 3), (0, 2), (1, 0)])
+    cache = run_with_cache(attached, ids, take=("pattern", "z"), heads=[(1, 3), (0, 2), (1, 0)])
     assert cache.keys() == ["blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.1.attn.pattern", "blocks.1.attn.z"]
     assert cache.heads("z", 1) == [0, 3] and cache["z", 1, 3].shape[0] == ids.shape[0]
-    full = run_with_cache(attached, ids, names="z")
+    full = run_with_cache(attached, ids, take="z")
     torch.testing.assert_close(cache["z", 1, 3], full["z", 1][:, 3])
     with pytest.raises(KeyError, match=r"only heads \[0, 3\] of layer 1's 4 were kept for 'z': ask for one"):
         cache["z", 1]
@@ -90,42 +90,42 @@ def test_text_inputs_and_tokens():
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=fake_tokenizer(), pad_token="[PAD]")
-    model = headlab.attach(built("bert"))
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, source="tiny")
+    model = headlab.attach(built("bert")).model
+    loaded = HeadedModel(model=model, tokenizer=tokenizer, source="tiny")
     cache = run_with_cache(loaded, ["the cat sat", "a dog"], heads={0: [1]})
     assert cache.tokens == [["[CLS]", "the", "cat", "sat", "[SEP]"], ["[CLS]", "a", "dog", "[SEP]"]]
     assert cache["pattern", 0, 1].shape == (2, 5, 5) and cache.output.last_hidden_state.shape[:2] == (2, 5)
-    with pytest.raises(TypeError, match="text inputs need the model's tokenizer"):
+    with pytest.raises(TypeError, match="text inputs need a tokenizer"):
         run_with_cache(model, "the cat")
     with pytest.raises(ValueError, match="empty or whitespace"):
         run_with_cache(loaded, ["the cat", " "])
-    with pytest.raises(ValueError, match="what="):
-        run_with_cache(loaded, "the cat", names=("pattern", "mlp_out"))
+    with pytest.raises(ValueError, match="take="):
+        run_with_cache(loaded, "the cat", take=("pattern", "mlp_out"))
 
 
 def test_gradients_flow_when_asked():
-    model = headlab.attach(built("bert"))
+    model = headlab.attach(built("bert")).model
     ids, mask = batch(padding="none")
-    cache = run_with_cache(model, ids, names="z", heads={0: [0]}, grad=True)
+    cache = run_with_cache(model, ids, take="z", heads={0: [0]}, grad=True)
     assert cache["z", 0, 0].requires_grad
     cache.output.last_hidden_state.sum().backward()
     assert next(model.parameters()).grad is not None
-    assert not run_with_cache(model, ids, names="z", heads={0: [0]})["z", 0, 0].requires_grad
+    assert not run_with_cache(model, ids, take="z", heads={0: [0]})["z", 0, 0].requires_grad
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_every_architecture(name):
     """The cache on every architecture headlab serves: patterns equal the eager weights, and q, k,
     v have the per-head shapes (k and v per query head, grouped-query or not)."""
-    eager, attached = built(name), headlab.attach(built(name))
+    eager, attached = built(name), headlab.attach(built(name)).model
     ids, mask = batch(padding="left" if ARCHITECTURES[name].causal else "right")
-    cache = run_with_cache(attached, {"input_ids": ids, "attention_mask": mask}, names=NAMES, heads={1: [0, 3]})
+    cache = run_with_cache(attached, {"input_ids": ids, "attention_mask": mask}, take=NAMES, heads={1: [0, 3]})
     with torch.no_grad():
         expected = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[1][:, [0, 3]]
     real = (mask[:, None, :, None] * mask[:, None, None, :]).bool()
     got = torch.stack([cache["pattern", 1, 0], cache["pattern", 1, 3]], dim=1)
     assert float((got - expected).abs().masked_fill(~real, 0).max()) < 1e-5
-    site = attention_sites(attached)[1]
+    site = headed(attached).sites[1]
     size, length = ids.shape
     assert cache["q", 1, 3].shape == (size, length, site.d_head) == cache["k", 1, 3].shape
     assert cache["v", 1, 3].shape == (size, length, site.d_head_v) == cache["z", 1, 3].shape

@@ -6,9 +6,10 @@ import weakref
 import pytest
 import torch
 
+import headlab
 from headlab.capture import CaptureBatch, Consumer, TruncationWarning, capture, tokenize_corpus
 from headlab.heads import Heads
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.capture.tiny_model import D_MODEL, HEADS, reference
 
 
@@ -25,12 +26,12 @@ class Keep:
 def run(model, tokenizer, texts, **kwargs):
     keep = Keep()
     kwargs.setdefault("progress", False)
-    result = capture(model, tokenizer, texts, consumers=[keep], **kwargs)
+    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[keep], **kwargs)
     return result, keep.batches
 
 
 def test_every_item_once_and_matches_the_layers_own_forward(model, tokenizer, texts):
-    result, batches = run(model, tokenizer, texts, what=("pattern", "result", "z"), batch_tokens=40)
+    result, batches = run(model, tokenizer, texts, take=("pattern", "result", "z"), batch_tokens=40)
     assert result.batches == len(batches) == model.forward_calls and len(batches) > 2
     indices = torch.cat([b.corpus_indices for b in batches]).tolist()
     assert sorted(indices) == list(range(len(texts)))
@@ -67,7 +68,7 @@ def test_every_item_once_and_matches_the_layers_own_forward(model, tokenizer, te
     ],
 )
 def test_consumers_receive_only_the_selected_heads(model, tokenizer, texts, heads, expected):
-    result, batches = run(model, tokenizer, texts, heads=heads, what=("pattern", "z"))
+    result, batches = run(model, tokenizer, texts, heads=heads, take=("pattern", "z"))
     assert result.layers == expected
     for batch in batches:
         assert list(batch.layers) == list(expected)
@@ -95,16 +96,16 @@ def test_selected_heads_are_the_right_heads(model, tokenizer, texts):
         ({"heads": {}}, ValueError, "the head selection is empty"),
         ({"heads": Heads(heads=["a"])}, TypeError, "has 'a'; expected int head indices"),
         ({"heads": "0,1"}, TypeError, "a head selection is None, Heads"),
-        ({"what": ("pattern", "scores")}, ValueError, "what="),
-        ({"what": ()}, ValueError, "what="),
+        ({"take": ("pattern", "scores")}, ValueError, "take="),
+        ({"take": ()}, ValueError, "take="),
         ({"consumers": [object()]}, TypeError, r"no update\(batch\)"),
         ({"batch_tokens": 0}, ValueError, "batch_tokens=0"),
     ],
 )
 def test_bad_arguments(model, tokenizer, texts, kwargs, error, match):
     with pytest.raises(error, match=match):
-        capture(model, tokenizer, texts, progress=False, **kwargs)
-    assert all(m.tap is None for m in attention_sites(model))
+        capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, progress=False, **kwargs)
+    assert all(m.tap is None for m in headed(model).sites)
 
 
 def test_truncation_is_reported_never_silent(model, tokenizer, texts):
@@ -130,7 +131,7 @@ def test_default_max_length_is_the_models(model, tokenizer, texts):
 
 
 def test_taps_removed_after_a_capture_and_after_a_consumer_error(model, tokenizer, texts):
-    modules = attention_sites(model)
+    modules = headed(model).sites
     run(model, tokenizer, texts)
     assert all(m.tap is None for m in modules)
 
@@ -141,7 +142,7 @@ def test_taps_removed_after_a_capture_and_after_a_consumer_error(model, tokenize
 
     model.train()
     with pytest.raises(RuntimeError, match="consumer failed"):
-        capture(model, tokenizer, texts, consumers=[Boom()], progress=False)
+        capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Boom()], progress=False)
     assert all(m.tap is None for m in modules)
     assert model.training  # the mode is restored too
     model.eval()
@@ -149,14 +150,14 @@ def test_taps_removed_after_a_capture_and_after_a_consumer_error(model, tokenize
 
 
 def test_a_second_capture_on_a_tapped_model_is_refused(model, tokenizer, texts):
-    modules = attention_sites(model)
+    modules = headed(model).sites
 
     class Nested:
         def update(self, batch):
-            capture(model, tokenizer, texts[:1], progress=False)
+            capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts[:1], progress=False)
 
     with pytest.raises(RuntimeError, match="already have a tap"):
-        capture(model, tokenizer, texts, consumers=[Nested()], progress=False)
+        capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Nested()], progress=False)
     assert all(m.tap is None for m in modules)
 
 
@@ -171,7 +172,7 @@ def test_consumers_get_per_batch_data_only(model, tokenizer, texts):
             refs.extend(weakref.ref(t) for t in (batch.layers[0].pattern, batch.layers[2].pattern, batch.input_ids))
             refs.append(weakref.ref(batch))
 
-    result = capture(model, tokenizer, texts, consumers=[Watch()], batch_tokens=30, progress=False)
+    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Watch()], batch_tokens=30, progress=False)
     assert result.batches > 2
     gc.collect()
     assert refs and all(r() is None for r in refs)
@@ -194,13 +195,13 @@ def test_patterns_a_consumer_keeps_are_never_overwritten_by_reused_memory(model,
         def update(self, batch):
             pass
 
-    result = capture(model, tokenizer, texts, consumers=[Keep()], batch_tokens=30, progress=False)
+    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Keep()], batch_tokens=30, progress=False)
     assert result.batches > 2 and made
     assert all(torch.equal(a, b) for a, b in zip(kept, copies, strict=True))
     assert getattr(interface._pattern_memory, "pool", None) is None  # released after the capture
     made.clear()
-    capture(model, tokenizer, texts, consumers=[Discard()], batch_tokens=30, progress=False)
-    assert max(made) < len(attention_sites(model)) * result.batches  # what no one keeps is reused
+    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Discard()], batch_tokens=30, progress=False)
+    assert max(made) < len(headed(model).sites) * result.batches  # what no one keeps is reused
 
 
 def test_consumers_called_in_order_and_protocol(model, tokenizer, texts):
@@ -215,17 +216,17 @@ def test_consumers_called_in_order_and_protocol(model, tokenizer, texts):
 
     a, b = Named("a"), Named("b")
     assert isinstance(a, Consumer)
-    capture(model, tokenizer, texts, consumers=[a, b], batch_tokens=40, progress=False)
+    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[a, b], batch_tokens=40, progress=False)
     assert [c[0] for c in calls] == ["a", "b"] * (len(calls) // 2)
     assert calls[0::2] == [("a", c[1]) for c in calls[1::2]]
 
 
 def test_result_to_dict_is_json(model, tokenizer, texts, capsys):
-    result = capture(model, tokenizer, texts, heads=Heads(layers=[0]), progress=True)
+    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, heads=Heads(layers=[0]), progress=True)
     d = json.loads(json.dumps(result.to_dict()))
     assert d["items"] == 8 and d["batches"] == result.batches and d["layers"] == {"0": [0, 1, 2, 3]}
     assert d["tokens_per_second"] > 0 and d["seconds"] > 0 and d["corpus"]["source"] == "list of 8 strings"
-    assert d["what"] == ["pattern"] and d["truncated_items"] == 0
+    assert d["take"] == ["pattern"] and d["truncated_items"] == 0
 
 
 def test_inference_mode_and_no_graph(model, tokenizer, texts):
@@ -236,5 +237,16 @@ def test_inference_mode_and_no_graph(model, tokenizer, texts):
             t = batch.layers[0].pattern
             seen.append((t.requires_grad, t.is_inference(), torch.is_grad_enabled()))
 
-    capture(model, tokenizer, texts, consumers=[Check()], progress=False)
+    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Check()], progress=False)
     assert seen and all(s == (False, True, False) for s in seen)
+
+
+def test_the_old_keywords_still_work_for_a_release(model, tokenizer, texts):
+    # capture(model, tokenizer, corpus, what=...) was the signature before the handle held the tokenizer.
+    with pytest.warns(DeprecationWarning) as caught:
+        result = capture(model, tokenizer, texts[:2], what=("z",), progress=False)
+    said = " ".join(str(w.message) for w in caught)
+    assert "capture(what=...) is deprecated: it is take=" in said and "capture(tokenizer=...) is deprecated" in said
+    assert result.take == ("z",) and result.items == 2
+    with pytest.warns(DeprecationWarning, match="CaptureResult.what is deprecated"):
+        assert result.what == ("z",)

@@ -27,13 +27,13 @@ from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
 from headlab.capture import MeanZ, capture, plan_batches
 from headlab.capture._shards import pack, unpack
 from headlab.capture.distributed import INSTALL, RayEngine, ShardError, plan_shards, sharded_capture
-from headlab.models import LoadedModel
+from headlab.models import HeadedModel
 from tests.capture.conftest import TEXTS
 from tests.capture.tiny_model import fake_tokenizer, tiny_model
 
 WORDS = ["the", "cat sat", "a big red dog ran on a mat", "on the mat, a cat"]
 CORPUS = [f"{text} {tail}" for text in TEXTS for tail in WORDS] * 2  # 64 items
-OPTIONS = {"what": ("pattern", "z"), "batch_tokens": 64}  # about 20 batches
+OPTIONS = {"take": ("pattern", "z"), "batch_tokens": 64}  # about 20 batches
 
 
 # ---- shards: whole batches of capture's plan, so a worker's batches are the single-process ones
@@ -164,7 +164,7 @@ def checkpoint(tmp_path_factory):
                                                      unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]")
     torch.manual_seed(0)
     model = tiny_model(len(tokenizer))
-    return heads.save(LoadedModel(model=model, tokenizer=tokenizer, source="tiny"), tmp_path_factory.mktemp("tiny"))
+    return heads.save(HeadedModel(model=model, tokenizer=tokenizer, source="tiny"), tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +214,8 @@ def test_merged_results_equal_one_process(engine, checkpoint, shards):
     assert [r.shard.index for r in run.shards] == list(range(shards))
     assert len({r.worker for r in run.shards}) == 2  # both workers took shards
     got = run.capture
-    assert (got.items, got.tokens, got.padded_tokens, got.batches, got.layers, got.what, got.max_length) == (
-        expected.items, expected.tokens, expected.padded_tokens, expected.batches, expected.layers, expected.what,
+    assert (got.items, got.tokens, got.padded_tokens, got.batches, got.layers, got.take, got.max_length) == (
+        expected.items, expected.tokens, expected.padded_tokens, expected.batches, expected.layers, expected.take,
         expected.max_length)
     for consumer in run.consumers:  # working buffers stay on the workers: what came back is sums
         assert len(pickle.dumps(consumer)) < 100_000
@@ -225,7 +225,7 @@ def test_truncated_items_are_reported_with_corpus_indices(engine):
     long = " ".join(["the cat sat on the mat"] * 8)  # 50 pieces; every item of TEXTS has at most 23
     corpus = [*TEXTS[:3], long, *TEXTS[3:], long]
     with pytest.warns(UserWarning, match="2 of 10 items are longer than max_length=40"):
-        run = engine.run(corpus, consumers=accumulators, max_length=40, what=OPTIONS["what"], progress=False)
+        run = engine.run(corpus, consumers=accumulators, max_length=40, take=OPTIONS["take"], progress=False)
     assert run.capture.truncated == [3, 9] and run.capture.max_length == 40
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import headlab
 from headlab import heads
 from headlab.capture import MeanZ, capture, mean_z
 from headlab.heads import Heads
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.capture.minilm import minilm
 from tests.capture.tiny_model import reference
 
@@ -26,7 +27,7 @@ def _reference_means(model, tokenizer, texts):
 
 
 def test_mean_z_equals_per_item_reference(model, tokenizer, texts):
-    means = mean_z(model, texts, tokenizer=tokenizer, progress=False, batch_tokens=40)
+    means = mean_z(headlab.attach(model, tokenizer=tokenizer), texts, progress=False, batch_tokens=40)
     expected = _reference_means(model, tokenizer, texts)
     assert sorted(means) == [0, 1, 2]
     for layer in means:
@@ -48,7 +49,7 @@ def test_merge_of_halves_equals_the_whole(model, tokenizer, texts):
             self.seen += 1
 
     split = Split()
-    capture(model, tokenizer, texts, what=("z",), consumers=[split], progress=False, batch_tokens=40)
+    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, take=("z",), consumers=[split], progress=False, batch_tokens=40)
     assert split.seen > 2
     merged = first.merge(second).result()
     for layer, mean in whole.result().items():
@@ -57,21 +58,21 @@ def test_merge_of_halves_equals_the_whole(model, tokenizer, texts):
 
 def test_mean_z_needs_z(model, tokenizer, texts):
     with pytest.raises(ValueError, match="captured without z"):
-        capture(model, tokenizer, texts, what=("pattern",), consumers=[MeanZ()], progress=False)
+        capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, take=("pattern",), consumers=[MeanZ()], progress=False)
 
 
 def test_mean_ablation_of_minilm_with_corpus_means():
     loaded = minilm()
     texts = ["The cat sat.", "A longer sentence about heads and layers, with a clause that runs on."]
     means = mean_z(loaded, texts, heads=Heads(layers=[1]), progress=False)
-    site = attention_sites(loaded.model)[1]
+    site = headed(loaded.model).sites[1]
     assert means[1].shape == (site.n_heads, site.d_head_v)
     heads.mean_ablate(loaded.model, {1: [4]}, means)
     try:
         assert heads.summary(loaded.model) == [{"layer": 1, "head": 4, "scale": 0.0, "shifted": True,
                                                 "kind": "mean-ablated"}]
         seen = []
-        capture(loaded, corpus=texts, heads=Heads(layers=[1], heads=[4, 5]), what=("z",), progress=False,
+        capture(loaded, corpus=texts, heads=Heads(layers=[1], heads=[4, 5]), take=("z",), progress=False,
                 consumers=[type("Keep", (), {"update": lambda self, b: seen.append(b.layers[1].z[:, 0][
                     b.attention_mask.bool()])})()])
         z = torch.cat(seen)  # head 4's z at every real token: now the corpus mean, everywhere

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 import headlab
 from headlab import heads
-from headlab.models import attention_sites
+from headlab.models import headed
 
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "a", "big", "red"]
 HEADS = (4, 4, 2)
@@ -67,7 +67,7 @@ def reference(model: nn.Module, ids: list[int]) -> list[dict[str, Tensor]]:
     import copy
 
     twin = copy.deepcopy(model).double()
-    sites = attention_sites(twin)
+    sites = headed(twin).sites
     z: dict[int, Tensor] = {}
     hooks = [site.out_proj.module.register_forward_pre_hook(
         lambda module, args, layer=site.layer: z.__setitem__(layer, args[0][0])) for site in sites]

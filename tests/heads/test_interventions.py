@@ -9,13 +9,13 @@ import torch
 
 import headlab
 from headlab import heads
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.models.tiny import batch, built, first_output
 
 
 @pytest.fixture(params=["bert", "llama"])
 def model(request):
-    return headlab.attach(built(request.param, attn_implementation="sdpa"))
+    return headlab.attach(built(request.param, attn_implementation="sdpa")).model
 
 
 def _run(model):
@@ -27,7 +27,7 @@ def _run(model):
 def _surgery(model, layer, head, *, factor=0.0, add=None):
     """A copy of ``model`` whose head's output columns of W_O are multiplied by factor, and b_O += add."""
     twin = copy.deepcopy(model)
-    target = attention_sites(twin)[layer]
+    target = headed(twin).sites[layer]
     with torch.no_grad():
         target.W_O[head].mul_(factor)  # a view of the output projection's weight
         if add is not None:
@@ -51,7 +51,7 @@ def test_scale_equals_scaling_the_heads_output_weights(model):
 
 
 def test_mean_ablation_replaces_the_head_by_a_constant(model):
-    site = attention_sites(model)[0]
+    site = headed(model).sites[0]
     mean = torch.randn(site.n_heads, site.d_head_v)
     expected = _run(_surgery(model, 0, 2, add=mean[2] @ site.W_O[2].detach()))
     heads.mean_ablate(model, [(0, 2)], {0: mean})
@@ -69,7 +69,7 @@ def test_restore_undoes_everything(model):
     heads.restore(model)
     torch.testing.assert_close(_run(model), before)
     assert heads.summary(model) == []
-    assert all(site.idle for site in attention_sites(model))  # restored heads run the fused kernel again
+    assert all(site.idle for site in headed(model).sites)  # restored heads run the fused kernel again
 
 
 def test_interventions_compose_and_a_refused_call_changes_nothing(model):
@@ -79,7 +79,7 @@ def test_interventions_compose_and_a_refused_call_changes_nothing(model):
     assert kinds == {(0, "zero-ablated"), (1, "scaled")}
     state = heads.summary(model)
     with pytest.raises(ValueError, match="no mean z for layer 1"):
-        heads.mean_ablate(model, [(0, 2), (1, 0)], {0: torch.zeros(4, attention_sites(model)[0].d_head_v)})
+        heads.mean_ablate(model, [(0, 2), (1, 0)], {0: torch.zeros(4, headed(model).sites[0].d_head_v)})
     assert heads.summary(model) == state
 
 

@@ -10,7 +10,7 @@ import transformers
 
 import headlab
 from headlab import heads
-from headlab.models import LoadedModel, attention_sites
+from headlab.models import HeadedModel, headed
 from tests.models.tiny import batch, built, first_output
 
 
@@ -21,7 +21,7 @@ def _run(model):
 
 
 def _loaded(kind):
-    return LoadedModel(model=headlab.attach(built(kind, attn_implementation="sdpa")), tokenizer=None, source="tiny")
+    return HeadedModel(model=headlab.attach(built(kind, attn_implementation="sdpa")).model, tokenizer=None, source="tiny")
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
@@ -29,7 +29,7 @@ def test_round_trip_of_a_pruned_and_intervened_model(tmp_path, kind):
     loaded = _loaded(kind)
     heads.prune(loaded, [(0, 1), (1, 2), (1, 3)])
     heads.scale(loaded, [(0, 0)], 0.5)
-    site = attention_sites(loaded)[1]
+    site = headed(loaded).sites[1]
     heads.mean_ablate(loaded, [(1, 0)], {1: torch.randn(site.n_heads, site.d_head_v)})
     heads.save(loaded, tmp_path)
 
@@ -38,8 +38,8 @@ def test_round_trip_of_a_pruned_and_intervened_model(tmp_path, kind):
     assert {(r["layer"], r["head"], r["kind"]) for r in record["interventions"]} == {(0, 0, "scaled"),
                                                                                       (1, 0, "mean-ablated")}
     again = headlab.load(tmp_path)
-    assert [s.head_ids for s in attention_sites(again)] == [[0, 2, 3], [0, 1]]
-    assert [s.kv_head_of for s in attention_sites(again)] == [s.kv_head_of for s in attention_sites(loaded)]
+    assert [s.head_ids for s in headed(again).sites] == [[0, 2, 3], [0, 1]]
+    assert [s.kv_head_of for s in headed(again).sites] == [s.kv_head_of for s in headed(loaded).sites]
     assert heads.summary(again) == heads.summary(loaded)
     torch.testing.assert_close(_run(again.model), _run(loaded.model), atol=0, rtol=0)
 
@@ -96,8 +96,8 @@ def test_broken_interventions_are_named(tmp_path):
 def test_a_config_that_asks_for_attentions_saves_and_loads(tmp_path):
     from tests.models.tiny import build
 
-    model = headlab.attach(build("gpt2", output_attentions=True))  # as a checkpoint's config.json may say
-    heads.save(LoadedModel(model=model, tokenizer=None, source="tiny"), tmp_path)
+    model = headlab.attach(build("gpt2", output_attentions=True)).model  # as a checkpoint's config.json may say
+    heads.save(HeadedModel(model=model, tokenizer=None, source="tiny"), tmp_path)
     again = headlab.load(tmp_path)
     ids, mask = batch(padding="left")
     with torch.no_grad():
@@ -106,7 +106,7 @@ def test_a_config_that_asks_for_attentions_saves_and_loads(tmp_path):
 
 
 def test_an_attached_model_saves_without_a_wrapper(tmp_path):
-    model = headlab.attach(built("bert", attn_implementation="sdpa"))
+    model = headlab.attach(built("bert", attn_implementation="sdpa")).model
     heads.mask(model, [(1, 2)])
     heads.save(model, tmp_path)
     again = headlab.load(tmp_path)

@@ -9,12 +9,12 @@ import torch
 
 import headlab
 from headlab import heads
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.models.tiny import batch, built, first_output
 
 
 def _model(kind):
-    return headlab.attach(built(kind, attn_implementation="sdpa"))
+    return headlab.attach(built(kind, attn_implementation="sdpa")).model
 
 
 def _run(model, padding="right"):
@@ -39,7 +39,7 @@ def test_pruning_equals_masking(kind, selection):
     kept = heads.prune(model, selection)
     torch.testing.assert_close(_run(model), _run(masked), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(_run(model, "left"), _run(masked, "left"), atol=1e-5, rtol=1e-5)
-    sites = attention_sites(model)
+    sites = headed(model).sites
     assert kept == {0: [h for h in range(4) if (0, h) not in selection],
                     1: [h for h in range(4) if (1, h) not in selection]}
     assert [site.head_ids for site in sites] == [kept[0], kept[1]]
@@ -51,7 +51,7 @@ def test_pruning_equals_masking(kind, selection):
 def test_grouped_query_key_value_heads_go_only_with_all_their_query_heads():
     model = _model("llama")  # 4 query heads, 2 key/value heads: groups {0, 1} and {2, 3}
     heads.prune(model, [(0, 0), (1, 2), (1, 3)])
-    layer0, layer1 = attention_sites(model)
+    layer0, layer1 = headed(model).sites
     assert (layer0.n_heads, layer0.n_kv_heads, layer0.kv_head_of) == (3, 2, (0, 1, 1))
     assert (layer1.n_heads, layer1.n_kv_heads, layer1.kv_head_of) == (2, 1, (0, 0))
     attention = layer1.module
@@ -68,7 +68,7 @@ def test_pruning_keeps_interventions_and_renumbers_heads():
     torch.testing.assert_close(_run(model), _run(masked), atol=1e-5, rtol=1e-5)
     assert heads.summary(model) == [{"layer": 0, "head": 2, "scale": 2.0, "shifted": False, "kind": "scaled"}]
     heads.prune(model, [(0, 2)])  # current numbering: original head 3
-    assert attention_sites(model)[0].head_ids == [1, 2]
+    assert headed(model).sites[0].head_ids == [1, 2]
 
 
 def test_pruning_refuses_to_empty_a_layer_and_changes_nothing():
@@ -76,14 +76,14 @@ def test_pruning_refuses_to_empty_a_layer_and_changes_nothing():
     before = _run(model)
     with pytest.raises(ValueError, match="every head of layer 1"):
         heads.prune(model, [(0, 0)] + [(1, h) for h in range(4)])
-    assert attention_sites(model)[0].n_heads == 4
+    assert headed(model).sites[0].n_heads == 4
     torch.testing.assert_close(_run(model), before)
 
 
 def test_pruning_makes_the_layers_smaller():
     model = _model("bert")
     heads.prune(model, {0: [0, 1], 1: [2]})
-    sites = attention_sites(model)
+    sites = headed(model).sites
     shapes = [[tuple(m.weight.shape) for m in (s.module.query, s.module.key, s.module.value)] for s in sites]
     assert shapes == [[(2 * 8, 32)] * 3, [(3 * 8, 32)] * 3]
     assert [tuple(s.out_proj.module.weight.shape) for s in sites] == [(32, 16), (32, 24)]

@@ -10,13 +10,13 @@ import torch
 
 import headlab
 from headlab import heads
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.models.tiny import batch, built, first_output
 
 
 @pytest.fixture(params=["bert", "llama"])
 def model(request):
-    return headlab.attach(built(request.param, attn_implementation="sdpa"))
+    return headlab.attach(built(request.param, attn_implementation="sdpa")).model
 
 
 def _run(model, padding="right", seed=1):
@@ -28,7 +28,7 @@ def _run(model, padding="right", seed=1):
 def _state(model):
     """The weights and every site's gates, to compare exactly."""
     gates = [{name: getattr(site, name) for name in ("scale", "shift", "head_mask", "replacement", "delta")}
-             for site in attention_sites(model)]
+             for site in headed(model).sites]
     return {k: v.clone() for k, v in model.state_dict().items()}, gates
 
 
@@ -44,7 +44,7 @@ def _assert_same_state(before, after):
 
 
 def _scopes(model):
-    site = attention_sites(model)[0]
+    site = headed(model).sites[0]
     means = {0: torch.randn(site.n_heads, site.d_head_v)}
     return {
         "masked": (lambda: heads.masked(model, {0: [1]}), lambda m: heads.mask(m, {0: [1]})),
@@ -78,30 +78,30 @@ def test_a_scope_restores_on_exception(model, scope):
         raise RuntimeError("inside")
     _assert_same_state(before, _state(model))
     torch.testing.assert_close(_run(model), outputs, atol=0, rtol=0)
-    assert all(site.idle for site in attention_sites(model))  # and the fused kernel is back
+    assert all(site.idle for site in headed(model).sites)  # and the fused kernel is back
 
 
 def test_patching_a_head_with_its_own_z_changes_nothing(model):
     ids, mask = batch(padding="right")
     inputs = {"input_ids": ids, "attention_mask": mask}
-    clean = headlab.run_with_cache(model, inputs, names="z")
+    clean = headlab.run_with_cache(model, inputs, take="z")
     with heads.patched(model, None, clean):  # every head of every layer, from the same run
-        again = headlab.run_with_cache(model, inputs, names="z")
+        again = headlab.run_with_cache(model, inputs, take="z")
     torch.testing.assert_close(first_output(again.output), first_output(clean.output), atol=1e-6, rtol=0)
-    assert all(site.replacement is None for site in attention_sites(model))
+    assert all(site.replacement is None for site in headed(model).sites)
 
 
 def test_patching_moves_the_output_toward_the_source_run(model):
     clean_ids, mask = batch(padding="none", seed=1)
     corrupt_ids, _ = batch(padding="none", seed=2)
-    clean = headlab.run_with_cache(model, clean_ids, names="z")
+    clean = headlab.run_with_cache(model, clean_ids, take="z")
     with torch.no_grad():
         corrupt = first_output(model(input_ids=corrupt_ids))
-    last = len(attention_sites(model)) - 1
+    last = len(headed(model).sites) - 1
     with heads.patched(model, {last: None}, clean):
         with torch.no_grad():
             patched = first_output(model(input_ids=corrupt_ids))
-        assert attention_sites(model)[last].replacement is not None
+        assert headed(model).sites[last].replacement is not None
     # The last layer's heads now carry the clean run's z: the output moves toward the clean one.
     clean_out = first_output(clean.output)
     assert float((patched - clean_out).norm()) < float((corrupt - clean_out).norm())

@@ -11,14 +11,14 @@ import torch
 import headlab
 from headlab import heads
 from headlab.layer.masks import sink_window_blocked
-from headlab.models import attention_sites
+from headlab.models import headed
 from tests.models.tiny import batch, built, first_output
 
 LAYER, HEAD = 1, 2
 
 
 def _model(name: str):
-    return headlab.attach(built(name, attn_implementation="sdpa").double())
+    return headlab.attach(built(name, attn_implementation="sdpa").double()).model
 
 
 def _reference_z(q, k, v, keep, *, scaling):
@@ -33,13 +33,13 @@ def _reference_z(q, k, v, keep, *, scaling):
 @pytest.mark.parametrize("window, sinks", [(3, 1), (2, 0), (1, 2)])
 def test_a_windowed_head_is_the_explicit_masked_attention_and_others_are_unchanged(name, window, sinks):
     model = _model(name)
-    site = attention_sites(model)[LAYER]
+    site = headed(model).sites[LAYER]
     ids, mask = batch(padding="right", length=9)
     inputs = {"input_ids": ids, "attention_mask": mask}
-    base = headlab.run_with_cache(model, inputs, names=("q", "k", "v", "z"), heads={LAYER: None})
+    base = headlab.run_with_cache(model, inputs, take=("q", "k", "v", "z"), heads={LAYER: None})
     with heads.windowed(model, {LAYER: [HEAD]}, window=window, sinks=sinks):
         assert site.windows and not site.idle
-        inside = headlab.run_with_cache(model, inputs, names=("z",), heads={LAYER: None})
+        inside = headlab.run_with_cache(model, inputs, take=("z",), heads={LAYER: None})
     q, k, v = (base[n, LAYER, HEAD] for n in ("q", "k", "v"))  # (batch, pos, d)
     pos = ids.shape[1]
     real = mask.bool()
@@ -71,20 +71,20 @@ def test_every_path_reads_the_window_and_the_block_restores_the_model(name):
         with torch.no_grad():
             fused = first_output(model(input_ids=ids, attention_mask=mask))
             eager = model(input_ids=ids, attention_mask=mask, output_attentions=True)
-        tapped = headlab.run_with_cache(model, {"input_ids": ids, "attention_mask": mask}, names=("pattern",),
+        tapped = headlab.run_with_cache(model, {"input_ids": ids, "attention_mask": mask}, take=("pattern",),
                                         heads={0: [0, 3]})
         pattern = eager.attentions[0][:, 0]  # (batch, query_pos, key_pos)
-        dropped = sink_window_blocked(9, 9, window=2, sinks=1, causal=attention_sites(model)[0].causal, offset=0)
+        dropped = sink_window_blocked(9, 9, window=2, sinks=1, causal=headed(model).sites[0].causal, offset=0)
         assert float(pattern[:, dropped].abs().max()) == 0.0
         torch.testing.assert_close(tapped["pattern", 0, 0], pattern, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(first_output(eager), fused, rtol=1e-10, atol=1e-10)
     assert not torch.allclose(fused, before)
-    assert all(site.windows == () and site.idle for site in attention_sites(model))
+    assert all(site.windows == () and site.idle for site in headed(model).sites)
     with torch.no_grad():
         assert torch.equal(first_output(model(input_ids=ids, attention_mask=mask)), before)
     with pytest.raises(RuntimeError, match="boom"), heads.windowed(model, {0: [1]}, window=2):
         raise RuntimeError("boom")
-    assert all(site.windows == () for site in attention_sites(model))
+    assert all(site.windows == () for site in headed(model).sites)
 
 
 def test_nested_windows_keep_what_both_keep():
@@ -92,10 +92,10 @@ def test_nested_windows_keep_what_both_keep():
     ids, mask = batch(padding="none", length=9)
     inputs = {"input_ids": ids, "attention_mask": mask}
     with heads.windowed(model, {0: [1]}, window=4, sinks=0), heads.windowed(model, {0: [1]}, window=6, sinks=2):
-        both = headlab.run_with_cache(model, inputs, names=("pattern",), heads={0: [1]})["pattern", 0, 1]
-        assert len(attention_sites(model)[0].windows) == 2
+        both = headlab.run_with_cache(model, inputs, take=("pattern",), heads={0: [1]})["pattern", 0, 1]
+        assert len(headed(model).sites[0].windows) == 2
     with heads.windowed(model, {0: [1]}, window=4, sinks=0):
-        inner = headlab.run_with_cache(model, inputs, names=("pattern",), heads={0: [1]})["pattern", 0, 1]
+        inner = headlab.run_with_cache(model, inputs, take=("pattern",), heads={0: [1]})["pattern", 0, 1]
     torch.testing.assert_close(both, inner, rtol=0, atol=1e-12)  # 4 recent keys ⊂ 6 recent or the first 2
 
 
@@ -121,7 +121,7 @@ def test_bad_windows_are_refused(kwargs, error, message):
         pass
     with pytest.raises(ValueError, match="layer"), heads.windowed(model, {7: [0]}, window=2):
         pass
-    assert all(site.windows == () for site in attention_sites(model))
+    assert all(site.windows == () for site in headed(model).sites)
 
 
 def test_the_mask_function_against_its_definition():
@@ -135,9 +135,9 @@ def test_the_mask_function_against_its_definition():
 def test_every_architecture_drops_the_keys_on_every_path(name):
     """Sliding windows, soft-capping, grouped and multi-query heads, fused projections: the window reaches
     the fused kernel and the eager patterns alike, and only the windowed heads change."""
-    model = headlab.attach(built(name).double())  # built eager (Gemma 2 has no SDPA); attached, headlab's
+    model = headlab.attach(built(name).double()).model  # built eager (Gemma 2 has no SDPA); attached, headlab's
     ids, mask = batch(padding="right", length=9)
-    site = attention_sites(model)[0]
+    site = headed(model).sites[0]
     with torch.no_grad():
         before = model(input_ids=ids, attention_mask=mask, output_attentions=True)
         with heads.windowed(model, {0: [1]}, window=2, sinks=1):

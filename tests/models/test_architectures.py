@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script by `make docs`: the repository 
 import headlab  # noqa: E402
 from headlab import heads  # noqa: E402
 from headlab.capture.taps import tapped  # noqa: E402
-from headlab.models import LoadedModel, attention_sites  # noqa: E402
+from headlab.models import HeadedModel, headed  # noqa: E402
 from headlab.models.site import AttentionSite  # noqa: E402
 from tests.models.tiny import (  # noqa: E402
     ARCHITECTURES,
@@ -67,7 +67,7 @@ def _inputs(name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _attached(name: str) -> Any:
-    return headlab.attach(built(name))
+    return headlab.attach(built(name)).model
 
 
 def _n_parameters(model: torch.nn.Module) -> int:
@@ -178,8 +178,8 @@ def test_tapped_heads_equal_a_float64_reference(name, which, reference_calls):
     ids, mask = _inputs(name)
     reference = built(name).double()
     reference.set_attn_implementation(REFERENCE)
-    model = headlab.attach(built(name).double())
-    sites = attention_sites(model)
+    model = headlab.attach(built(name).double()).model
+    sites = headed(model).sites
     selection = {s.layer: [s.layer % 2, s.layer % 2 + 2] if which == "two heads" else list(range(s.n_heads))
                  for s in sites}
     reference_calls.clear()
@@ -219,7 +219,7 @@ def test_tapped_heads_equal_a_float64_reference(name, which, reference_calls):
 def test_masking_a_head_removes_exactly_its_z_and_restore_undoes_it(name):
     ids, mask = _inputs(name)
     model = _attached(name)
-    site = attention_sites(model)[0]
+    site = headed(model).sites[0]
     head, real = 1, mask.bool()
     with torch.no_grad(), _inputs_of(site.out_proj.module) as seen:
         before = first_output(model(input_ids=ids, attention_mask=mask))
@@ -259,7 +259,7 @@ def test_pruning_equals_masking(name):
     masked = _attached(name)
     heads.mask(masked, PRUNED)
     pruned = _attached(name)
-    sites = attention_sites(pruned)
+    sites = headed(pruned).sites
     groups = [tuple(s.kv_head_of) for s in sites]
     drop = sum(_expected_drop(sites[layer], removed) for layer, removed in PRUNED.items())
     before = _n_parameters(pruned)
@@ -284,7 +284,7 @@ def test_a_pruned_models_tapped_heads_equal_the_masked_models(name, which):
     masked, pruned = _attached(name), _attached(name)
     heads.mask(masked, PRUNED)
     heads.prune(pruned, PRUNED)
-    sites = attention_sites(pruned)
+    sites = headed(pruned).sites
     kept = {layer: [h for h in range(4) if h not in PRUNED.get(layer, [])] for layer in range(len(sites))}
     chosen = {layer: list(range(len(k) if which == "every head" else 2)) for layer, k in kept.items()}
     what = ("pattern", "z", "k", "v")
@@ -292,7 +292,7 @@ def test_a_pruned_models_tapped_heads_equal_the_masked_models(name, which):
     with torch.no_grad():
         for label, model, selection in (("masked", masked, {l: [kept[l][i] for i in c] for l, c in chosen.items()}),
                                         ("pruned", pruned, chosen)):
-            with tapped(attention_sites(model), selection, what, taken[label].__setitem__):
+            with tapped(headed(model).sites, selection, what, taken[label].__setitem__):
                 model(input_ids=ids, attention_mask=mask)
     assert not sites[0].uniform_groups  # layer 0 keeps half a group
     real = mask.bool()
@@ -309,7 +309,7 @@ def test_pruning_covers_partial_and_whole_key_value_groups():
     heads (its key/value head stays, shared unevenly) and a group that loses all of them."""
     partial = whole = False
     for name in ARCHITECTURES:
-        sites = attention_sites(_attached(name))
+        sites = headed(_attached(name)).sites
         for layer, removed in PRUNED.items():
             of = sites[layer].kv_head_of
             for group in {of[h] for h in removed}:
@@ -325,15 +325,15 @@ def test_save_and_load_round_trip(name, tmp_path):
     model = _attached(name)
     heads.prune(model, {0: [1]})
     heads.scale(model, [(0, 2), (1, 0)], 0.5)  # layer 0's numbering after pruning: head 2 was head 3
-    sites = attention_sites(model)
+    sites = headed(model).sites
     heads.mean_ablate(model, [(1, 3)], {1: torch.randn(sites[1].n_heads, sites[1].d_head_v)})
-    path = heads.save(LoadedModel(model=model, tokenizer=None, source="tiny"), tmp_path / name)
+    path = heads.save(HeadedModel(model=model, tokenizer=None, source="tiny"), tmp_path / name)
 
     loaded = headlab.load(path)
     assert loaded.architecture == type(model).__name__
     assert max_diff_on_tokens(model, loaded.model, ids, mask) == 0.0
     assert max_diff_on_tokens(built(name), loaded.model, ids, mask) > 1e-4  # the interventions survived
-    again = attention_sites(loaded)
+    again = headed(loaded).sites
     assert [s.head_ids for s in again] == [s.head_ids for s in sites] == [[0, 2, 3], [0, 1, 2, 3]]
     assert [s.kv_head_of for s in again] == [s.kv_head_of for s in sites]
     assert heads.summary(loaded) == heads.summary(model)
@@ -353,7 +353,7 @@ def test_greedy_generation_with_the_kv_cache(name):
         for implementation in _implementations(name):
             assert torch.equal(tokens, built(name, attn_implementation=implementation).generate(ids, **options))
         seen: list[tuple[int, tuple[int, ...]]] = []
-        with tapped(attention_sites(model), {0: [1], 1: [0, 3]}, ("pattern", "z", "result"),
+        with tapped(headed(model).sites, {0: [1], 1: [0, 3]}, ("pattern", "z", "result"),
                     lambda layer, out: seen.append((layer, tuple(out.pattern.shape)))):
             assert torch.equal(model.generate(ids, **options), tokens)
     # The prompt once, then one query per new token against the cached keys (a sliding window's cache
@@ -422,7 +422,7 @@ def architecture_tables() -> str:
              "|---|---|---|---|---|---|---|---|"]
     for name, arch in ARCHITECTURES.items():
         model = _attached(name)
-        site = attention_sites(model)[0]
+        site = headed(model).sites[0]
         lines.append(f"| `{name}` | `{type(model).__name__}` | {site.n_heads} / {site.n_kv_heads} | "
                      f"{'yes' if site.causal else 'no'} | `{site.name}` | {_projections(site)} | "
                      f"`{site.out_proj.name}` | {', '.join(arch.features)} |")

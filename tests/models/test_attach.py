@@ -16,7 +16,7 @@ import torch
 import headlab
 from headlab import heads
 from headlab.capture.taps import tapped
-from headlab.models import LoadedModel, attention_sites
+from headlab.models import HeadedModel, headed
 from headlab.models.layout import Layout
 from tests.models.tiny import batch, build, built, first_output, max_diff_on_tokens
 
@@ -33,13 +33,13 @@ def _outputs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> t
 @pytest.mark.parametrize("previous", ["eager", "sdpa"])
 def test_detach_restores_the_previous_implementation_and_removes_the_sites(previous):
     ids, mask = batch(padding="left")
-    model = headlab.attach(built("llama", attn_implementation=previous))
+    model = headlab.attach(built("llama", attn_implementation=previous)).model
     heads.mask(model, [(0, 1)])
     assert headlab.detach(model) is model
     assert model.config._attn_implementation == previous
     assert not any(hasattr(module, "headlab_site") for module in model.modules())
     with pytest.raises(ValueError, match="has no headlab attention"):
-        attention_sites(model)
+        headed(model)
     # The mask went with the sites: the model is transformers' own again, bit for bit.
     assert max_diff_on_tokens(built("llama", attn_implementation=previous), model, ids, mask) == 0.0
 
@@ -47,24 +47,24 @@ def test_detach_restores_the_previous_implementation_and_removes_the_sites(previ
 def test_attention_sites_of_a_model_not_attached_or_switched_away():
     model = built("bert")
     with pytest.raises(ValueError, match="BertModel has no headlab attention.*headlab.attach"):
-        attention_sites(model)
+        headed(model).sites
     headlab.attach(model)
     model.set_attn_implementation("sdpa")  # taps and gates would silently do nothing now
     with pytest.raises(ValueError, match="runs attn_implementation='sdpa' now, not headlab's"):
-        attention_sites(model)
+        headed(model).sites
     headlab.attach(model)  # attaching again serves it
-    assert len(attention_sites(model)) == 2
+    assert len(headed(model).sites) == 2
 
 
 def test_attaching_twice_changes_nothing():
-    model = headlab.attach(built("gpt2"))
-    sites = attention_sites(model)
+    model = headlab.attach(built("gpt2")).model
+    sites = headed(model).sites
     heads.scale(model, [(1, 2)], 2.0)
-    assert headlab.attach(model) is model
-    assert all(a is b for a, b in zip(attention_sites(model), sites, strict=True))
+    assert headlab.attach(model).model is model and headlab.attach(model) is headed(model)
+    assert all(a is b for a, b in zip(headed(model).sites, sites, strict=True))
     assert [(r["layer"], r["head"], r["scale"]) for r in heads.summary(model)] == [(1, 2, 2.0)]
-    loaded = LoadedModel(model=model, tokenizer=None, source="tiny")
-    assert headlab.attach(loaded) is loaded and attention_sites(loaded) == sites
+    loaded = HeadedModel(model=model, tokenizer=None, source="tiny")
+    assert headlab.attach(loaded) is loaded and headed(loaded).sites == sites
 
 
 @pytest.mark.parametrize("name, padding", [("qwen2", "left"), ("bert", "right")])
@@ -72,7 +72,7 @@ def test_output_attentions_set_in_the_config(name, padding):
     ids, mask = batch(padding=padding)
     # As a checkpoint's config.json carries it: transformers refuses to set the attribute on a model
     # whose implementation is not "eager", but a config that has it keeps it through attach.
-    model = headlab.attach(build(name, output_attentions=True))
+    model = headlab.attach(build(name, output_attentions=True)).model
     assert model.config.output_attentions and model.config._attn_implementation == "headlab"
     with torch.no_grad():
         got = model(input_ids=ids, attention_mask=mask).attentions
@@ -87,11 +87,11 @@ def test_pruning_across_a_norm_over_every_head_is_refused_without_a_trace():
     """OLMo 2 normalises the concatenated queries of all heads: a head's query depends on the others,
     so cutting one out would change the rest."""
     ids, mask = batch(padding="left")
-    model = headlab.attach(built("olmo2"))
+    model = headlab.attach(built("olmo2")).model
     shapes, before = _shapes(model), _outputs(model, ids, mask)
     with pytest.raises(ValueError, match=r"'q_norm.weight' \(32,\) spans every head's dimensions.*mask heads instead"):
         heads.prune(model, {0: [1], 1: [2]})
-    assert _shapes(model) == shapes and [s.n_heads for s in attention_sites(model)] == [4, 4]
+    assert _shapes(model) == shapes and [s.n_heads for s in headed(model).sites] == [4, 4]
     assert torch.equal(_outputs(model, ids, mask), before)
     heads.mask(model, {0: [1], 1: [2]})  # what the message offers works
     assert not torch.equal(_outputs(model, ids, mask), before)
@@ -101,8 +101,8 @@ def test_a_pruning_that_would_differ_from_masking_is_refused_and_undone():
     """Simulate a layout headlab misread: the site's layout says heads 0 and 1 have each other's
     query rows. Cutting head 1 then keeps the wrong rows; the check against masking catches it."""
     ids, mask = batch(padding="left")
-    model = headlab.attach(built("llama"))
-    site = attention_sites(model)[0]
+    model = headlab.attach(built("llama")).model
+    site = headed(model).sites[0]
     swapped = {0: 1, 1: 0}
     site.layout = Layout(tuple(dataclasses.replace(p, segments=tuple(
         dataclasses.replace(s, head=swapped.get(s.head, s.head)) if s.role == "q" else s for s in p.segments))
@@ -119,10 +119,10 @@ def test_an_unrecognised_layout_still_serves_patterns_and_z():
     """DeepSeek-V3's attention (MLA) makes q from a low-rank projection and k, v from a shared latent:
     no rows of one projection are one head's query. Patterns, z and results do not need them."""
     ids, mask = batch(padding="left")
-    model = headlab.attach(built("deepseek_v3"))
+    model = headlab.attach(built("deepseek_v3")).model
     reference = built("deepseek_v3")
     assert max_diff_on_tokens(reference, model, ids, mask) < 1e-5
-    site = attention_sites(model)[0]
+    site = headed(model).sites[0]
     assert (site.n_heads, site.d_head, site.d_head_v) == (4, 12, 6) and site.layout is None
     with pytest.raises(ValueError, match=r"layout, which was not recognised \(the projection 'q_a_proj' has 16"):
         site.W_Q
@@ -134,7 +134,7 @@ def test_an_unrecognised_layout_still_serves_patterns_and_z():
     handle = out_proj.register_forward_pre_hook(lambda _, args: projected.append(args[0]))
     taken = {}
     try:
-        with torch.no_grad(), tapped(attention_sites(model), {0: [1, 3]}, ("pattern", "z", "result"),
+        with torch.no_grad(), tapped(headed(model).sites, {0: [1, 3]}, ("pattern", "z", "result"),
                                      lambda layer, out: taken.__setitem__(layer, out)):
             expected = reference(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
             model(input_ids=ids, attention_mask=mask)

@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import headlab  # noqa: E402
-from headlab.models import LoadedModel, attention_sites, default_model_path  # noqa: E402
+from headlab.models import HeadedModel, default_model_path, headed  # noqa: E402
 from tests.models.tiny import batch, build, max_diff_on_tokens  # noqa: E402
 
 SENTENCES = [
@@ -22,7 +22,7 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def minilm() -> LoadedModel:
+def minilm() -> HeadedModel:
     return headlab.load()
 
 
@@ -44,12 +44,12 @@ def test_default_is_the_packaged_minilm(minilm):
     assert minilm.architecture == "BertModel" and not minilm.model.training
     assert minilm.model.config._attn_implementation == "headlab"
     assert minilm.tokenizer is not None
-    sites = attention_sites(minilm)
+    sites = headed(minilm).sites
     assert [site.layer for site in sites] == list(range(6))
     assert all((site.W_Q.shape, site.n_heads, site.n_kv_heads, site.causal) == ((12, 384, 32), 12, 12, False)
                for site in sites)
     assert [site.out_proj.name for site in sites] == [f"encoder.layer.{i}.attention.output.dense" for i in range(6)]
-    assert attention_sites(minilm.model) == sites
+    assert headed(minilm.model).sites == sites
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
@@ -70,7 +70,7 @@ def test_local_causal_lm_checkpoint(checkpoints):
     loaded = headlab.load(path)  # a Path works as well as a str
     assert type(loaded.model).__name__ == "GPT2LMHeadModel"  # config.architectures names a causal LM
     assert loaded.architecture == "GPT2LMHeadModel" and loaded.tokenizer is None  # no tokenizer files saved
-    assert all(site.causal for site in attention_sites(loaded))
+    assert all(site.causal for site in headed(loaded).sites)
     ids, mask = batch(padding="left")
     assert max_diff_on_tokens(original, loaded.model, ids, mask) < 1e-5
 
@@ -181,4 +181,4 @@ def test_hub_id_offline_is_a_clear_error(monkeypatch):
 
 def test_attention_sites_refuse_a_model_that_is_not_attached():
     with pytest.raises(ValueError, match="has no headlab attention"):
-        attention_sites(build("bert"))
+        headed(build("bert")).sites

@@ -19,7 +19,7 @@ import torch
 
 import headlab
 from headlab.capture.taps import tapped
-from headlab.models import attention_sites, interface
+from headlab.models import headed, interface
 from tests.models.tiny import ARCHITECTURES, batch, build, built
 
 # Soft-capped logits take the explicit path for every head (the kernel cannot soft-cap).
@@ -42,7 +42,7 @@ def lse_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _patterns(model: Any, ids: torch.Tensor, mask: torch.Tensor | None, *, grad: bool = False) -> dict[int, torch.Tensor]:
     """The tapped patterns of heads (layer % 2, layer % 2 + 2) in every layer."""
-    sites = attention_sites(model)
+    sites = headed(model).sites
     selection = {s.layer: [s.layer % 2, s.layer % 2 + 2] for s in sites}
     taken: dict[int, torch.Tensor] = {}
     with torch.set_grad_enabled(grad), tapped(sites, selection, ("pattern",),
@@ -74,7 +74,7 @@ def _assert_equal_on_real(got: dict[int, torch.Tensor], want: dict[int, torch.Te
 @pytest.mark.parametrize("padding", ["left", "right", "none"])
 @pytest.mark.parametrize("name", LSE_ARCHITECTURES)
 def test_tapped_patterns_from_the_log_sum_exp_equal_the_explicit_softmax(name, padding, lse_calls, monkeypatch):
-    model = headlab.attach(built(name).double())
+    model = headlab.attach(built(name).double()).model
     ids, mask = batch(padding=padding)
     mask_arg = None if padding == "none" else mask  # no mask at all: the kernel's own causal flag
     got = _patterns(model, ids, mask_arg)
@@ -85,7 +85,7 @@ def test_tapped_patterns_from_the_log_sum_exp_equal_the_explicit_softmax(name, p
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("name", ["llama", "mistral", "bert", "gpt2"])
 def test_lower_precision_tapped_patterns_track_the_explicit_softmax(name, dtype, tol, lse_calls, monkeypatch):
-    model = headlab.attach(built(name).to(dtype))
+    model = headlab.attach(built(name).to(dtype)).model
     ids, mask = batch(padding="left" if ARCHITECTURES[name].causal else "right")
     got = _patterns(model, ids, mask)
     assert lse_calls
@@ -93,7 +93,7 @@ def test_lower_precision_tapped_patterns_track_the_explicit_softmax(name, dtype,
 
 
 def test_a_wanted_gradient_takes_the_explicit_path(lse_calls, monkeypatch):
-    model = headlab.attach(built("llama").double())
+    model = headlab.attach(built("llama").double()).model
     ids, mask = batch(padding="left")
     got = _patterns(model, ids, mask, grad=True)
     assert not lse_calls
@@ -102,7 +102,7 @@ def test_a_wanted_gradient_takes_the_explicit_path(lse_calls, monkeypatch):
 
 
 def test_dropout_in_training_takes_the_explicit_path(lse_calls):
-    model = headlab.attach(build("bert", attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0).double()).train()
+    model = headlab.attach(build("bert", attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0).double()).model.train()
     ids, mask = batch(padding="right")
     with torch.no_grad():
         got = _patterns(model, ids, mask)

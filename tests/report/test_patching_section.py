@@ -179,11 +179,11 @@ def test_a_causal_model_without_logits_falls_back_to_similarity() -> None:
     import transformers
 
     import headlab
-    from headlab.models import LoadedModel
+    from headlab.models import HeadedModel
 
     lm = tiny("gpt2")
     torch.manual_seed(0)
     base = transformers.GPT2Model(lm.model.config).eval()  # the same shape, no language-model head
-    pair = choose_pair(LoadedModel(model=headlab.attach(base), tokenizer=lm.tokenizer, source="base"))
+    pair = choose_pair(HeadedModel(model=headlab.attach(base).model, tokenizer=lm.tokenizer, source="base"))
     assert pair.name == "similarity" and "causal but its output has no logits" in pair.why
     assert choose_pair(lm).name == "logit-diff"

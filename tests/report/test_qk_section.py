@@ -8,7 +8,7 @@ import re
 import numpy as np
 import torch
 
-from headlab.models import attention_sites
+from headlab.models import headed
 from headlab.report.sections.qk import QKSpectra, measure, plot_spectra, render_qk
 from tests.report.viewer.tiny import tiny
 
@@ -16,7 +16,7 @@ from tests.report.viewer.tiny import tiny
 def test_measure_reads_every_head_and_the_formed_matrix_agrees() -> None:
     model = tiny("bert")
     spectra = measure(model)
-    sites = attention_sites(model)
+    sites = headed(model).sites
     assert spectra.d_model == 32 and spectra.d_head == [8, 8]
     assert [s.shape for s in spectra.singular] == [(4, 8), (4, 8)]
     assert all((r == 8).all() for r in spectra.ranks)
@@ -49,11 +49,11 @@ def test_a_grouped_query_head_pays_its_share_of_the_shared_key_factor() -> None:
     """Tiny Llama: 4 query heads, 2 key heads of d_head 8 over d_model 32: a query head owns its 256 query
     parameters and half of a key head's 256, 384 in all, not 512."""
     import headlab
-    from headlab.models import LoadedModel
+    from headlab.models import HeadedModel
     from tests.models.tiny import build
 
-    model = headlab.attach(build("llama", attn_implementation="sdpa"))
-    spectra = measure(LoadedModel(model=model, tokenizer=None, source="tiny llama"))
+    model = headlab.attach(build("llama", attn_implementation="sdpa")).model
+    spectra = measure(HeadedModel(model=model, tokenizer=None, source="tiny llama"))
     assert spectra.n_kv_heads == [2, 2] and [len(r) for r in spectra.ranks] == [4, 4]
     assert spectra.factored_cost(0) == 32 * 8 + 32 * 8 / 2
     text = html.unescape(render_qk(spectra, name="tiny llama"))

@@ -43,11 +43,11 @@ from headlab.analysis.sinks import (
 )
 from headlab.analysis.surface import SurfaceStats, head_statistics, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, class_shares, classify
-from headlab.capture import CaptureResult, Shard, capture, load_corpus, model_max_length
+from headlab.capture import CaptureResult, Shard, capture, load_corpus
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads import HeadTable
 from headlab.heads.selection import HeadSelection
-from headlab.models import LoadedModel
+from headlab.models import headed
 
 FIDELITY_METRIC = "embedding cosine to the unpruned model"
 RETRIEVAL_METRIC = "pair-retrieval accuracy"
@@ -255,7 +255,7 @@ class AnalysisAccumulators:
             to Ray workers) as their ``ValueProjections``: the same norms, d_head_v wide, shared by both.
 
     Attributes:
-        what: what the capture pass must take for these accumulators: ``("pattern", "v")`` with W_O,
+        take: what the capture pass must take for these accumulators: ``("pattern", "v")`` with W_O,
             else ``("pattern",)``.
 
     Calling it:
@@ -270,7 +270,7 @@ class AnalysisAccumulators:
                  W_O: dict[int, Any] | None = None) -> None:  # noqa: N803
         self.causal, self.parses, self.row_fraction = causal, parses, row_fraction
         self.projections = None if W_O is None else ValueProjections(W_O)  # d_model / d_head_v times smaller
-        self.what = ("pattern",) if W_O is None else ("pattern", "v")
+        self.take = ("pattern",) if W_O is None else ("pattern", "v")
 
     def __call__(self, shard: Shard | None = None) -> list[Any]:
         similarity = HeadSimilarity(row_fraction=self.row_fraction)
@@ -388,12 +388,12 @@ def analyze(
     if engine == "ray":
         from headlab.capture.distributed import sharded_capture
 
-        sharded = sharded_capture(model, texts, consumers=accumulators, heads=heads, what=accumulators.what,
+        sharded = sharded_capture(model, texts, consumers=accumulators, heads=heads, take=accumulators.take,
                                   workers=workers, address=address, progress=progress)
         run, consumers = sharded.capture, sharded.consumers
     else:
         consumers = accumulators()
-        run = capture(model, corpus=texts, heads=heads, what=accumulators.what, consumers=consumers,
+        run = capture(model, corpus=texts, heads=heads, take=accumulators.take, consumers=consumers,
                       progress=progress)
     surface, taxonomy, similarity, *rest = consumers
     weighted, sinks = rest[:2] if projections is not None else (None, None)
@@ -410,8 +410,7 @@ def analyze(
             result.syntax = syntax_acc.result(min_count=5 if quick else 20)
         except ValueError as err:  # nothing parseable: a stated skip
             skipped["syntax"] = str(err)
-    limit = model_max_length(model.model if isinstance(model, LoadedModel) else model,
-                             getattr(model, "tokenizer", None))
+    limit = headed(model).max_length
     length = PROBE_LENGTH if limit is None else min(PROBE_LENGTH, (limit - 1) // 2)  # [BOS] + r + r must fit
     if causal and length < 2:
         skipped["causal probes"] = f"the model takes {limit} positions; the probes need at least 5"
@@ -445,7 +444,7 @@ def analyze(
 def _importance(model: Any, texts: list[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
     """Gradient and ablation importance on the model's task, their correlation, and pruning curves."""
     tokenizer = model.tokenizer
-    limit = model_max_length(model.model, tokenizer)
+    limit = model.max_length
     if causal:
         batches = lm_batches(tokenizer, texts[: 16 if quick else 64],
                              max_length=LM_MAX_LENGTH if limit is None else min(LM_MAX_LENGTH, limit))

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch import nn
+
+from headlab.models import HeadedModel, headed
 
 __all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "plot_streaming"]
 
@@ -51,29 +54,28 @@ class ContextHeads:
                 "streaming": self.streaming.to_dict()}
 
 
-def context_heads(model: Any, corpus: Any = None, *, quick: bool = False, seed: int = 0) -> ContextHeads:
+def context_heads(model: HeadedModel | nn.Module, corpus: Any = None, *, quick: bool = False,
+                  seed: int = 0) -> ContextHeads:
     """Retrieval scores (causal language models) and the streaming simulation, with ``QUICK`` or ``FULL``
     sizes shrunk to the model's position table.
 
     Args:
-        model: a ``LoadedModel`` with a tokenizer.
+        model: a ``HeadedModel`` with a tokenizer (or an attached model whose handle has one).
         corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
         quick: the ``QUICK`` sizes.
         seed: where the needles are hidden.
     """
     from headlab.analysis.retrieval import retrieval_scores
     from headlab.analysis.streaming import has_logits, streaming_simulation
-    from headlab.capture.run import model_max_length
-    from headlab.models import attention_sites
-
+    model = headed(model)
     settings = QUICK if quick else FULL
-    limit = model_max_length(model.model, model.tokenizer) or 10**9
+    limit = model.max_length or 10**9
     length = min(settings["length"], limit)
     windows = [w for w in settings["windows"] if w < length] or [max(1, length // 4)]
     needle = settings["needle_length"]
     haystack = min(settings["haystack_length"], limit - 1 - 2 * needle)
     retrieval, reason = None, None
-    if not all(site.causal for site in attention_sites(model)):
+    if not model.causal:
         reason = "it attends both ways"
     elif not has_logits(model):
         reason = "it is causal but has no language-model head, so its predictions cannot be read"

@@ -292,7 +292,7 @@ def text_flow(model: Any, text: str, *, flow: bool = True, max_length: int = FLO
     """Run ``model`` on one text and compute its rollout and, within ``max_length`` pieces, its flow.
 
     Args:
-        model: a ``LoadedModel`` (every head of every layer is captured).
+        model: a ``HeadedModel`` (every head of every layer is captured).
         text: the text.
         flow: compute the flow too (skipped, None, beyond ``max_length``).
         max_length: the flow's length limit.
@@ -314,7 +314,7 @@ def text_flow(model: Any, text: str, *, flow: bool = True, max_length: int = FLO
     class _Keep:
         update = staticmethod(keep)
 
-    capture(model, corpus=[text], what=("pattern",), consumers=[_Keep()], progress=False)
+    capture(model, corpus=[text], take=("pattern",), consumers=[_Keep()], progress=False)
     patterns = kept["patterns"]
     within = len(kept["tokens"]) <= max_length
     return TextFlow(text=text, tokens=kept["tokens"], rollout=rollout(patterns),

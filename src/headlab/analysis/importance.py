@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from headlab.heads import HeadTable, mask
-from headlab.models import LoadedModel, attention_sites
+from headlab.heads import HeadTable, intervening, mask
+from headlab.models import HeadedModel, headed
 
 __all__ = [
     "ImportanceResult", "PruningCurve", "ablation_importance", "causal_lm_loss", "embed", "fidelity_metric",
@@ -75,7 +75,7 @@ class ImportanceResult:
 
 
 def gradient_importance(
-    model: nn.Module | LoadedModel, batches: Iterable[Any], loss_fn: LossFn, *, normalize: bool = True,
+    model: HeadedModel | nn.Module, batches: Iterable[Any], loss_fn: LossFn, *, normalize: bool = True,
 ) -> ImportanceResult:
     """Michel et al.'s head importance: ``Σ_batches |∂loss/∂gate_h|`` at gate = 1.
 
@@ -85,7 +85,7 @@ def gradient_importance(
     mode; its mode and every module's ``head_mask`` are restored afterwards, on error too.
 
     Args:
-        model: an attached model or ``LoadedModel``.
+        model: a ``HeadedModel`` or an attached model.
         batches: anything ``loss_fn`` takes, one item per forward.
         loss_fn: ``loss_fn(model, batch) -> scalar`` (differentiable).
         normalize: divide each layer's scores by their ℓ2 norm (Michel et al. §4.1).
@@ -94,14 +94,11 @@ def gradient_importance(
         Scores per head.
     """
     start = time.perf_counter()
-    net, sites = _net(model), attention_sites(model)
-    weight = next(net.parameters())
-    gates = [torch.ones(site.n_heads, dtype=weight.dtype, device=weight.device, requires_grad=True) for site in sites]
-    totals = [torch.zeros(site.n_heads, dtype=torch.float64) for site in sites]
+    handle = headed(model)
+    gates = [torch.ones(n, dtype=handle.dtype, device=handle.device, requires_grad=True) for n in handle.n_heads]
+    totals = [torch.zeros(n, dtype=torch.float64) for n in handle.n_heads]
     count = 0
-    was_training = net.training
-    net.eval()
-    try:
+    with intervening(handle) as sites, handle.running() as net:
         for site, gate in zip(sites, gates):
             site.head_mask = gate
         for batch in batches:
@@ -111,15 +108,11 @@ def gradient_importance(
                 if grad is not None:
                     total += grad.detach().abs().double().cpu()
             count += 1
-    finally:
-        for site in sites:
-            site.head_mask = None
-        net.train(was_training)
     return _result(totals, "gradient", normalize, count, start)
 
 
 def ablation_importance(
-    model: nn.Module | LoadedModel, batches: Iterable[Any], loss_fn: LossFn, *, normalize: bool = False,
+    model: HeadedModel | nn.Module, batches: Iterable[Any], loss_fn: LossFn, *, normalize: bool = False,
 ) -> ImportanceResult:
     """Exact single-head ablation: ``Σ_batches (loss with head h gated to 0 − loss)``.
 
@@ -127,7 +120,7 @@ def ablation_importance(
     model's persistent interventions are untouched; a head already masked scores exactly 0.
 
     Args:
-        model: an attached model or ``LoadedModel``.
+        model: a ``HeadedModel`` or an attached model.
         batches: anything ``loss_fn`` takes (iterated once; materialised).
         loss_fn: ``loss_fn(model, batch) -> scalar``.
         normalize: divide each layer's scores by their ℓ2 norm.
@@ -136,33 +129,21 @@ def ablation_importance(
         Loss increases per head (negative where removing a head helps).
     """
     start = time.perf_counter()
-    net, sites = _net(model), attention_sites(model)
-    weight = next(net.parameters())
+    handle = headed(model)
     batches = list(batches)
-    totals = [torch.zeros(site.n_heads, dtype=torch.float64) for site in sites]
-    was_training = net.training
-    net.eval()
-    try:
-        with torch.no_grad():
-            for site in sites:  # the same code path (a gate of ones) for baseline and ablation
-                site.head_mask = torch.ones(site.n_heads, dtype=weight.dtype, device=weight.device)
-            for batch in batches:
-                base = float(loss_fn(net, batch))
-                for site, total in zip(sites, totals):
-                    ones = site.head_mask
-                    for h in range(len(total)):
-                        site.head_mask = ones.index_fill(0, torch.tensor([h], device=ones.device), 0.0)
-                        total[h] += float(loss_fn(net, batch)) - base
-                    site.head_mask = ones
-    finally:
-        for site in sites:
-            site.head_mask = None
-        net.train(was_training)
+    totals = [torch.zeros(n, dtype=torch.float64) for n in handle.n_heads]
+    with intervening(handle) as sites, handle.running(grad=False) as net:
+        for site in sites:  # the same code path (a gate of ones) for baseline and ablation
+            site.head_mask = torch.ones(site.n_heads, dtype=handle.dtype, device=handle.device)
+        for batch in batches:
+            base = float(loss_fn(net, batch))
+            for site, total in zip(sites, totals):
+                ones = site.head_mask
+                for h in range(len(total)):
+                    site.head_mask = ones.index_fill(0, torch.tensor([h], device=ones.device), 0.0)
+                    total[h] += float(loss_fn(net, batch)) - base
+                site.head_mask = ones
     return _result(totals, "ablation", normalize, len(batches), start)
-
-
-def _net(model: nn.Module | LoadedModel) -> nn.Module:
-    return model.model if isinstance(model, LoadedModel) else model
 
 
 def _result(totals: list[Tensor], method: str, normalize: bool, count: int, start: float) -> ImportanceResult:
@@ -224,7 +205,7 @@ class PruningCurve:
 
 
 def pruning_curve(
-    model: nn.Module | LoadedModel,
+    model: HeadedModel | nn.Module,
     order: Sequence[tuple[int, int]] | ImportanceResult,
     metric_fn: Callable[[Any], float],
     *,
@@ -237,7 +218,7 @@ def pruning_curve(
     were afterwards, on error too.
 
     Args:
-        model: an attached model or ``LoadedModel``; ``metric_fn`` receives it as given.
+        model: a ``HeadedModel`` or an attached model; ``metric_fn`` receives it as given.
         order: heads least important first (all of them, or a prefix), or an ``ImportanceResult``.
         metric_fn: ``metric_fn(model) -> float``.
         step: fraction of the model's heads removed per step, in (0, 1].
@@ -251,7 +232,8 @@ def pruning_curve(
     if not 0 < step <= 1:
         raise ValueError(f"step={step!r} must be in (0, 1]")
     heads = order.order() if isinstance(order, ImportanceResult) else [tuple(h) for h in order]
-    sites = attention_sites(model)
+    handle = headed(model)
+    sites = handle.sites
     n_total = sum(site.n_heads for site in sites)
     saved = [(site.scale, site.shift) for site in sites]
     counts = sorted({min(len(heads), round(k * step * n_total)) for k in range(int(np.ceil(1 / step - 1e-9)) + 1)})
@@ -261,7 +243,7 @@ def pruning_curve(
             for site, (scale_, shift) in zip(sites, saved):
                 site.set_affine(scale_, shift)
             if k:
-                mask(_net(model), heads[:k])
+                mask(handle, heads[:k])
             fractions.append(k / n_total)
             removed.append(k)
             values.append(float(metric_fn(model)))
@@ -314,7 +296,7 @@ def _encode(tokenizer: Any, texts: Sequence[str], device: torch.device, max_leng
     return {"input_ids": encoded["input_ids"].to(device), "attention_mask": encoded["attention_mask"].to(device)}
 
 
-def embed(model: nn.Module | LoadedModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 64,
+def embed(model: HeadedModel | nn.Module, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 64,
           max_length: int = MAX_LENGTH) -> Tensor:
     """Sentence embeddings: mean pooling over real tokens, then L2 normalisation.
 
@@ -324,8 +306,8 @@ def embed(model: nn.Module | LoadedModel, tokenizer: Any, texts: Sequence[str], 
     Returns:
         ``(len(texts), d_model)`` unit vectors (no gradient).
     """
-    net = _net(model)
-    device = next(net.parameters()).device
+    handle = headed(model)
+    net, device = handle.model, handle.device
     out = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
@@ -382,7 +364,7 @@ def retrieval_metric(tokenizer: Any, pairs: Sequence[Any], *, max_length: int = 
     return accuracy
 
 
-def fidelity_metric(model: nn.Module | LoadedModel, tokenizer: Any, texts: Sequence[str], *,
+def fidelity_metric(model: HeadedModel | nn.Module, tokenizer: Any, texts: Sequence[str], *,
                     max_length: int = MAX_LENGTH) -> Callable[[Any], float]:
     """A ``metric_fn``: mean cosine of each text's embedding to the embedding the model gives it
     *now* (call this before masking anything: the unpruned reference)."""

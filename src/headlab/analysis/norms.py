@@ -71,10 +71,10 @@ def out_projections(model: Any) -> dict[int, Tensor]:
     Raises:
         ValueError: a site has no output projection taking the heads' z (``AttentionSite.W_O``).
     """
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
     return {site.layer: site.W_O.detach().to(device="cpu", dtype=torch.float64).clone()
-            for site in attention_sites(model)}
+            for site in headed(model).sites}
 
 
 def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa: N803
@@ -287,7 +287,7 @@ class ValueWeighted(HeadSums):
         ValueError: a W_O that is not 3-D.
     """
 
-    FIX = "capture with what=('pattern', 'v')"
+    FIX = "capture with take=('pattern', 'v')"
 
     def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:  # noqa: N803
         super().__init__()
@@ -295,7 +295,7 @@ class ValueWeighted(HeadSums):
 
     @classmethod
     def from_model(cls, model: Any) -> ValueWeighted:
-        """An accumulator for every layer of ``model`` (a ``LoadedModel`` or an attached model)."""
+        """An accumulator for every layer of ``model`` (a ``HeadedModel`` or an attached model)."""
         return cls(out_projections(model))
 
     def update(self, batch: CaptureBatch) -> None:
@@ -353,14 +353,14 @@ def value_weighted(model: Any, corpus: Any = None, **capture_options: Any) -> He
     """Run a capture with a ``ValueWeighted`` and return its result.
 
     Args:
-        model: a ``LoadedModel``.
+        model: a ``HeadedModel``.
         corpus: as ``capture`` takes it; None for the bundled corpus.
         capture_options: passed to ``capture`` (heads, batch_tokens, progress, ...).
     """
     from headlab.capture import capture
 
     accumulator = ValueWeighted.from_model(model)
-    capture(model, corpus=corpus, what=("pattern", "v"), consumers=[accumulator], **capture_options)
+    capture(model, corpus=corpus, take=("pattern", "v"), consumers=[accumulator], **capture_options)
     return accumulator.result()
 
 

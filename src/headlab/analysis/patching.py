@@ -26,14 +26,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.capture.cache import Cache, model_inputs, run_with_cache
+from torch import nn
+
+from headlab.capture.cache import Cache, run_with_cache
 from headlab.heads import HeadTable
 from headlab.heads.scoped import intervening, patched
-from headlab.heads.selection import HeadSelection, resolve
-from headlab.models import LoadedModel, attention_sites
+from headlab.heads.selection import HeadSelection
+from headlab.models import HeadedModel
+from headlab.models.handle import Inputs, given_tokenizer
 
 Metric = Callable[[Any], Tensor]  # the model's output -> a scalar tensor (differentiable for AtP)
-Inputs = str | Sequence[str] | Mapping[str, Tensor] | Tensor
 
 __all__ = ["Metric", "PatchingResult", "activation_patching", "attribution_patching", "embedding_similarity",
            "logit_difference", "plot_patching"]
@@ -66,17 +68,18 @@ class PatchingResult:
                 "heads": self.table.to_dict()}
 
 
-def activation_patching(model: Any, clean: Inputs, corrupted: Inputs, metric: Metric, *,
+def activation_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
                         heads: HeadSelection = None, tokenizer: Any = None,
                         progress: Callable[[int, int], None] | None = None) -> PatchingResult:
     """Patch each head's clean z into the corrupted run, one head at a time, and measure the metric.
 
     Args:
-        model: a ``LoadedModel`` or an attached transformers model.
-        clean, corrupted: inputs of the same shape (texts, a forward's keyword arguments or input ids).
+        model: a ``HeadedModel`` or an attached model.
+        clean, corrupted: inputs of the same shape (texts, a forward's keyword arguments or a tensor:
+            ``HeadedModel.inputs``).
         metric: ``metric(output) -> scalar``; higher means more of the behaviour.
         heads: the heads to patch (``headlab.heads.selection``); None for all.
-        tokenizer: for text inputs; None takes the ``LoadedModel``'s.
+        tokenizer: deprecated: the handle holds the tokenizer (``headlab.attach(model, tokenizer=...)``).
         progress: called as ``progress(done, total)`` after each head.
 
     Returns:
@@ -87,8 +90,9 @@ def activation_patching(model: Any, clean: Inputs, corrupted: Inputs, metric: Me
             (the effect would divide by zero).
     """
     start = time.perf_counter()
-    clean_run, corrupted_inputs, selection = _prepare(model, clean, corrupted, heads, tokenizer)
-    net = model.model if isinstance(model, LoadedModel) else model
+    handle = given_tokenizer(model, tokenizer, "activation_patching")
+    clean_run, corrupted_inputs, selection = _prepare(handle, clean, corrupted, heads)
+    net = handle.model
     pairs = [(layer, h) for layer, hs in selection.items() for h in hs]
     with torch.no_grad():
         clean_metric = float(metric(clean_run.output))
@@ -96,7 +100,7 @@ def activation_patching(model: Any, clean: Inputs, corrupted: Inputs, metric: Me
         scale = _denominator(clean_metric, corrupted_metric)
         changes = []
         for done, (layer, h) in enumerate(pairs, 1):
-            with patched(model, {layer: [h]}, clean_run):
+            with patched(handle, {layer: [h]}, clean_run):
                 changes.append(float(metric(net(**corrupted_inputs))) - corrupted_metric)
             if progress is not None:
                 progress(done, len(pairs))
@@ -106,7 +110,7 @@ def activation_patching(model: Any, clean: Inputs, corrupted: Inputs, metric: Me
                           seconds=time.perf_counter() - start)
 
 
-def attribution_patching(model: Any, clean: Inputs, corrupted: Inputs, metric: Metric, *,
+def attribution_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
                          heads: HeadSelection = None, tokenizer: Any = None) -> PatchingResult:
     """Estimate every head's patching effect from two forwards and one backward (AtP).
 
@@ -121,19 +125,18 @@ def attribution_patching(model: Any, clean: Inputs, corrupted: Inputs, metric: M
         ValueError: as ``activation_patching``; also a metric that does not depend on any head.
     """
     start = time.perf_counter()
-    clean_run, corrupted_inputs, selection = _prepare(model, clean, corrupted, heads, tokenizer)
+    handle = given_tokenizer(model, tokenizer, "attribution_patching")
+    clean_run, corrupted_inputs, selection = _prepare(handle, clean, corrupted, heads)
     clean_metric = float(metric(clean_run.output))
-    batch, length = corrupted_inputs["input_ids"].shape
-    with intervening(model) as sites:
+    with intervening(handle) as sites:
         # An additive zero on every patched layer's z: its gradient is ∂metric/∂z at the corrupted run.
         deltas = {}
         for layer in selection:
-            site = sites[layer]
-            weight = site.W_O
-            deltas[layer] = torch.zeros(batch, site.n_heads, length, site.d_head_v, dtype=weight.dtype,
-                                        device=weight.device, requires_grad=True)
-            site.delta = deltas[layer]
-        corrupted_run = run_with_cache(model, corrupted_inputs, names="z", heads=selection, grad=True)
+            z = clean_run["z", layer, selection[layer][0]]  # (batch, query_pos, d_head_v)
+            deltas[layer] = torch.zeros(z.shape[0], sites[layer].n_heads, *z.shape[1:], dtype=z.dtype,
+                                        device=z.device, requires_grad=True)
+            sites[layer].delta = deltas[layer]
+        corrupted_run = run_with_cache(handle, corrupted_inputs, take="z", heads=selection, grad=True)
         value = metric(corrupted_run.output)
         if not value.requires_grad:
             raise ValueError("the metric does not depend on the model's heads (no gradient): attribution patching "
@@ -206,20 +209,23 @@ def plot_patching(results: Sequence[PatchingResult], path: str | Path, *, title:
     return path
 
 
-def _prepare(model: Any, clean: Inputs, corrupted: Inputs, heads: HeadSelection,
-             tokenizer: Any) -> tuple[Cache, dict[str, Tensor], dict[int, list[int]]]:
+def _prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs,
+             heads: HeadSelection) -> tuple[Cache, dict[str, Any], dict[int, list[int]]]:
     """The clean run's z, the corrupted run's inputs (checked against the clean ones) and the selection."""
-    selection = resolve(heads, [site.n_heads for site in attention_sites(model)])
-    if tokenizer is None and isinstance(model, LoadedModel):
-        tokenizer = model.tokenizer
-    clean_run = run_with_cache(model, clean, names="z", heads=selection, tokenizer=tokenizer)
-    corrupted_inputs = model_inputs(model.model if isinstance(model, LoadedModel) else model, corrupted,
-                                    tokenizer=tokenizer)
-    a, b = clean_run.inputs["input_ids"].shape, corrupted_inputs["input_ids"].shape
+    selection = model.heads(heads)
+    clean_run = run_with_cache(model, clean, take="z", heads=selection)
+    corrupted_inputs = model.inputs(corrupted)
+    a, b = _shape(clean_run.inputs), _shape(corrupted_inputs)
     if a != b:
-        raise ValueError(f"clean and corrupted inputs must have the same shape to patch between them: clean {tuple(a)},"
-                         f" corrupted {tuple(b)} (batch, tokens); reword one so both have as many tokens")
+        raise ValueError(f"clean and corrupted inputs must have the same shape to patch between them: clean {a},"
+                         f" corrupted {b} (batch, tokens); reword one so both have as many tokens")
     return clean_run, corrupted_inputs, selection
+
+
+def _shape(inputs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The shape of a forward's first tensor argument (the input ids of a transformers model)."""
+    first = inputs["input_ids"] if "input_ids" in inputs else next(v for v in inputs.values() if isinstance(v, Tensor))
+    return tuple(first.shape)
 
 
 def _denominator(clean_metric: float, corrupted_metric: float) -> float:
@@ -231,12 +237,12 @@ def _denominator(clean_metric: float, corrupted_metric: float) -> float:
     return gap
 
 
-def text_metric(model: LoadedModel, clean: str, *, name: str | None = None, answer: str | None = None,
+def text_metric(model: HeadedModel, clean: str, *, name: str | None = None, answer: str | None = None,
                 wrong: str | None = None) -> tuple[Metric, str]:
     """The metric a command line means: ``logit-diff`` (causal LMs) or ``similarity`` (encoders).
 
     Args:
-        model: a ``LoadedModel`` (its tokenizer turns answers into ids).
+        model: a ``HeadedModel`` with a tokenizer (it turns answers into ids).
         clean: the clean text (``similarity`` compares with its pooled embedding).
         name: "logit-diff", "similarity", or None for the model's kind (causal: logit-diff).
         answer, wrong: for "logit-diff", the token the clean text predicts next and the one the
@@ -249,10 +255,10 @@ def text_metric(model: LoadedModel, clean: str, *, name: str | None = None, answ
         ValueError: an unknown name, a logit difference without two one-token answers, or a
             model without logits.
     """
-    causal = any(site.causal for site in attention_sites(model))
+    causal = any(site.causal for site in model.sites)
     name = name or ("logit-diff" if causal else "similarity")
     if name == "similarity":
-        reference = run_with_cache(model, clean, names="z", heads={0: [0]}).output.last_hidden_state.mean(dim=1)
+        reference = run_with_cache(model, clean, take="z", heads={0: [0]}).output.last_hidden_state.mean(dim=1)
         return embedding_similarity(reference), "cosine similarity of the mean-pooled output to the clean text's"
     if name != "logit-diff":
         raise ValueError(f"metric {name!r}; expected 'logit-diff' (language models) or 'similarity' (any model)")

@@ -133,7 +133,7 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     for layer, taken in batch.layers.items():
         p = taken.pattern
         if p is None:
-            raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
+            raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
         kind = (tuple(taken.heads), p.shape, p.dtype)
         if kind == previous and (not launch_bound(p.device)
                                  or (len(runs[-1]) + 1) * p.numel() * p.element_size() <= _GPU_STACK_BYTES):

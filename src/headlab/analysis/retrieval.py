@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads import HeadTable
-from headlab.models import LoadedModel, attention_sites
+from headlab.models import HeadedModel, headed
 
 __all__ = ["THRESHOLD", "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases", "retrieval_scores"]
 
@@ -240,12 +240,12 @@ def copy_cases(tokenizer: Any, texts: Sequence[str], *, needles: int, needle_len
     return cases
 
 
-def retrieval_scores(model: LoadedModel, *, corpus: Any = None, needles: int = 32, needle_length: int = 12,
+def retrieval_scores(model: HeadedModel | nn.Module, *, corpus: Any = None, needles: int = 32, needle_length: int = 12,
                      haystack_length: int = 96, batch_size: int = 8, seed: int = 0) -> RetrievalResult:
     """Wu et al.'s retrieval score of every head of a causal language model, on copies built from a corpus.
 
     Args:
-        model: a ``LoadedModel`` of a causal language model (its output has logits).
+        model: a ``HeadedModel`` of a causal language model (its output has logits) with a tokenizer.
         corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
         needles, needle_length, haystack_length, seed: see ``copy_cases``.
         batch_size: copies per forward, ``>= 1``.
@@ -258,11 +258,11 @@ def retrieval_scores(model: LoadedModel, *, corpus: Any = None, needles: int = 3
             logits or tokenizer, sizes out of range, or inputs longer than the model takes.
     """
     from headlab.capture import load_corpus, run_with_cache
-    from headlab.capture.run import model_max_length
 
     start = time.perf_counter()
-    sites = attention_sites(model)
-    if not all(site.causal for site in sites):
+    model = headed(model)
+    sites = model.sites
+    if not model.causal:
         raise ValueError(f"retrieval scores need a causal language model; {model.source} attends both ways (an "
                          "encoder sees the whole input at once and does not copy a needle by generating it)")
     if model.tokenizer is None:
@@ -271,14 +271,14 @@ def retrieval_scores(model: LoadedModel, *, corpus: Any = None, needles: int = 3
         raise ValueError(f"batch_size={batch_size!r}: expected an int >= 1")
     cases = copy_cases(model.tokenizer, load_corpus(corpus).texts, needles=needles, needle_length=needle_length,
                        haystack_length=haystack_length, seed=seed)
-    limit = model_max_length(model.model, model.tokenizer)
+    limit = model.max_length
     if limit is not None and len(cases[0].input_ids) > limit:
         raise ValueError(f"a copy case is {len(cases[0].input_ids)} tokens; {model.source} takes {limit}: lower "
                          f"haystack_length={haystack_length} or needle_length={needle_length}")
     scores = RetrievalScores([site.n_heads for site in sites])
     for first in range(0, len(cases), batch_size):
         batch = cases[first:first + batch_size]
-        cache = run_with_cache(model, torch.tensor([c.input_ids for c in batch]), names=("pattern",))
+        cache = run_with_cache(model, torch.tensor([c.input_ids for c in batch]), take="pattern")
         logits = getattr(cache.output, "logits", None)
         if logits is None:
             raise ValueError(f"{model.source}'s output has no logits (no language-model head): the model's "

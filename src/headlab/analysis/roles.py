@@ -20,11 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headlab.capture.run import model_max_length
-from headlab.capture.taps import tapped
+from headlab.capture.cache import run_with_cache
 from headlab.heads import HeadTable
-from headlab.heads.selection import resolve
-from headlab.models import LoadedModel, TapOutput, attention_sites
+from headlab.models import HeadedModel, headed
+from headlab.models.handle import given_tokenizer
 
 __all__ = [
     "BROAD", "DUPLICATE_TOKEN", "INDUCTION", "NEXT_TOKEN", "PREVIOUS_TOKEN", "PUNCTUATION", "SELF", "SINK",
@@ -120,8 +119,8 @@ def repeated_tokens(*, n_seqs: int, length: int, vocab_size: int, bos_id: int, e
     return torch.cat([bos, r, r], dim=1)
 
 
-def probe_patterns(model: nn.Module | LoadedModel, input_ids: Tensor) -> list[Tensor]:
-    """Run a causal attached model on ``input_ids`` and return every layer's patterns.
+def probe_patterns(model: HeadedModel | nn.Module, input_ids: Tensor) -> list[Tensor]:
+    """Run a causal attached model on ``input_ids`` (no padding) and return every layer's patterns.
 
     Returns:
         Per layer, ``(batch, head, query_pos, key_pos)`` float32 on the CPU.
@@ -129,35 +128,21 @@ def probe_patterns(model: nn.Module | LoadedModel, input_ids: Tensor) -> list[Te
     Raises:
         ValueError: a layer is not causal (the probes read a left-to-right model).
     """
-    net = model.model if isinstance(model, LoadedModel) else model
-    sites = _causal_sites(net)
-    selection = resolve(None, [site.n_heads for site in sites])
-    taken: dict[int, Tensor] = {}
-
-    def sink(layer: int, out: TapOutput) -> None:
-        taken[layer] = out.pattern.float().cpu()
-
-    parameter = next(net.parameters(), None)
-    device = parameter.device if parameter is not None else torch.device("cpu")
-    was_training = net.training
-    net.eval()
-    try:
-        with tapped(sites, selection, ("pattern",), sink), torch.inference_mode():
-            net(input_ids=input_ids.to(device), attention_mask=torch.ones_like(input_ids, device=device))
-    finally:
-        net.train(was_training)
-    return [taken[layer] for layer in sorted(taken)]
+    handle = _causal(model)
+    cache = run_with_cache(handle, {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)})
+    return [cache["pattern", layer].float().cpu() for layer in range(handle.n_layers)]
 
 
-def _causal_sites(net: nn.Module) -> list:
-    sites = attention_sites(net)
-    not_causal = [site.layer for site in sites if not site.causal]
+def _causal(model: HeadedModel | nn.Module) -> HeadedModel:
+    """The model's handle, refused unless every layer is causal."""
+    handle = headed(model)
+    not_causal = [site.layer for site in handle.sites if not site.causal]
     if not_causal:
         raise ValueError(
             f"the duplicate-token and induction probes need a causal model; layers {not_causal} of "
-            f"{type(net).__name__} are not causal (bidirectional heads can read the second copy directly)"
+            f"{handle.architecture} are not causal (bidirectional heads can read the second copy directly)"
         )
-    return sites
+    return handle
 
 
 def previous_token_score(patterns: Tensor) -> Tensor:
@@ -184,14 +169,14 @@ def induction_score(patterns: Tensor, length: int) -> Tensor:
     return patterns.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 2:].double().mean(dim=(0, 2))
 
 
-def duplicate_token_scores(model: nn.Module | LoadedModel, tokenizer: Any = None, *, n_seqs: int = 16,
+def duplicate_token_scores(model: HeadedModel | nn.Module, tokenizer: Any = None, *, n_seqs: int = 16,
                            length: int = 32, seed: int = 0) -> ProbeScores:
     """Each head's duplicate-token score on ``[BOS] + r + r``.
 
     Args:
-        model: a causal attached model or ``LoadedModel``.
-        tokenizer: gives the BOS id and the special ids to avoid; None: the ``LoadedModel``'s,
-            else the model config's ``bos_token_id`` and ``vocab_size``.
+        model: a causal ``HeadedModel`` or attached model. Its tokenizer gives the BOS id and the
+            special ids to avoid; without one, the model config's ``bos_token_id`` and ``vocab_size``.
+        tokenizer: deprecated: the handle holds the tokenizer (``headlab.attach(model, tokenizer=...)``).
         n_seqs: sequences; length: tokens in r; seed: the sampling seed.
 
     Returns:
@@ -204,7 +189,7 @@ def duplicate_token_scores(model: nn.Module | LoadedModel, tokenizer: Any = None
     return _probe("duplicate_token", duplicate_token_score, DUPLICATE_TOKEN, model, tokenizer, n_seqs, length, seed)
 
 
-def induction_scores(model: nn.Module | LoadedModel, tokenizer: Any = None, *, n_seqs: int = 16,
+def induction_scores(model: HeadedModel | nn.Module, tokenizer: Any = None, *, n_seqs: int = 16,
                      length: int = 32, seed: int = 0) -> ProbeScores:
     """Each head's induction score on ``[BOS] + r + r`` (column ``"induction"``); arguments as
     ``duplicate_token_scores``."""
@@ -212,11 +197,9 @@ def induction_scores(model: nn.Module | LoadedModel, tokenizer: Any = None, *, n
 
 
 def _probe(name, score, threshold, model, tokenizer, n_seqs, length, seed) -> ProbeScores:
-    if isinstance(model, LoadedModel) and tokenizer is None:
-        tokenizer = model.tokenizer
-    net = model.model if isinstance(model, LoadedModel) else model
-    _causal_sites(net)  # refuse a bidirectional model before anything else
-    config = getattr(net, "config", None)
+    handle = _causal(given_tokenizer(model, tokenizer, f"{name}_scores"))  # a bidirectional model: refused first
+    tokenizer = handle.tokenizer
+    config = getattr(handle.model, "config", None)
     bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
     bos_id = getattr(config, "bos_token_id", None) if bos_id is None else bos_id
     sizes = [n for n in (len(tokenizer) if tokenizer is not None else None, getattr(config, "vocab_size", None))
@@ -225,7 +208,7 @@ def _probe(name, score, threshold, model, tokenizer, n_seqs, length, seed) -> Pr
     if bos_id is None or vocab_size is None:
         raise ValueError(f"{name} probe: no BOS id ({bos_id}) or vocabulary size ({vocab_size}) found; "
                          "pass a tokenizer with bos_token_id")
-    limit = model_max_length(net, tokenizer)
+    limit = handle.max_length
     if limit is not None and 1 + 2 * length > limit:
         raise ValueError(f"{name} probe: length={length} makes sequences of 1 + 2 × {length} = {1 + 2 * length} "
                          f"tokens but the model takes at most {limit}; use length ≤ {(limit - 1) // 2}")
@@ -234,7 +217,7 @@ def _probe(name, score, threshold, model, tokenizer, n_seqs, length, seed) -> Pr
                 if isinstance(i, int)}
     input_ids = repeated_tokens(n_seqs=n_seqs, length=length, vocab_size=vocab_size, bos_id=bos_id,
                                 exclude=exclude, seed=seed)
-    per_layer = [score(p, length) for p in probe_patterns(net, input_ids)]
+    per_layer = [score(p, length) for p in probe_patterns(handle, input_ids)]
     table = HeadTable([(layer, h) for layer, s in enumerate(per_layer) for h in range(len(s))],
                       {name: torch.cat(per_layer).numpy()})
     return ProbeScores(name=name, table=table, threshold=threshold, n_seqs=n_seqs, length=length, seed=seed)

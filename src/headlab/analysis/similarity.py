@@ -114,7 +114,7 @@ class HeadSimilarity:
         heads, patterns = [], []
         for layer, taken in sorted(batch.layers.items()):
             if taken.pattern is None:
-                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
+                raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
             heads += [(layer, h) for h in taken.heads]
             patterns.append(taken.pattern)
         if not heads:

@@ -189,7 +189,7 @@ class SinkShare(HeadSums):
     def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int) -> tuple[Tensor, Tensor]:
         """``(valid, share)`` of the value-weighted rows, ``(layer, batch, head, query)``: valid where the row's
         weighted total is > 0."""
-        fix = "capture with what=('pattern', 'v') or pass W_O=None"
+        fix = "capture with take=('pattern', 'v') or pass W_O=None"
         shared = value_reductions(batch, self.projections)  # the norms and totals ValueWeighted reads too
         total = shared.total(rows, fix=fix)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
         norms = shared.norms(rows, fix=fix)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
@@ -252,7 +252,7 @@ def sink_share(model: Any, corpus: Any = None, *, n_sink: int | None = None, wei
     """Run a capture with a ``SinkShare.from_model`` and return its result.
 
     Args:
-        model: a ``LoadedModel``.
+        model: a ``HeadedModel``.
         corpus: as ``capture`` takes it; None for the bundled corpus.
         n_sink: sink positions; None picks by the model's kind.
         weighted: add the value-weighted share (captures v too).
@@ -261,7 +261,7 @@ def sink_share(model: Any, corpus: Any = None, *, n_sink: int | None = None, wei
     from headlab.capture import capture
 
     accumulator = SinkShare.from_model(model, n_sink=n_sink, weighted=weighted)
-    capture(model, corpus=corpus, what=("pattern", "v") if weighted else ("pattern",), consumers=[accumulator],
+    capture(model, corpus=corpus, take=("pattern", "v") if weighted else ("pattern",), consumers=[accumulator],
             **capture_options)
     return accumulator.result()
 

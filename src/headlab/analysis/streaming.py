@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads import HeadTable, windowed
-from headlab.models import LoadedModel, attention_sites
+from headlab.models import HeadedModel, headed
 
 __all__ = [
     "BUDGETS", "Conversion", "StreamingResult", "StreamingStats", "corpus_batches", "has_logits", "streaming_simulation",
@@ -143,7 +143,7 @@ class StreamingStats:
     """Sums of z and loss changes per window and head over batches; mergeable.
 
     Args:
-        model: a ``LoadedModel`` (or attached model) the batches run on.
+        model: a ``HeadedModel`` (or attached model) the batches run on.
         windows: the windows W to sweep, each ``>= 1``.
         sinks: first keys every streaming head keeps, ``>= 0``.
 
@@ -151,14 +151,14 @@ class StreamingStats:
         ValueError: an empty or bad window list, or a bad sink count.
     """
 
-    def __init__(self, model: LoadedModel | Any, *, windows: Sequence[int], sinks: int = 4) -> None:
+    def __init__(self, model: HeadedModel | nn.Module, *, windows: Sequence[int], sinks: int = 4) -> None:
         windows = list(windows)
         if not windows or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in windows):
             raise ValueError(f"windows={windows!r}: expected a non-empty list of ints >= 1")
         if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
             raise ValueError(f"sinks={sinks!r}: expected an int >= 0")
-        self.model, self.windows, self.sinks = model, sorted(set(windows)), sinks
-        sites = attention_sites(model)
+        self.model, self.windows, self.sinks = headed(model), sorted(set(windows)), sinks
+        sites = self.model.sites
         self.n_heads = [site.n_heads for site in sites]
         self.causal = all(site.causal for site in sites)
         shape = (len(self.windows), sum(self.n_heads))
@@ -174,7 +174,7 @@ class StreamingStats:
 
     def loss_sum(self, batch: dict[str, Tensor], reference: Tensor | None) -> tuple[float, Tensor | None, int]:
         """``(Σ loss, embeddings or None, units)`` of one forward on ``batch``; encoders compare with ``reference``."""
-        net = self.model.model if isinstance(self.model, LoadedModel) else self.model
+        net = self.model.model
         with torch.no_grad():
             if self.causal:
                 logits = net(**batch).logits  # (batch, pos, vocab)
@@ -194,13 +194,13 @@ class StreamingStats:
         from headlab.capture import run_with_cache
 
         base, reference, units = self.loss_sum(batch, None)
-        z = run_with_cache(self.model, batch, names=("z",))
+        z = run_with_cache(self.model, batch, take="z")
         real = batch["attention_mask"].bool()  # (batch, pos)
         offsets = np.cumsum([0, *self.n_heads])
         for w, window in enumerate(self.windows):
             for layer, n in enumerate(self.n_heads):  # a layer's heads do not see each other's windows
                 with windowed(self.model, {layer: None}, window=window, sinks=self.sinks):
-                    zw = run_with_cache(self.model, batch, names=("z",), heads={layer: None})["z", layer]
+                    zw = run_with_cache(self.model, batch, take="z", heads={layer: None})["z", layer]
                 z0 = z["z", layer]  # (batch, head, pos, d_head_v)
                 dz2 = ((zw - z0).double() ** 2).sum(-1).transpose(1, 2)[real].sum(0)  # (head,)
                 self.dz2[w, offsets[layer]:offsets[layer + 1]] += dz2.cpu().numpy()
@@ -278,20 +278,22 @@ def corpus_batches(tokenizer: Any, texts: Sequence[str], *, length: int, count: 
     return batches
 
 
-def has_logits(model: LoadedModel) -> bool:
+def has_logits(model: HeadedModel | nn.Module) -> bool:
     """The model's output has logits (a language-model head), checked with a one-token forward."""
-    ids = torch.tensor([[model.tokenizer.bos_token_id or 0]], device=next(model.model.parameters()).device)
+    model = headed(model)
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    ids = torch.tensor([[bos or 0]], device=model.device)
     with torch.no_grad():
-        return getattr(model.model(input_ids=ids), "logits", None) is not None
+        return getattr(model(input_ids=ids), "logits", None) is not None
 
 
-def streaming_simulation(model: LoadedModel, *, corpus: Any = None, windows: Sequence[int] = (8, 16, 32, 64),
+def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None, windows: Sequence[int] = (8, 16, 32, 64),
                          sinks: int = 4, budget: float | None = None, length: int = 128, texts: int = 8,
                          batch_size: int = 8) -> StreamingResult:
     """Sweep W over every head, then convert the tolerant heads at each W and measure the conversion.
 
     Args:
-        model: a ``LoadedModel`` (causal LM with logits, or an encoder).
+        model: a ``HeadedModel`` with a tokenizer (causal LM with logits, or an encoder).
         corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
         windows: the windows W, each ``>= 1``.
         sinks: first keys a streaming head keeps.
@@ -308,22 +310,21 @@ def streaming_simulation(model: LoadedModel, *, corpus: Any = None, windows: Seq
             length longer than the model takes.
     """
     from headlab.capture import load_corpus
-    from headlab.capture.run import model_max_length
 
     start = time.perf_counter()
+    model = headed(model)
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0):
         raise ValueError(f"budget={budget!r}: expected a number >= 0")
     if model.tokenizer is None:
         raise ValueError(f"{model.source} has no tokenizer; the simulation runs on corpus text")
-    limit = model_max_length(model.model, model.tokenizer)
+    limit = model.max_length
     if limit is not None and isinstance(length, int) and length > limit:
         raise ValueError(f"length={length}: {model.source} takes at most {limit} tokens")
     stats = StreamingStats(model, windows=windows, sinks=sinks)
     kind = "causal" if stats.causal else "bidirectional"
     budget = BUDGETS[kind] if budget is None else float(budget)
-    device = next(model.model.parameters()).device
     batches = corpus_batches(model.tokenizer, load_corpus(corpus).texts, length=length, count=texts,
-                             batch_size=batch_size, device=device)
+                             batch_size=batch_size, device=model.device)
     if stats.causal and not has_logits(model):
         raise ValueError(f"{model.source} is causal but its output has no logits: no next-token loss to measure")
     for batch in batches:
@@ -379,9 +380,8 @@ def _memory(stats: StreamingStats, chosen: list[tuple[int, int]], window: int,
     sequence of ``length``."""
     from headlab.layer.masks import sink_window_blocked
 
-    sites = attention_sites(stats.model)
-    itemsize = next((stats.model.model if isinstance(stats.model, LoadedModel) else stats.model).parameters()
-                    ).element_size()
+    sites = stats.model.sites
+    itemsize = next(stats.model.model.parameters()).element_size()
     streaming = set(chosen)
     freed = unsaved = units = saved = total = 0
     freed_width = all_width = 0

@@ -25,7 +25,7 @@ from headlab.analysis.reductions import reductions
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 from headlab.heads import HeadTable
-from headlab.models import attention_sites
+from headlab.models import headed
 
 __all__ = [
     "FIXED_WHEN_CAUSAL", "STATISTICS", "SurfaceStats", "head_statistics", "is_causal", "surface_stats",
@@ -114,7 +114,7 @@ class SurfaceStats(PerHeadMeans):
 
 def is_causal(model: Any) -> bool:
     """Whether the model's attention is causal (any layer), for ``causal=`` of the accumulators."""
-    return any(site.causal for site in attention_sites(model))
+    return any(site.causal for site in headed(model).sites)
 
 
 def surface_stats(model: Any, corpus: Any = None, *, causal: bool | None = None,
@@ -122,11 +122,11 @@ def surface_stats(model: Any, corpus: Any = None, *, causal: bool | None = None,
     """Run a capture with a ``SurfaceStats`` and return its result (``SurfaceStats.result``).
 
     Args:
-        model: a ``LoadedModel`` (or an attached model, with ``tokenizer=`` in capture_options).
+        model: a ``HeadedModel`` with a tokenizer (or an attached model whose handle has one).
         corpus: as ``capture`` takes it; None for the bundled corpus.
         causal: None reads it from the model's attention layers.
-        capture_options: passed to ``capture`` (layers, heads, batch_tokens, progress, tokenizer, ...).
+        capture_options: passed to ``capture`` (heads, batch_tokens, progress, ...).
     """
     accumulator = SurfaceStats(causal=is_causal(model) if causal is None else causal)
-    capture(model, corpus=corpus, what=("pattern",), consumers=[accumulator], **capture_options)
+    capture(model, corpus=corpus, take=("pattern",), consumers=[accumulator], **capture_options)
     return accumulator.result()

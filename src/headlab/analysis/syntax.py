@@ -215,7 +215,7 @@ class SyntaxAccuracy:
         predictions = []  # per layer (items, head, query_unit)
         for layer, taken in sorted(batch.layers.items()):
             if taken.pattern is None:
-                raise ValueError(f"layer {layer} was captured without patterns; capture with what=('pattern',)")
+                raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
             pattern = taken.pattern[items, :, :pos, :pos].float()
 
             def workspace(shape: tuple[int, ...], like: Tensor = pattern) -> Tensor:
@@ -374,7 +374,7 @@ def syntax_accuracy(
     """Parse ``corpus`` with spaCy, capture every head's patterns and score them on the parses.
 
     Args:
-        model: a ``LoadedModel`` (or an attached model, with ``tokenizer=`` in capture_options).
+        model: a ``HeadedModel`` with a tokenizer (or an attached model whose handle has one).
         corpus: as ``capture`` takes it; None for the bundled corpus.
         pipeline: an installed spaCy pipeline with a parser.
         min_count: relations with fewer arcs are left out of ``relations``.
@@ -393,5 +393,5 @@ def syntax_accuracy(
 
     corpus = load_corpus(corpus)
     accumulator = SyntaxAccuracy(parse_texts(corpus.texts, pipeline=pipeline), max_offset=max_offset)
-    capture(model, corpus=corpus, what=("pattern",), consumers=[accumulator], **capture_options)
+    capture(model, corpus=corpus, take=("pattern",), consumers=[accumulator], **capture_options)
     return accumulator.result(min_count=min_count)

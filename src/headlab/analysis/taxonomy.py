@@ -172,5 +172,5 @@ def taxonomy_stats(model: Any, corpus: Any = None, *, causal: bool | None = None
                    **capture_options: Any) -> HeadTable:
     """Run a capture with a ``TaxonomyStats`` and return its result (arguments as ``surface_stats``)."""
     accumulator = TaxonomyStats(causal=is_causal(model) if causal is None else causal)
-    capture(model, corpus=corpus, what=("pattern",), consumers=[accumulator], **capture_options)
+    capture(model, corpus=corpus, take=("pattern",), consumers=[accumulator], **capture_options)
     return accumulator.result()

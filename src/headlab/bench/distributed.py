@@ -114,7 +114,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
 
         def sharded(workers: int) -> Callable[[], None]:
             def once() -> None:
-                runs[str(workers)] = engine.run(texts, consumers=factory, what=factory.what, workers=workers,
+                runs[str(workers)] = engine.run(texts, consumers=factory, take=factory.take, workers=workers,
                                                 batch_tokens=BATCH_TOKENS, progress=False)
             return once
 
@@ -123,7 +123,7 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
             torch.set_num_threads(1)
             try:
                 consumers = factory()  # the whole corpus, as analyze's local engine
-                capture(loaded, corpus=texts, consumers=consumers, what=factory.what, batch_tokens=BATCH_TOKENS,
+                capture(loaded, corpus=texts, consumers=consumers, take=factory.take, batch_tokens=BATCH_TOKENS,
                         progress=False)
                 runs["single"] = consumers
             finally:

@@ -99,7 +99,7 @@ def bench_models(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambd
     """
     import headlab
     from headlab.bench.capture import model_name
-    from headlab.capture import load_corpus, model_max_length
+    from headlab.capture import load_corpus
 
     area = Area("models", "Models: headlab's attention in transformers models vs transformers' own", (
         f"{plan.dtype} on {plan.device}, inference. Per model, every contender in one interleaved group "
@@ -113,7 +113,7 @@ def bench_models(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambd
 
     texts = sorted(list(load_corpus().texts)[: plan.corpus_items], key=len)
     tokenizer, size = loaded.tokenizer, plan.hf_batch_size
-    max_length = model_max_length(loaded.model, tokenizer)
+    max_length = loaded.max_length
     batches = [dict(tokenizer(texts[i: i + size], padding=True, truncation=True, max_length=max_length,
                               return_tensors="pt").to(plan.device)) for i in range(0, len(texts), size)]
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
@@ -122,7 +122,7 @@ def bench_models(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambd
         f"{model_name(loaded)} · {len(texts)} items · {tokens} tokens · batches of {size}"))
 
     batch, pos = plan.causal_shape
-    attached = headlab.attach(tiny_causal_model(positions=pos, device=plan.device, dtype=plan.torch_dtype))
+    attached = headlab.attach(tiny_causal_model(positions=pos, device=plan.device, dtype=plan.torch_dtype)).model
     c = CAUSAL_CONFIG
     ids = torch.randint(0, c["vocab_size"], (batch, pos), generator=torch.Generator().manual_seed(0)).to(plan.device)
     case = (f"tiny random Llama, {c['num_hidden_layers']} layers × {c['num_attention_heads']} heads "
@@ -138,9 +138,9 @@ def _compare(plan: Plan, attached: nn.Module, batches: list[Batch], area: Area, 
     """Check and time one attached model against itself under transformers' sdpa and eager
     implementations; one call = one pass over ``batches``."""
     from headlab.capture.taps import tapped
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
-    sites = attention_sites(attached)
+    sites = headed(attached).sites
     every_layer = {site.layer: [0] for site in sites}
 
     def discard(layer: int, taken: object) -> None:
@@ -201,9 +201,9 @@ def check_models(case: str, attached: nn.Module, batch: Batch, *, dtype: torch.d
         RuntimeError: two of them disagree; the message names which.
     """
     from headlab.capture.taps import tapped
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
-    sites = attention_sites(attached)
+    sites = headed(attached).sites
     taken: dict[int, Tensor] = {}
 
     def keep(layer: int, output: Any) -> None:

@@ -109,7 +109,7 @@ def bench_patching(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
             "corrupted")
     tick(f"patching: {case}")
     area.rows.append(_compare(plan, model, ids.to(plan.device), redrawn.to(plan.device),
-                              tied_logit_difference(model, ANSWER, WRONG), case))
+                              tied_logit_difference(model.model, ANSWER, WRONG), case))
     for row in area.rows:
         if row.met() is False:
             area.notes.append(f"{row.case}: AtP took {row.ratio:.3f}× the exact method's time (goal ≤ {ATP_GOAL}).")

@@ -40,9 +40,9 @@ def bench_pruning(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lamb
 
     from headlab import heads
     from headlab.capture import load_corpus
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
-    sites = attention_sites(loaded)
+    sites = headed(loaded).sites
     half = {site.layer: list(range(0, site.n_heads, 2)) for site in sites}  # every other head
     masked, pruned = copy.deepcopy(loaded.model), copy.deepcopy(loaded.model)
     heads.mask(masked, half)

@@ -30,7 +30,7 @@ from headlab.bench.patching import bench_patching
 from headlab.bench.plan import Plan, plan_for
 from headlab.bench.pruning import bench_pruning
 from headlab.bench.records import Area, SuiteResult
-from headlab.models.loading import LoadedModel
+from headlab.models import HeadedModel
 
 __all__ = ["check_device", "run_plan", "run_suite"]
 
@@ -53,7 +53,7 @@ def check_device(device: str) -> None:
 
 
 def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True, command: str = "headlab bench",
-              model: str | os.PathLike[str] | LoadedModel | None = None) -> SuiteResult:
+              model: str | os.PathLike[str] | HeadedModel | None = None) -> SuiteResult:
     """Run every benchmark on ``device`` with the plan ``plan_for(device, quick=quick)``.
 
     Args:
@@ -62,7 +62,7 @@ def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True
         progress: show a progress bar (on stderr).
         command: the command line recorded in the result.
         model: the model areas' checkpoint (a directory or hub id, as ``headlab.load`` takes it), loaded
-            in the plan's dtype and on its device before anything is timed; or such a ``LoadedModel``
+            in the plan's dtype and on its device before anything is timed; or such a ``HeadedModel``
             itself; None for the packaged default model.
 
     Returns:
@@ -77,7 +77,7 @@ def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True
 
 
 def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "headlab bench",
-             model: str | os.PathLike[str] | LoadedModel | None = None) -> SuiteResult:
+             model: str | os.PathLike[str] | HeadedModel | None = None) -> SuiteResult:
     """Run every benchmark with an explicit plan (``run_suite`` picks the plan).
 
     Args:
@@ -136,12 +136,12 @@ def _timed(name: str, title: str, run: Callable[[], Area]) -> Area:
     return area
 
 
-def _load_model(plan: Plan, model: str | os.PathLike[str] | LoadedModel | None) -> tuple[Any | None, str]:
+def _load_model(plan: Plan, model: str | os.PathLike[str] | HeadedModel | None) -> tuple[Any | None, str]:
     """``model`` on the plan's device and dtype (None: the packaged default); or, when the default cannot
-    load, None and why. A ``LoadedModel`` is taken as it is; a given checkpoint's errors propagate."""
+    load, None and why. A ``HeadedModel`` is taken as it is; a given checkpoint's errors propagate."""
     import headlab
 
-    if isinstance(model, LoadedModel):
+    if isinstance(model, HeadedModel):
         return model, ""
     if model is not None:
         return headlab.load(model, device=plan.device, dtype=plan.torch_dtype), ""

@@ -194,9 +194,8 @@ def peak_rss_bytes() -> int:
 def model_fingerprint(loaded: Any) -> dict[str, Any]:
     """Per-layer head counts and the interventions set: what must match between driver and workers."""
     from headlab.heads.interventions import summary
-    from headlab.models import attention_sites
 
-    return {"heads": [site.n_heads for site in attention_sites(loaded)], "interventions": summary(loaded)}
+    return {"heads": loaded.n_heads, "interventions": summary(loaded)}
 
 
 class ShardWorker:
@@ -246,11 +245,10 @@ class ShardWorker:
             max_length: as ``capture`` takes it (None: the model's limit).
         """
         from headlab.capture.encoding import tokenize_corpus
-        from headlab.capture.run import model_max_length
 
         loaded = self.loaded()
         if max_length is None:
-            max_length = model_max_length(loaded.model, loaded.tokenizer)
+            max_length = loaded.max_length
         tokenized = tokenize_corpus(loaded.tokenizer, texts, max_length=max_length)
         return ModelPlan(lengths=tuple(tokenized.lengths), truncated=tuple(tokenized.truncated),
                          max_length=max_length)
@@ -263,7 +261,7 @@ class ShardWorker:
             texts: the shard's items, in corpus order.
             packed_factory: ``[ref]``, the Ray object reference of the factory's ``pack`` bytes (in a list, so
                 that Ray hands over the reference: the factory is unpacked once per run, not once per shard).
-            options: ``capture``'s keyword options (heads, what, batch_tokens, max_batch_size, max_length).
+            options: ``capture``'s keyword options (heads, take, batch_tokens, max_batch_size, max_length).
         """
         from headlab.capture.run import TruncationWarning, capture
 

@@ -1,12 +1,12 @@
 """``run_with_cache``: run a model once and keep what its heads did, under stable names.
 
-    cache = run_with_cache(loaded, "The cat sat on the mat.", names=("pattern", "z"), heads={2: [3]})
+    cache = run_with_cache(loaded, "The cat sat on the mat.", take=("pattern", "z"), heads={2: [3]})
     cache["pattern", 2, 3]            # (batch, query_pos, key_pos): layer 2, head 3
     cache["blocks.2.attn.z"]          # (batch, head, query_pos, d_head_v), if every head of layer 2 was kept
 
-Names follow TransformerLens: ``blocks.{layer}.attn.{name}`` with ``name`` one of ``pattern``,
-``z``, ``result``, ``q``, ``k``, ``v`` (see ``headlab.models.TapOutput`` for their shapes). Only the
-heads selected are computed and kept; the fused kernel serves the rest of the model.
+Names follow TransformerLens: ``blocks.{layer}.attn.{name}`` with ``name`` one of ``TAKE``:
+``pattern``, ``z``, ``result``, ``q``, ``k``, ``v`` (``headlab.layer.taps`` gives their shapes). Only
+the heads selected are computed and kept; the fused kernel serves the rest of the model.
 
 Axis legend: pattern ``(batch, head, query_pos, key_pos)``; z ``(batch, head, query_pos,
 d_head_v)``; result ``(batch, head, query_pos, d_model)``; q ``(batch, head, query_pos, d_head)``;
@@ -20,12 +20,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from headlab.capture.taps import check_what, tapped
-from headlab.heads.selection import HeadSelection, resolve
-from headlab.models import LoadedModel, TapOutput, attention_sites
+from headlab.capture.taps import renamed_take, tapped
+from headlab.layer.selection import HeadSelection
+from headlab.models import HeadedModel, TapOutput
+from headlab.models.handle import Inputs, given_tokenizer
 
 _NAME = re.compile(r"^blocks\.(\d+)\.attn\.(\w+)$")
 
@@ -108,24 +108,26 @@ class Cache:
 
 
 def run_with_cache(
-    model: Any,
-    inputs: str | Sequence[str] | Mapping[str, Tensor] | Tensor,
+    model: HeadedModel | nn.Module,
+    inputs: Inputs,
     *,
-    names: str | Sequence[str] = ("pattern",),
+    take: str | Sequence[str] = ("pattern",),
     heads: HeadSelection = None,
-    tokenizer: Any = None,
     grad: bool = False,
+    names: str | Sequence[str] | None = None,
+    tokenizer: Any = None,
 ) -> Cache:
-    """Run ``model`` once on ``inputs`` and keep ``names`` of the selected heads.
+    """Run ``model`` once on ``inputs`` and keep what ``take`` names of the selected heads.
 
     Args:
-        model: a ``LoadedModel`` or an attached transformers model (``headlab.attach``).
+        model: a ``HeadedModel`` (``headlab.load`` / ``headlab.attach``) or an attached model.
         inputs: a text or texts (tokenized with padding), the keyword arguments of a forward,
-            or a tensor of input ids ``(batch, pos)``.
-        names: any of "pattern", "z", "result", "q", "k", "v".
+            or a tensor (``HeadedModel.inputs``).
+        take: any of ``TAKE``: "pattern", "z", "result", "q", "k", "v".
         heads: the heads to keep (``headlab.heads.selection``); None for every head.
-        tokenizer: for text inputs; None takes the ``LoadedModel``'s.
         grad: run with autograd (the kept tensors then carry gradients); default: no_grad.
+        names: deprecated name of ``take``.
+        tokenizer: deprecated: the handle holds the tokenizer (``headlab.attach(model, tokenizer=...)``).
 
     Returns:
         The ``Cache``; the model's own output is ``cache.output``.
@@ -133,65 +135,20 @@ def run_with_cache(
     Raises:
         ValueError / TypeError: bad names, selection or inputs; a text input without a tokenizer.
     """
-    net = model.model if isinstance(model, LoadedModel) else model
-    if tokenizer is None and isinstance(model, LoadedModel):
-        tokenizer = model.tokenizer
-    names = check_what(names)
-    sites = attention_sites(model)
-    selection = resolve(heads, [site.n_heads for site in sites])
-    kwargs = model_inputs(net, inputs, tokenizer=tokenizer)
-    tokens = None if tokenizer is None else _tokens(kwargs, tokenizer)
-    cache = Cache(output=None, inputs=kwargs, n_heads=[site.n_heads for site in sites], tokens=tokens)
+    take = renamed_take(take, names, "names", "run_with_cache")
+    handle = given_tokenizer(model, tokenizer, "run_with_cache")
+    sites = handle.sites
+    selection = handle.heads(heads)
+    kwargs = handle.inputs(inputs)
+    cache = Cache(output=None, inputs=kwargs, n_heads=[site.n_heads for site in sites], tokens=handle.tokens(kwargs))
 
     def sink(layer: int, out: TapOutput) -> None:
-        for name in names:
+        for name in take:
             cache.store[(name, layer)] = (tuple(selection[layer]), getattr(out, name))
 
-    was_training = net.training
-    net.eval()
-    try:
-        with tapped(sites, selection, names, sink), torch.set_grad_enabled(grad):
-            cache.output = net(**kwargs)
-    finally:
-        net.train(was_training)
+    with tapped(sites, selection, take, sink), handle.running(grad=grad) as net:
+        cache.output = net(**kwargs)
     missing = sorted(set(selection) - {layer for _, layer in cache.store})
     if missing:
         raise RuntimeError(f"layers {missing} did not run headlab's attention in this forward")
     return cache
-
-
-def model_inputs(net: nn.Module, inputs: Any, *, tokenizer: Any = None) -> dict[str, Tensor]:
-    """The keyword arguments of a forward of ``net`` on its device, from texts, input ids or a dict.
-
-    Raises:
-        TypeError: inputs of another type, or texts without a tokenizer.
-        ValueError: an empty text, or input ids that are not an integer ``(batch, pos)`` tensor.
-    """
-    parameter = next(net.parameters(), None)
-    device = parameter.device if parameter is not None else torch.device("cpu")
-    if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs)):
-        if tokenizer is None:
-            raise TypeError("text inputs need the model's tokenizer: pass tokenizer= or a LoadedModel")
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        if any(not t.strip() for t in texts):
-            raise ValueError("an input text is empty or whitespace only")
-        encoded = tokenizer(texts, padding=True, return_tensors="pt")
-        kwargs = {k: v.to(device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
-    elif isinstance(inputs, Tensor):
-        if inputs.dim() != 2 or inputs.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"input ids must be an integer tensor (batch, pos); got {inputs.dtype} "
-                             f"{tuple(inputs.shape)}")
-        kwargs = {"input_ids": inputs.to(device)}
-    elif isinstance(inputs, Mapping) and "input_ids" in inputs:
-        kwargs = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
-    else:
-        raise TypeError(f"inputs must be a text, a list of texts, input ids or a dict with 'input_ids'; got "
-                        f"{type(inputs).__name__}")
-    return kwargs
-
-
-def _tokens(kwargs: dict[str, Tensor], tokenizer: Any) -> list[list[str]]:
-    """Each item's tokens as strings, padding left out."""
-    ids = kwargs["input_ids"].cpu()
-    keep = kwargs["attention_mask"].cpu().bool() if "attention_mask" in kwargs else torch.ones_like(ids).bool()
-    return [tokenizer.convert_ids_to_tokens(row[real].tolist()) for row, real in zip(ids, keep)]

@@ -2,7 +2,7 @@
 
     sharded_capture(model, corpus, *, consumers=factory, workers=None, address=None, ...) -> ShardedCapture
     RayEngine(model, *, workers=None, address=None, threads_per_worker=1, max_retries=3)
-        .run(corpus, *, consumers=factory, heads=None, what=("pattern",), ...) -> ShardedCapture
+        .run(corpus, *, consumers=factory, heads=None, take=("pattern",), ...) -> ShardedCapture
     plan_shards(lengths, *, shards, batch_tokens, max_batch_size) -> list[Shard]
 
 Ray is the optional extra ``headlab[ray]``; without it the engine raises ``ImportError`` naming it.
@@ -56,7 +56,8 @@ from typing import Any
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.run import CaptureResult, Consumer, RateProgress, warn_truncated
 from headlab.capture._shards import Shard, pack, plan_shards, unpack
-from headlab.heads.selection import HeadSelection, resolve
+from headlab.capture.taps import renamed_take
+from headlab.layer.selection import HeadSelection, resolve
 
 __all__ = ["CONNECT_TIMEOUT_S", "INSTALL", "ConsumerFactory", "RayEngine", "Shard", "ShardError", "ShardReport",
            "ShardedCapture", "check_address", "plan_shards", "sharded_capture"]
@@ -152,7 +153,7 @@ class RayEngine:
     """Ray workers that each hold the model, ready to capture corpora in shards.
 
     Args:
-        model: a checkpoint directory or hub id, None for the packaged MiniLM, or a ``LoadedModel``
+        model: a checkpoint directory or hub id, None for the packaged MiniLM, or a ``HeadedModel``
             (its source and dtype are used; in-memory changes that its source lacks are refused).
         workers: Ray workers (actors); None: as many as the CPUs allow (``os.cpu_count()`` locally,
             the cluster's CPUs with ``address``) divided by ``threads_per_worker``.
@@ -210,21 +211,23 @@ class RayEngine:
         self._ready = [actor.ready.remote() for actor in self.actors]  # models load while the driver plans
 
     def run(self, corpus: str | os.PathLike[str] | Sequence[str] | Corpus | None = None, *,
-            consumers: ConsumerFactory, heads: HeadSelection = None, what: str | Sequence[str] = ("pattern",),
+            consumers: ConsumerFactory, heads: HeadSelection = None, take: str | Sequence[str] = ("pattern",),
             batch_tokens: int | None = 4096, max_batch_size: int | None = 64, max_length: int | None = None,
-            shards: int | None = None, workers: int | None = None, progress: bool = True) -> ShardedCapture:
+            shards: int | None = None, workers: int | None = None, progress: bool = True,
+            what: str | Sequence[str] | None = None) -> ShardedCapture:
         """Capture ``corpus`` in shards on the workers and merge their accumulators.
 
         Args:
             corpus: as ``load_corpus`` takes it (read on the driver; texts are shipped).
             consumers: the factory: ``consumers(shard)`` returns fresh accumulators (``update``,
                 ``merge``, ``result``); called on the workers, so it must pickle (cloudpickle).
-            heads, what, batch_tokens, max_batch_size, max_length: as ``capture`` takes them.
+            heads, take, batch_tokens, max_batch_size, max_length: as ``capture`` takes them.
             shards: most shards; None: ``SHARDS_PER_WORKER`` per worker of the engine (also when
                 ``workers`` uses fewer, so that the result does not depend on it).
             workers: use only this many of the engine's workers (to measure scaling, or to leave some
                 idle); None: all. The merged result is bit-identical whatever the number.
             progress: a progress bar over shards with tokens per second.
+            what: deprecated name of ``take``.
 
         Returns:
             The merged accumulators, the corpus's ``CaptureResult`` and a report per shard.
@@ -232,9 +235,10 @@ class RayEngine:
         Raises:
             ShardError: a shard raised, or its worker died more than ``max_retries`` times.
             ValueError / TypeError / OSError: a bad corpus or option, or a model the workers cannot
-                load (the loader's error), or one that differs from the ``LoadedModel`` given.
+                load (the loader's error), or one that differs from the ``HeadedModel`` given.
         """
         ray, start = self.ray, time.perf_counter()
+        take = renamed_take(take, what, "what", "RayEngine.run")
         corpus = load_corpus(corpus)
         if not callable(consumers):
             raise TypeError(f"consumers must be a factory, consumers(shard) -> accumulators; got {consumers!r}")
@@ -258,7 +262,7 @@ class RayEngine:
         # give bit-identical results with 1 worker or all of them.
         cut = plan_shards(plan.lengths, shards=shards or SHARDS_PER_WORKER * len(self.actors),
                           batch_tokens=batch_tokens, max_batch_size=max_batch_size)
-        options = {"heads": heads, "what": what, "batch_tokens": batch_tokens, "max_batch_size": max_batch_size,
+        options = {"heads": heads, "take": take, "batch_tokens": batch_tokens, "max_batch_size": max_batch_size,
                    "max_length": plan.max_length}
         packed_factory = [ray.put(pack(consumers))]  # shipped once; each worker fetches and unpacks it once per run
         merged, first, reports, outputs, done = None, None, [], {}, 0
@@ -289,7 +293,7 @@ class RayEngine:
         result = CaptureResult(
             items=len(corpus), tokens=sum(plan.lengths), padded_tokens=sum(s.padded_tokens for s in cut),
             batches=sum(s.batches for s in cut), truncated=list(plan.truncated), max_length=plan.max_length,
-            layers=first.layers, what=first.what, seconds=time.perf_counter() - start, corpus=corpus.to_dict())
+            layers=first.layers, take=first.take, seconds=time.perf_counter() - start, corpus=corpus.to_dict())
         return ShardedCapture(consumers=merged, capture=result, shards=reports, workers=len(actors),
                               threads_per_worker=self.threads)
 
@@ -410,17 +414,16 @@ def check_address(address: str) -> None:
 
 def _model_source(model: Any) -> tuple[str | None, str | None, dict[str, Any] | None]:
     """``(source, dtype name, fingerprint)`` for the workers: None for the packaged MiniLM, so that each
-    node resolves its own install; a local directory made absolute; a ``LoadedModel``'s fingerprint."""
+    node resolves its own install; a local directory made absolute; a ``HeadedModel``'s fingerprint."""
     from pathlib import Path
 
-    from headlab.models import LoadedModel
+    from headlab.models import HeadedModel
 
-    if isinstance(model, LoadedModel):
+    if isinstance(model, HeadedModel):
         from headlab.capture._shards import model_fingerprint
         from headlab.models.loading import default_model_path
 
-        parameter = next(model.model.parameters(), None)
-        dtype = None if parameter is None else str(parameter.dtype).removeprefix("torch.")
+        dtype = str(model.dtype).removeprefix("torch.")
         try:
             packaged = model.source == str(default_model_path())
         except ModuleNotFoundError:
@@ -429,7 +432,7 @@ def _model_source(model: Any) -> tuple[str | None, str | None, dict[str, Any] | 
     if model is None:
         return None, None, None
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be a checkpoint directory, a hub id, None or a LoadedModel; got "
+        raise TypeError(f"model must be a checkpoint directory, a hub id, None or a HeadedModel; got "
                         f"{type(model).__name__}")
     path = Path(model).expanduser()
     return (str(path.resolve()) if path.exists() else os.fspath(model)), None, None

@@ -11,10 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torch import nn
+
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
-from headlab.heads.selection import HeadSelection, resolve
-from headlab.models import attention_sites
+from headlab.layer.selection import HeadSelection
+from headlab.models import HeadedModel, headed
 
 
 class MeanZ:
@@ -30,7 +32,7 @@ class MeanZ:
         real = batch.attention_mask.bool()  # (batch, pos)
         for layer, taken in batch.layers.items():
             if taken.z is None:
-                raise ValueError(f"layer {layer} was captured without z; capture with what=('z',)")
+                raise ValueError(f"layer {layer} was captured without z; capture with take=('z',)")
             z = taken.z.double() * real[:, None, :, None]  # (batch, head, pos, d_head_v)
             self._add(layer, taken.heads, z.sum(dim=(0, 2)), int(real.sum()))
 
@@ -52,21 +54,22 @@ class MeanZ:
         self.counts[layer] = self.counts.get(layer, 0) + count
 
 
-def mean_z(model: Any, corpus: Any = None, *, heads: HeadSelection = None, **capture_options: Any) -> dict[int, Tensor]:
+def mean_z(model: HeadedModel | nn.Module, corpus: Any = None, *, heads: HeadSelection = None,
+           **capture_options: Any) -> dict[int, Tensor]:
     """Every head's mean z over a corpus, for ``headlab.heads.mean_ablate``.
 
     Args:
-        model: a ``LoadedModel`` (or an attached model, with ``tokenizer=`` in capture_options).
+        model: a ``HeadedModel`` with a tokenizer (or an attached model whose handle has one).
         corpus: as ``capture`` takes it; None for the bundled corpus.
         heads: a head selection (``headlab.heads.selection``); None for all. Every head of
             each selected layer is averaged, since ``mean_ablate`` takes a whole layer's means.
-        capture_options: passed to ``capture`` (batch_tokens, max_length, progress, tokenizer, ...).
+        capture_options: passed to ``capture`` (batch_tokens, max_length, progress, ...).
 
     Returns:
         ``{layer: (n_heads, d_head_v)}`` in the model's float dtype.
     """
     accumulator = MeanZ()
-    layers = resolve(heads, [site.n_heads for site in attention_sites(model)])
-    capture(model, corpus=corpus, heads={layer: None for layer in layers}, what=("z",), consumers=[accumulator],
+    layers = headed(model).heads(heads)
+    capture(model, corpus=corpus, heads={layer: None for layer in layers}, take=("z",), consumers=[accumulator],
             **capture_options)
     return accumulator.result()

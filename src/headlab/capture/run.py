@@ -21,9 +21,10 @@ from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.batching import padding_stats, plan_batches
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.encoding import tokenize_corpus
-from headlab.capture.taps import check_what, tapped
-from headlab.heads.selection import HeadSelection, resolve
-from headlab.models import LoadedModel, TapOutput, attention_sites
+from headlab.capture.taps import renamed_take, tapped
+from headlab.layer.selection import HeadSelection
+from headlab.models import HeadedModel, TapOutput, model_max_length
+from headlab.models.handle import given_tokenizer
 from headlab.models.interface import reuse_pattern_memory
 
 __all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "model_max_length"]
@@ -52,7 +53,7 @@ class CaptureResult:
         truncated: corpus indices of the items cut to ``max_length``.
         max_length: the truncation length in pieces, or None.
         layers: ``{layer: heads}`` captured.
-        what: what was captured of each head.
+        take: what was captured of each head.
         seconds: wall time, tokenization included.
     """
 
@@ -63,9 +64,15 @@ class CaptureResult:
     truncated: list[int]
     max_length: int | None
     layers: dict[int, list[int]]
-    what: tuple[str, ...]
+    take: tuple[str, ...]
     seconds: float
     corpus: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def what(self) -> tuple[str, ...]:
+        """Deprecated: ``take``."""
+        warnings.warn("CaptureResult.what is deprecated: it is CaptureResult.take", DeprecationWarning, stacklevel=2)
+        return self.take
 
     @property
     def n_truncated(self) -> int:
@@ -80,54 +87,24 @@ class CaptureResult:
             "items": self.items, "tokens": self.tokens, "padded_tokens": self.padded_tokens,
             "batches": self.batches, "truncated_items": self.n_truncated, "truncated": list(self.truncated),
             "max_length": self.max_length, "layers": {str(k): v for k, v in self.layers.items()},
-            "what": list(self.what), "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
+            "take": list(self.take), "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
             "corpus": dict(self.corpus),
         }
 
 
-def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:
-    """The longest input the model takes, in pieces, special tokens included; None when nothing says.
-
-    The smallest of: ``config.max_position_embeddings``; the tokenizer's ``model_max_length``
-    (Hugging Face's "no limit", about 1e30, does not count); and, for every learned table of
-    absolute positions in the model, the rows a position can use. A position table is an
-    ``nn.Embedding`` whose attribute name holds "position" (``position_embeddings``,
-    ``embed_positions``). When it has a ``padding_idx``, positions are counted from just after it
-    (RoBERTa and its kin number tokens ``padding_idx + 1, padding_idx + 2, …``), so only
-    ``num_embeddings − padding_idx − 1`` rows are usable: 514 − 1 − 1 = 512 for roberta-base,
-    where ``max_position_embeddings`` says 514. For a table whose positions start at 0 in spite of
-    a ``padding_idx`` the rule gives up ``padding_idx + 1`` positions it could have used; it never
-    gives more than the model takes.
-
-    Args:
-        model: the transformers model (``LoadedModel.model``).
-        tokenizer: its tokenizer, or None.
-
-    Returns:
-        The limit, or None.
-    """
-    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
-              getattr(tokenizer, "model_max_length", None)]
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Embedding) and "position" in name.rpartition(".")[2]:
-            first = 0 if module.padding_idx is None else module.padding_idx + 1  # padding_idx is stored ≥ 0
-            limits.append(module.num_embeddings - first)
-    limits = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]  # HF's "no limit" is ~1e30
-    return min(limits) if limits else None
-
-
 def capture(
-    model: nn.Module | LoadedModel,
+    model: HeadedModel | nn.Module,
     tokenizer: Any = None,
     corpus: str | os.PathLike[str] | Sequence[str] | Corpus | None = None,
     *,
     heads: HeadSelection = None,
-    what: str | Sequence[str] = ("pattern",),
+    take: str | Sequence[str] = ("pattern",),
     consumers: Sequence[Consumer] = (),
     batch_tokens: int | None = 4096,
     max_batch_size: int | None = 64,
     max_length: int | None = None,
     progress: bool = True,
+    what: str | Sequence[str] | None = None,
 ) -> CaptureResult:
     """Run ``model`` over ``corpus`` and give every consumer each batch's selected heads.
 
@@ -137,47 +114,46 @@ def capture(
     when the capture ends, on error too.
 
     Args:
-        model: a transformers model with headlab's attention attached (``headlab.attach``), or
-            the ``LoadedModel`` of ``headlab.load``; batches go to its parameters' device.
-        tokenizer: its fast tokenizer (offsets and word ids come from it); None takes the
-            ``LoadedModel``'s.
+        model: a ``HeadedModel`` with a fast tokenizer (offsets and word ids come from it), or an
+            attached model whose handle has one; batches go to its device.
+        tokenizer: deprecated: the handle holds the tokenizer (``headlab.attach(model, tokenizer=...)``).
         corpus: see ``load_corpus``: None for the bundled corpus, a path, or a list of strings.
         heads: the heads to take (``headlab.heads.selection``); None for every head.
-        what: any of ``headlab.models.site.TAPPED``: "pattern", "z", "result", "q", "k", "v".
+        take: any of ``headlab.layer.taps.TAKE``: "pattern", "z", "result", "q", "k", "v".
         consumers: objects with ``update(batch: CaptureBatch)``, called in order per batch.
         batch_tokens: most padded tokens (``batch × pos``) per batch, or None.
         max_batch_size: most items per batch, or None.
         max_length: most pieces per item (longer items are cut, with a ``TruncationWarning``
             and listed in the result); None for the model's limit (``model_max_length``).
         progress: show a progress bar over batches with tokens per second.
+        what: deprecated name of ``take``.
 
     Returns:
         Counts, truncated items and throughput.
 
     Raises:
-        ValueError / TypeError: a bad corpus, selection, ``what``, batch bound or tokenizer, or
+        ValueError / TypeError: a bad corpus, selection, ``take``, batch bound or tokenizer, or
             a model without headlab attention.
         RuntimeError: the model is already being captured.
     """
     start = time.perf_counter()
-    if isinstance(model, LoadedModel):
-        model, tokenizer = model.model, model.tokenizer if tokenizer is None else tokenizer
-    if tokenizer is None:
-        raise TypeError("capture needs the model's tokenizer (or a LoadedModel that has one)")
+    take = renamed_take(take, what, "what", "capture")
+    handle = given_tokenizer(model, tokenizer, "capture")
+    if handle.tokenizer is None:
+        raise TypeError(f"capture needs the model's tokenizer, and this {handle.architecture} has none: "
+                        "headlab.attach(model, tokenizer=...) gives it one")
     corpus = load_corpus(corpus)
-    what = check_what(what)
     for consumer in consumers:
         if not callable(getattr(consumer, "update", None)):
             raise TypeError(f"consumer {consumer!r} has no update(batch) method")
-    sites = attention_sites(model)
-    selection = resolve(heads, [site.n_heads for site in sites])
-    max_length = model_max_length(model, tokenizer) if max_length is None else max_length
-    tokenized = tokenize_corpus(tokenizer, corpus.texts, max_length=max_length)
+    sites = handle.sites
+    selection = handle.heads(heads)
+    max_length = handle.max_length if max_length is None else max_length
+    tokenized = tokenize_corpus(handle.tokenizer, corpus.texts, max_length=max_length)
     truncated = tokenized.truncated
     warn_truncated(truncated, len(tokenized), max_length)
     batches = plan_batches(tokenized.lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
-    parameter = next(model.parameters(), None)
-    device = parameter.device if parameter is not None else torch.device("cpu")
+    device = handle.device
 
     taken: dict[int, LayerCapture] = {}
 
@@ -185,19 +161,17 @@ def capture(
         if layer in taken:
             raise RuntimeError(f"layer {layer} ran twice in one forward")
         taken[layer] = LayerCapture(layer=layer, heads=tuple(selection[layer]),
-                                    **{name: getattr(out, name) for name in what})
+                                    **{name: getattr(out, name) for name in take})
 
-    was_training = model.training
-    model.eval()
     try:
         # Patterns in buffers reused from batch to batch (a batch's tensors are dropped before the next forward).
-        with tapped(sites, selection, what, sink), torch.inference_mode(), reuse_pattern_memory(), \
-                RateProgress(progress, len(batches)) as bar:
+        with tapped(sites, selection, take, sink), handle.running() as net, torch.inference_mode(), \
+                reuse_pattern_memory(), RateProgress(progress, len(batches)) as bar:
             done_tokens = 0
             for indices in batches:
                 batch = collate(tokenized, indices, device=device)
                 taken.clear()
-                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                net(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
                 if len(taken) != len(selection):
                     raise RuntimeError(f"layers {sorted(set(selection) - set(taken))} did not run headlab's attention "
                                        "in this forward")
@@ -211,11 +185,10 @@ def capture(
                 bar.advance(done_tokens / max(time.perf_counter() - start, 1e-9))
     finally:
         taken.clear()
-        model.train(was_training)
     return CaptureResult(
         items=len(tokenized), tokens=tokenized.n_tokens,
         padded_tokens=padding_stats(tokenized.lengths, batches).padded_tokens, batches=len(batches),
-        truncated=truncated, max_length=max_length, layers=selection, what=what,
+        truncated=truncated, max_length=max_length, layers=selection, take=take,
         seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
     )
 

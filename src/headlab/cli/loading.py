@@ -31,7 +31,7 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
         dtype, device: as ``headlab.load`` takes them (None: its defaults).
 
     Returns:
-        The ``LoadedModel``.
+        The ``HeadedModel``.
 
     Raises:
         typer.Exit: code 2, after one line naming the model and why it cannot be used (missing,

@@ -17,17 +17,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.heads.selection import HeadSelection, resolve
-from headlab.models import AttentionSite, LoadedModel, attention_sites
+from torch import nn
 
-Model = LoadedModel | Any  # a LoadedModel or an attached transformers model
+from headlab.heads.selection import HeadSelection
+from headlab.models import AttentionSite, HeadedModel, headed
+
+Model = HeadedModel | nn.Module  # a handle, or an attached model (headlab.attach)
 
 
 def mask(model: Model, heads: HeadSelection) -> None:
     """Zero-ablate heads: their output becomes zero (a 0 gate; Michel et al. 2019's masking).
 
     Args:
-        model: a ``LoadedModel`` or an attached transformers model (``headlab.attach``).
+        model: a ``HeadedModel`` or an attached model (``headlab.attach``).
         heads: a head selection (``headlab.heads.selection``).
     """
     _apply(model, heads, lambda layer, h, scale, shift: (scale.index_fill(0, h, 0.0), shift.index_fill(0, h, 0.0)))
@@ -55,7 +57,7 @@ def mean_ablate(model: Model, heads: HeadSelection, means: Mapping[int, Tensor])
     """Replace heads' outputs by their mean output (Michel et al. 2019; Wang et al. 2022).
 
     Args:
-        model: a ``LoadedModel`` or an attached model.
+        model: a ``HeadedModel`` or an attached model.
         heads: a head selection (``headlab.heads.selection``).
         means: ``{layer: z means (n_heads, d_head_v)}`` as ``headlab.capture.mean_z`` computes them
             over a reference corpus; rows of heads not ablated are ignored.
@@ -91,7 +93,7 @@ def summary(model: Model) -> list[dict[str, object]]:
     "scaled".
     """
     rows: list[dict[str, object]] = []
-    for site in attention_sites(model):
+    for site in headed(model).sites:
         if site.scale is None and site.shift is None:
             continue
         scale_, shift = _affine(site)
@@ -113,9 +115,10 @@ def _affine(site: AttentionSite) -> tuple[Tensor, Tensor]:
 
 def _apply(model: Model, heads: HeadSelection, update, *, per_layer=None) -> None:
     """Compute every affected site's new affine first, then set them: a refused call changes nothing."""
-    sites = attention_sites(model)
+    handle = headed(model)
+    sites = handle.sites
     updates = []
-    for index, hs in resolve(heads, [site.n_heads for site in sites]).items():
+    for index, hs in handle.heads(heads).items():
         site = sites[index]
         fn = per_layer(index) if per_layer is not None else update
         scale_, shift = _affine(site)

@@ -11,28 +11,34 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from torch import nn
 
 from headlab.heads.interventions import summary
-from headlab.models import LoadedModel, attention_sites
+from headlab.models import HeadedModel, LayerSite, headed
 from headlab.models.saved import FORMAT, INTERVENTIONS, RECORD, WEIGHTS, site_record, site_tensors
 
 
-def save(model: LoadedModel | Any, path: str | os.PathLike[str]) -> Path:
-    """Write a model (pruned, masked, scaled or ablated, or untouched) to a folder.
+def save(model: HeadedModel | nn.Module, path: str | os.PathLike[str]) -> Path:
+    """Write a transformers model (pruned, masked, scaled or ablated, or untouched) to a folder.
 
     Args:
-        model: what ``headlab.load`` returned (its tokenizer is saved too), or an attached
-            transformers model.
+        model: the ``HeadedModel`` of a transformers model (its tokenizer is saved too), or an
+            attached transformers model.
         path: the folder; created if missing. Files of the same names are overwritten.
 
     Returns:
         The folder, which ``headlab.load(path)`` reads back to an identical model.
+
+    Raises:
+        ValueError: a model of headlab layers, whose interventions are in its own ``state_dict``.
     """
     from safetensors.torch import save_file, save_model
 
-    loaded = model if isinstance(model, LoadedModel) else LoadedModel(model=model, tokenizer=None, source="in memory")
-    sites = attention_sites(loaded)
+    loaded = headed(model)
+    sites = loaded.sites
+    if isinstance(sites[0], LayerSite):
+        raise ValueError("headlab.heads.save writes a transformers checkpoint; a model of headlab layers keeps its "
+                         "interventions in its own state_dict: torch.save(model.state_dict(), path)")
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     model = loaded.model

@@ -9,19 +9,18 @@ model with those heads masked.
 
 from __future__ import annotations
 
-from typing import Any
+from torch import nn
 
-from headlab.heads.selection import HeadSelection, resolve
-from headlab.models import attention_sites
-from headlab.models.attach import as_module
+from headlab.heads.selection import HeadSelection
+from headlab.models import HeadedModel, LayerSite, headed
 from headlab.models.pruning import prune_model
 
 
-def prune(model: Any, heads: HeadSelection) -> dict[int, list[int]]:
+def prune(model: HeadedModel | nn.Module, heads: HeadSelection) -> dict[int, list[int]]:
     """Remove heads from an attached model, in place.
 
     Args:
-        model: a ``LoadedModel`` or an attached transformers model (``headlab.attach``).
+        model: a ``HeadedModel`` of a transformers model, or an attached transformers model.
         heads: a head selection (``headlab.heads.selection``), in each layer's current numbering.
 
     Returns:
@@ -32,7 +31,12 @@ def prune(model: Any, heads: HeadSelection) -> dict[int, list[int]]:
             not in a layout headlab can slice, or the pruned model would not equal the masked
             one; nothing is changed then.
     """
-    sites = attention_sites(model)
-    selection = resolve(heads, [site.n_heads for site in sites])
-    prune_model(as_module(model), sites, selection)
+    handle = headed(model)
+    sites = handle.sites
+    selection = handle.heads(heads)
+    if isinstance(sites[0], LayerSite):
+        raise ValueError("headlab.heads.prune slices a transformers model's projections; a headlab layer's heads are "
+                         "removed by building the layer with fewer heads (headlab.layer.convert), or masked "
+                         "exactly with headlab.heads.mask")
+    prune_model(handle.model, sites, selection)
     return {layer: list(sites[layer].head_ids) for layer in selection}

@@ -3,9 +3,9 @@
     with heads.masked(loaded, {2: [3]}):            # zero-ablate layer 2, head 3
         cache = headlab.run_with_cache(loaded, text)
     with heads.patched(loaded, {2: [3]}, clean):     # head 3's z taken from another run's cache
-        output = loaded.model(**corrupted)
+        output = loaded(**corrupted)
     with heads.windowed(loaded, {2: [3]}, window=64, sinks=4):   # head 3 as a streaming head
-        output = loaded.model(**inputs)
+        output = loaded(**inputs)
 
 ``intervening(model)`` is the scope itself: it records every site's gates (the persistent
 affine and the per-call gate, replacement and delta of ``headlab.layer.gates``, and the
@@ -22,23 +22,27 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torch import nn
+
 from headlab.heads.interventions import mask, mean_ablate, scale
-from headlab.heads.selection import HeadSelection, resolve
+from headlab.heads.selection import HeadSelection
 from headlab.layer.gates import Replacement
-from headlab.models import AttentionSite, attention_sites
+from headlab.models import AttentionSite, HeadedModel, headed
 from headlab.models.site import HeadWindow
+
+Model = HeadedModel | nn.Module  # a handle, or an attached model (headlab.attach)
 
 _GATES = ("scale", "shift", "head_mask", "replacement", "delta", "windows")
 
 
 @contextmanager
-def intervening(model: Any) -> Iterator[list[AttentionSite]]:
+def intervening(model: Model) -> Iterator[list[AttentionSite]]:
     """Every site's gates as they are now, set back when the block ends (also on error).
 
     Yields:
         The model's sites, to change inside the block.
     """
-    sites = attention_sites(model)
+    sites = headed(model).sites
     saved = [{name: getattr(site, name) for name in _GATES} for site in sites]
     try:
         yield sites
@@ -49,7 +53,7 @@ def intervening(model: Any) -> Iterator[list[AttentionSite]]:
 
 
 @contextmanager
-def masked(model: Any, heads: HeadSelection) -> Iterator[None]:
+def masked(model: Model, heads: HeadSelection) -> Iterator[None]:
     """Zero-ablate ``heads`` inside the block (``headlab.heads.mask``)."""
     with intervening(model):
         mask(model, heads)
@@ -57,7 +61,7 @@ def masked(model: Any, heads: HeadSelection) -> Iterator[None]:
 
 
 @contextmanager
-def scaled(model: Any, heads: HeadSelection, factor: float) -> Iterator[None]:
+def scaled(model: Model, heads: HeadSelection, factor: float) -> Iterator[None]:
     """Multiply ``heads``' z by ``factor`` inside the block (``headlab.heads.scale``)."""
     with intervening(model):
         scale(model, heads, factor)
@@ -65,7 +69,7 @@ def scaled(model: Any, heads: HeadSelection, factor: float) -> Iterator[None]:
 
 
 @contextmanager
-def mean_ablated(model: Any, heads: HeadSelection, means: Mapping[int, Tensor]) -> Iterator[None]:
+def mean_ablated(model: Model, heads: HeadSelection, means: Mapping[int, Tensor]) -> Iterator[None]:
     """Replace ``heads``' z by their corpus means inside the block (``headlab.heads.mean_ablate``)."""
     with intervening(model):
         mean_ablate(model, heads, means)
@@ -73,11 +77,11 @@ def mean_ablated(model: Any, heads: HeadSelection, means: Mapping[int, Tensor]) 
 
 
 @contextmanager
-def patched(model: Any, heads: HeadSelection, source: Any) -> Iterator[None]:
+def patched(model: Model, heads: HeadSelection, source: Any) -> Iterator[None]:
     """Give ``heads`` the z they had in another run, inside the block (activation patching).
 
     Args:
-        model: a ``LoadedModel`` or attached model.
+        model: a ``HeadedModel`` or an attached model.
         heads: the heads to patch.
         source: a ``headlab.capture.Cache`` holding z of those heads (same batch and length as
             the inputs the block runs), or ``{layer: z (batch, n_heads, query_pos, d_head_v)}``.
@@ -86,8 +90,9 @@ def patched(model: Any, heads: HeadSelection, source: Any) -> Iterator[None]:
         KeyError: the source lacks z of a selected head.
         ValueError: a selection error; the shapes are checked when the model runs.
     """
-    with intervening(model) as sites:
-        for layer, hs in resolve(heads, [site.n_heads for site in sites]).items():
+    handle = headed(model)
+    with intervening(handle) as sites:
+        for layer, hs in handle.heads(heads).items():
             index = torch.tensor(hs)
             if isinstance(source, Mapping):
                 if layer not in source:
@@ -100,7 +105,7 @@ def patched(model: Any, heads: HeadSelection, source: Any) -> Iterator[None]:
 
 
 @contextmanager
-def windowed(model: Any, heads: HeadSelection, *, window: int, sinks: int = 4) -> Iterator[None]:
+def windowed(model: Model, heads: HeadSelection, *, window: int, sinks: int = 4) -> Iterator[None]:
     """Run ``heads`` as streaming heads inside the block: each sees only the first ``sinks`` keys
     and a window of ``window`` keys (StreamingLLM, Xiao et al. 2023; DuoAttention, Xiao et al. 2024).
 
@@ -113,7 +118,7 @@ def windowed(model: Any, heads: HeadSelection, *, window: int, sinks: int = 4) -
     the right. Nested blocks compose: a head in two windows keeps the keys both keep.
 
     Args:
-        model: a ``LoadedModel`` or attached model.
+        model: a ``HeadedModel`` or an attached model.
         heads: the heads to restrict (``headlab.heads.selection``).
         window: recent keys kept (causal) or largest distance kept (bidirectional), ``>= 1``.
         sinks: first keys every query keeps, ``>= 0``.
@@ -127,7 +132,8 @@ def windowed(model: Any, heads: HeadSelection, *, window: int, sinks: int = 4) -
             raise TypeError(f"{name}={value!r}: expected an int >= {least}")
         if value < least:
             raise ValueError(f"{name}={value!r}: expected an int >= {least}")
-    with intervening(model) as sites:
-        for layer, hs in resolve(heads, [site.n_heads for site in sites]).items():
+    handle = headed(model)
+    with intervening(handle) as sites:
+        for layer, hs in handle.heads(heads).items():
             sites[layer].windows = (*sites[layer].windows, HeadWindow(tuple(hs), window, sinks))
         yield

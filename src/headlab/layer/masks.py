@@ -80,6 +80,7 @@ def build_mask(
     dtype: torch.dtype,
     device: torch.device,
     extra_keys: int = 0,
+    blocked: Tensor | None = None,
 ) -> AttentionMask:
     """Validate the masks of one call and merge them into an ``AttentionMask``.
 
@@ -94,6 +95,8 @@ def build_mask(
         extra_keys: key positions after the k_len that the masks describe, allowed to every
             query (``headlab.layer.extra_kv``): the merged mask is padded with them, as torch
             pads its masks for add_bias_kv and add_zero_attn, and then no row is dead.
+        blocked: ``(n_heads, query_pos, key_pos)`` bool, True = not allowed: keys dropped per head
+            (the windowed heads of ``headlab.heads.windowed``), merged like the other masks; or None.
 
     Returns:
         The merged mask.
@@ -113,6 +116,8 @@ def build_mask(
         parts.append(kpm[:, None, None, :])
     if attn_mask is not None:
         parts.append(_attn_mask_part(attn_mask, batch, n_heads, q_len, k_len, dtype, device))
+    if blocked is not None:
+        parts.append(blocked.to(device)[None])
     # With q_len == 1 the end-aligned causal mask allows every key: nothing to mask.
     causal = causal and q_len > 1
     if not parts and (not causal or (q_len == k_len and not extra_keys)):

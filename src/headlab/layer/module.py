@@ -31,6 +31,7 @@ from headlab.layer.projections import projection_for
 from headlab.layer.rotary import RotaryEmbedding
 from headlab.layer.selection import indices
 from headlab.layer.talking_heads import TalkingHeads
+from headlab.layer.taps import SITE_ATTRIBUTE, HeadSite, Tap, TapOutput
 
 
 @dataclass
@@ -147,6 +148,15 @@ class MultiHeadAttention(nn.Module):
         pattern_heads = _heads_arg("return_pattern", return_pattern, c.n_heads)
         result_heads = _heads_arg("return_result", return_result, c.n_heads)
         z_heads = _heads_arg("return_z", return_z, c.n_heads)
+        # headlab.attach's site (headlab.layer.taps): a tap, per-call gates and windowed heads. Read from
+        # __dict__, as nn.Module's own attribute lookup costs more than the rest of a small call's Python.
+        site: HeadSite | None = self.__dict__.get(SITE_ATTRIBUTE)
+        if site is not None and site.idle:
+            site = None
+        tap = None if site is None else site.tap
+        computed = pattern_heads  # the patterns to compute: those asked here, then those the tap takes
+        if tap is not None and tap.pattern is not None:
+            computed = list(dict.fromkeys([*(pattern_heads or []), *tap.pattern]))
 
         # Validate every argument before the cache is touched: a refused call changes nothing.
         offset = 0 if kv_cache is None else kv_cache.length
@@ -156,6 +166,8 @@ class MultiHeadAttention(nn.Module):
             causal=c.causal if is_causal is None else _check_bool("is_causal", is_causal),
             batch=batch, n_heads=c.n_heads, q_len=q_len, k_len=k_len, dtype=query.dtype, device=query.device,
             extra_keys=0 if self.extra_kv is None else self.extra_kv.count,
+            blocked=None if site is None else site.window_blocked(q_len, k_len, offset=k_len - q_len,
+                                                                  device=query.device),
         )
         gate = None if head_mask is None else check_gate(head_mask, batch=batch, n_heads=c.n_heads)
 
@@ -172,11 +184,16 @@ class MultiHeadAttention(nn.Module):
             k, v = self.extra_kv(k, v)
         z, patterns = self.core(
             q, k, v, mask, scale=c.softmax_scale, dropout_p=c.dropout if self.training else 0.0,
-            pattern_heads=pattern_heads, kv_index=self.kv_index,
-        )  # z: (batch, n_heads, query_pos, d_head_v)
+            pattern_heads=computed, kv_index=self.kv_index,
+        )  # z: (batch, n_heads, query_pos, d_head_v); patterns: (batch, len(computed), query_pos, key_pos)
         if self._affine_set or gate is not None:
             z = apply_gates(z, scale=self.head_scale if self._affine_set else None,
                             shift=self.head_shift if self._affine_set else None, gate=gate)
+        if site is not None:
+            z = site.gate(z)
+            if tap is not None:
+                self._tap(site, tap, q, k, v, z, patterns, computed)
+                patterns = None if pattern_heads is None else patterns[:, : len(pattern_heads)]
         output = self.projection.merge(z)
         if pattern_heads is None and result_heads is None and z_heads is None:
             return output
@@ -186,6 +203,26 @@ class MultiHeadAttention(nn.Module):
             result = self.projection.result(z, None if all_heads else result_heads)
         z_out = None if z_heads is None else copy_heads(z, z_heads)
         return AttentionOutput(output=output, pattern=patterns, result=result, z=z_out)
+
+    def _tap(self, site: HeadSite, tap: Tap, q: Tensor, k: Tensor, v: Tensor, z: Tensor, patterns: Tensor | None,
+             computed: list[int] | None) -> None:
+        """Hand the tapped heads' tensors to the tap's sink (``headlab.layer.taps``): q after the rotary
+        positions, k and v each query head reads (cached and extra positions included), z after the gates."""
+        kv_of = self.config.kv_head_of
+        out = TapOutput(
+            z=None if tap.z is None else copy_heads(z, tap.z),
+            result=None if tap.result is None else self.projection.result(z, tap.result),
+            q=None if tap.q is None else copy_heads(q, tap.q),
+            k=None if tap.k is None else copy_heads(k, [kv_of[h] for h in tap.k]),
+            v=None if tap.v is None else copy_heads(v, [kv_of[h] for h in tap.v]),
+        )
+        if tap.pattern is not None:
+            assert patterns is not None and computed is not None
+            first = computed.index(tap.pattern[0])
+            out.pattern = (patterns.narrow(1, first, len(tap.pattern))
+                           if computed[first: first + len(tap.pattern)] == tap.pattern
+                           else copy_heads(patterns, [computed.index(h) for h in tap.pattern]))
+        tap.sink(site.layer, out)
 
     def set_head_affine(self, scale: Tensor | None, shift: Tensor | None = None) -> None:
         """Persistently replace each head's z by ``scale[h]·z + shift[h]`` before the output projection.

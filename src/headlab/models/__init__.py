@@ -1,11 +1,14 @@
 """Real transformers models, any architecture that dispatches attention through transformers'
 ``AttentionInterface``, with headlab's attention implementation attached.
 
+    handle.py     HeadedModel: the one handle of a model with heads (what load and attach return)
     interface.py  the attention function registered as "headlab"
     site.py       AttentionSite: one attention module's heads, gates, tap, output projection
+    native.py     LayerSite: the sites of headlab's own layers (MultiHeadAttention, TinyTransformer)
+    calls.py      what the probe records: attention calls and the projections around them
     probe.py      one small forward that finds the attention modules and their projections
     layout.py     which projection rows make each head's q, k and v
-    attach.py     attach / detach / attention_sites
+    attach.py     attach / detach
     pruning.py    physical pruning of heads, checked against masking
     loading.py    load: the packaged MiniLM, a local checkpoint or a hub id
     saved.py      the folder format of a saved (pruned, intervened) model
@@ -13,9 +16,23 @@
 transformers is imported when a model is loaded or attached, not on import.
 """
 
-from headlab.models.attach import attach, attention_sites, detach
-from headlab.models.loading import LoadedModel, default_model_path, load
-from headlab.models.site import AttentionSite, Tap, TapOutput
+import warnings
+from typing import Any
 
-__all__ = ["AttentionSite", "LoadedModel", "Tap", "TapOutput", "attach", "attention_sites", "default_model_path",
-           "detach", "load"]
+from headlab.layer.taps import TAKE, Tap, TapOutput
+from headlab.models.attach import attach, attention_sites, detach
+from headlab.models.handle import HeadedModel, headed, model_max_length
+from headlab.models.loading import default_model_path, load
+from headlab.models.native import LayerSite
+from headlab.models.site import AttentionSite
+
+__all__ = ["TAKE", "AttentionSite", "HeadedModel", "LayerSite", "Tap", "TapOutput", "attach", "attention_sites",
+           "default_model_path", "detach", "headed", "load", "model_max_length"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LoadedModel":  # renamed: one release with a warning
+        warnings.warn("headlab.models.LoadedModel is deprecated: it is headlab.HeadedModel (what headlab.load and "
+                      "headlab.attach return)", DeprecationWarning, stacklevel=2)
+        return HeadedModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

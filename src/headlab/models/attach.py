@@ -13,39 +13,69 @@ disentangled attention, ...) is refused with the reason, never run in another wa
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch import nn
 
+from headlab.layer.taps import SITE_ATTRIBUTE
+from headlab.models.calls import AttentionCall
+from headlab.models.handle import HANDLE_ATTRIBUTE, HeadedModel, headed
 from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.layout import find_layout
-from headlab.models.probe import AttentionCall, run_probe
-from headlab.models.site import SITE_ATTRIBUTE, AttentionSite, OutProjection
+from headlab.models.native import is_native, native_sites
+from headlab.models.probe import run_probe
+from headlab.models.site import AttentionSite, OutProjection
 
 _PREVIOUS = "headlab_previous_attn_implementation"  # on an attached model: what to restore on detach
 
 
-def attach(model: Any) -> Any:
-    """Run ``model``'s attention through headlab, in place; a model already attached is returned as it is.
+def attach(model: HeadedModel | nn.Module, *, tokenizer: Any = None) -> HeadedModel:
+    """Run ``model``'s attention through headlab, in place, and return its handle.
+
+    A transformers model gets the ``"headlab"`` attention implementation and one site per module
+    that calls it (found by one probe forward); a torch module built of headlab layers (a
+    ``MultiHeadAttention``, the experiments' ``TinyTransformer``) gets one site per layer
+    (``headlab.models.native``). A model already attached keeps its sites and its handle.
 
     Args:
-        model: a transformers ``PreTrainedModel`` (any head: base, causal LM, ...), or a
-            ``LoadedModel``.
+        model: a transformers ``PreTrainedModel`` (any head: base, causal LM, ...), a torch module
+            holding headlab layers, or a ``HeadedModel``.
+        tokenizer: its tokenizer (or processor), kept on the handle for text inputs; None keeps the
+            one the handle has (or none).
 
     Returns:
-        ``model``; ``attention_sites(model)`` lists its sites.
+        The model's ``HeadedModel``; the model itself is ``handle.model``, changed in place.
 
     Raises:
-        TypeError: not a transformers model.
+        TypeError: neither a transformers model nor a module holding headlab layers.
         ValueError: an architecture headlab cannot serve exactly (encoder-decoder, attention
             computed outside transformers' AttentionInterface, a module run several times per
             forward, learned sink logits); the message names the reason. The model is left as it was.
     """
-    net = as_module(model)
+    net = model.model if isinstance(model, HeadedModel) else model
+    if isinstance(net, nn.Module) and is_native(net):
+        if _sites(net) is None:
+            for site in native_sites(net):
+                setattr(site.module, SITE_ATTRIBUTE, site)
+    else:
+        _attach_transformers(net)
+    handle = model if isinstance(model, HeadedModel) else net.__dict__.get(HANDLE_ATTRIBUTE)
+    if not isinstance(handle, HeadedModel) or handle.model is not net:
+        handle = HeadedModel(net, tokenizer=tokenizer)
+    else:  # the model's own handle, told of the sites it has now (new ones after a re-attach)
+        handle._read_sites()
+        handle.tokenizer = handle.tokenizer if tokenizer is None else tokenizer
+    net.__dict__[HANDLE_ATTRIBUTE] = handle
+    return handle
+
+
+def _attach_transformers(net: Any) -> None:
+    """Select headlab's attention implementation on a transformers model and give it sites (once)."""
     _check_model(net)
     register()
-    if _sites(net) and net.config._attn_implementation == IMPLEMENTATION:
-        return model
+    if _sites(net) is not None and net.config._attn_implementation == IMPLEMENTATION:
+        return
     previous = net.config._attn_implementation
     net.set_attn_implementation(IMPLEMENTATION)
     try:
@@ -60,55 +90,39 @@ def attach(model: Any) -> Any:
     for site in sites:
         setattr(site.module, SITE_ATTRIBUTE, site)
     setattr(net, _PREVIOUS, previous)
-    return model
 
 
-def detach(model: Any) -> Any:
-    """Undo ``attach``: remove the sites and restore the previous attention implementation.
+def detach(model: HeadedModel | nn.Module) -> nn.Module:
+    """Undo ``attach``: remove the sites and the handle, and restore the previous attention implementation.
 
-    Interventions and taps go with the sites; pruned modules stay pruned.
+    Interventions and taps go with the sites; pruned modules stay pruned. A headlab layer's own
+    persistent affine (``MultiHeadAttention.set_head_affine``) stays: it is part of its ``state_dict``.
 
     Returns:
-        ``model``.
+        The model itself.
     """
-    net = as_module(model)
+    net = model.model if isinstance(model, HeadedModel) else model
     for module in net.modules():
-        if hasattr(module, SITE_ATTRIBUTE):
-            delattr(module, SITE_ATTRIBUTE)
+        module.__dict__.pop(SITE_ATTRIBUTE, None)
+    net.__dict__.pop(HANDLE_ATTRIBUTE, None)
     previous = getattr(net, _PREVIOUS, None)
     if previous is not None:
         net.set_attn_implementation(previous)
         delattr(net, _PREVIOUS)
-    return model
+    return net
 
 
-def attention_sites(model: Any) -> list[AttentionSite]:
-    """The attention sites of an attached model (or ``LoadedModel``), in layer order.
-
-    Raises:
-        ValueError: the model is not attached, or its attention implementation was changed
-            since (its taps and gates would silently do nothing).
-    """
-    net = as_module(model)
-    sites = _sites(net)
-    if not sites:
-        raise ValueError(f"{type(net).__name__} has no headlab attention: load it with headlab.load(...) or call "
-                         "headlab.attach(model)")
-    implementation = getattr(getattr(net, "config", None), "_attn_implementation", IMPLEMENTATION)
-    if implementation != IMPLEMENTATION:
-        raise ValueError(f"{type(net).__name__} runs attn_implementation={implementation!r} now, not headlab's: "
-                         "call headlab.attach(model) again")
-    return sites
+def attention_sites(model: HeadedModel | nn.Module) -> list[AttentionSite]:
+    """Deprecated: ``headed(model).sites`` (a ``HeadedModel``'s ``sites``)."""
+    warnings.warn("headlab.models.attention_sites(model) is deprecated: use the handle's sites "
+                  "(headlab.load(...).sites, headlab.attach(model).sites)", DeprecationWarning, stacklevel=2)
+    return headed(model).sites
 
 
-def as_module(model: Any) -> nn.Module:
-    """The transformers model itself, from a model or a ``LoadedModel``."""
-    return model if isinstance(model, nn.Module) else getattr(model, "model", model)
-
-
-def _sites(net: nn.Module) -> list[AttentionSite]:
-    found = [s for m in net.modules() if isinstance(s := getattr(m, SITE_ATTRIBUTE, None), AttentionSite)]
-    return sorted(found, key=lambda site: site.layer)
+def _sites(net: nn.Module) -> list[AttentionSite] | None:
+    """The sites attached to ``net``'s modules, in layer order, or None."""
+    found = [s for m in net.modules() if isinstance(s := m.__dict__.get(SITE_ATTRIBUTE), AttentionSite)]
+    return sorted(found, key=lambda site: site.layer) or None
 
 
 def check_architecture(model_class: type, config: Any) -> None:
@@ -148,7 +162,8 @@ def _check_model(net: Any) -> None:
     except ImportError as err:  # pragma: no cover - the models extra is missing
         raise ImportError("headlab.attach needs transformers: pip install 'headlab[models]'") from err
     if not isinstance(net, PreTrainedModel):
-        raise TypeError(f"expected a transformers PreTrainedModel (or a headlab LoadedModel), got {type(net).__name__}")
+        raise TypeError(f"expected a transformers PreTrainedModel, a torch module built of headlab layers or a "
+                        f"HeadedModel, got {type(net).__name__}")
     check_architecture(type(net), net.config)
 
 

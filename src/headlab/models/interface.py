@@ -28,8 +28,9 @@ Axis legend (transformers' layout):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -39,16 +40,19 @@ from headlab.layer.functional import (
     additive_bias, copy_heads, expand_kv, fused_attention_with_lse, has_lse_kernel, key_softmax, select_heads,
     softmax_from_lse,
 )
-from headlab.models.site import SITE_ATTRIBUTE, AttentionSite, TapOutput
+from headlab.layer.taps import SITE_ATTRIBUTE, TapOutput
+from headlab.models.site import AttentionSite
 
 IMPLEMENTATION = "headlab"  # the name under which the function is registered
 
 # transformers' pieces read on every call, imported on first use (importing headlab does not import transformers).
 _collector: Any = None  # the output recorder (a ContextVar wrapper)
 _sdpa_forward: Any = None  # transformers' own SDPA attention function
-# The last additive mask made, with what it was made from: every layer of a forward gets the same
-# mask (transformers builds one per forward), so only the first layer pays for the conversion.
-_last_mask: tuple[Any, Tensor] | None = None
+# Per thread, ``last``: the last additive mask made, with what it was made from: every layer of a forward
+# gets the same mask (transformers builds one per forward), so only the first layer pays for the conversion.
+_masks = threading.local()
+# Per context (thread): who is told of every attention call (``observing``; the probe of ``attach``), or None.
+_observer: ContextVar[Callable[..., None] | None] = ContextVar("headlab_attention_observer", default=None)
 # Per thread, ``pool``: the pattern buffers while ``reuse_pattern_memory`` is active (absent outside it);
 # and how many references a buffer's memory has when only the pool holds it (None: this torch cannot
 # tell, so nothing is reused).
@@ -100,6 +104,16 @@ def attention(
         ``(output, weights)``: output ``(batch, query_pos, n_heads, d_head_v)``; every head's
         pattern ``(batch, n_heads, query_pos, key_pos)`` when attentions are requested, else None.
     """
+    observer = _observer.get()
+    if observer is not None:  # the observed call itself runs as any other
+        token = _observer.set(None)
+        try:
+            out = attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        finally:
+            _observer.reset(token)
+        observer(module, query, key, value, eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
+                 out[0])
+        return out
     site: AttentionSite | None = getattr(module, SITE_ATTRIBUTE, None)
     softcap = kwargs.get("softcap")
     wants_weights = _weights_requested(kwargs)
@@ -172,7 +186,6 @@ def eager_mask(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Te
     Returns:
         ``(batch | 1, 1, query_pos, key_pos)`` in query's dtype, or None (nothing masked).
     """
-    global _last_mask
     q_len, k_len = query.shape[2], key.shape[2]
     if attention_mask is None:
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
@@ -183,7 +196,7 @@ def eager_mask(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Te
         source = (attention_mask, query.dtype)
     else:
         return attention_mask
-    last = _last_mask
+    last = getattr(_masks, "last", None)
     if last is not None and len(last[0]) == len(source) and all(
             a is b or (not isinstance(a, Tensor) and not isinstance(b, Tensor) and a == b)
             for a, b in zip(last[0], source)):
@@ -195,7 +208,7 @@ def eager_mask(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Te
         attention_mask = (cols <= rows)[None, None]
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     mask = torch.where(attention_mask, zero, torch.finfo(query.dtype).min)
-    _last_mask = (source, mask)
+    _masks.last = (source, mask)
     return mask
 
 
@@ -234,6 +247,22 @@ def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: f
     if mask is not None:
         scores.add_(mask)
     return key_softmax(scores)
+
+
+@contextmanager
+def observing(observer: Callable[..., None]) -> Iterator[None]:
+    """Tell ``observer`` of every call of ``attention`` in this context (thread) while the block lasts.
+
+    Args:
+        observer: called after each call as ``observer(module, query, key, value, mask, output)``:
+            the call's arguments, the additive mask of the eager path (``eager_mask``) and the
+            output ``(batch, query_pos, n_heads, d_head_v)``.
+    """
+    token = _observer.set(observer)
+    try:
+        yield
+    finally:
+        _observer.reset(token)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from headlab.models.probe import AttentionCall, ProjectionCall
+from headlab.models.calls import AttentionCall, ProjectionCall
 
 ROLES = ("q", "k", "v")
 

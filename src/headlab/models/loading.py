@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import warnings
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from headlab.models.attach import attach, attention_sites, check_architecture
+from headlab.models.attach import attach, check_architecture
+from headlab.models.handle import HeadedModel
 from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.saved import RECORD, WEIGHTS, load_interventions, read_record, restore_sites
 
@@ -36,26 +37,6 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-@dataclass
-class LoadedModel:
-    """A transformers model with headlab's attention attached, and its tokenizer.
-
-    Attributes:
-        model: the transformers model (in eval mode).
-        tokenizer: its tokenizer, or None when a local checkpoint ships no tokenizer files.
-        source: the directory (resolved) or hub id it was loaded from.
-    """
-
-    model: nn.Module
-    tokenizer: Any | None
-    source: str
-
-    @property
-    def architecture(self) -> str:
-        """The model's class name, e.g. ``"BertModel"``."""
-        return type(self.model).__name__
 
 
 def default_model_path() -> Path:
@@ -78,7 +59,7 @@ def load(
     *,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
-) -> LoadedModel:
+) -> HeadedModel:
     """Load a checkpoint and attach headlab's attention (``headlab.models.attach``).
 
     Args:
@@ -88,7 +69,8 @@ def load(
         device: where to put the model; None: CPU.
 
     Returns:
-        A ``LoadedModel``; ``headlab.models.attention_sites(loaded)`` lists its attention sites.
+        The model's ``HeadedModel``: the transformers model (``.model``, in eval mode), its tokenizer
+        (``.tokenizer``; None when a local checkpoint ships no tokenizer files), its source and sites.
 
     Raises:
         FileNotFoundError: a local path that does not exist, or lacks config.json or weights.
@@ -133,8 +115,9 @@ def load(
     if device is not None:
         model = model.to(device)
     model.eval()
-    attach(model)  # a saved headlab model comes back attached already
-    return LoadedModel(model=model, tokenizer=tokenizer, source=source)
+    handle = attach(model, tokenizer=tokenizer)  # a saved headlab model comes back attached already
+    handle.source = source
+    return handle
 
 
 def _load_saved(directory: Path, model_class: Any, config: Any, dtype: torch.dtype) -> Any:
@@ -147,8 +130,8 @@ def _load_saved(directory: Path, model_class: Any, config: Any, dtype: torch.dty
 
     record = read_record(directory)
     weights = directory / WEIGHTS
-    model = attach(model_class.from_config(config, dtype=dtype, attn_implementation=IMPLEMENTATION).eval())
-    sites = attention_sites(model)
+    model = model_class.from_config(config, dtype=dtype, attn_implementation=IMPLEMENTATION).eval()
+    sites = attach(model).sites
     prune_model(model, sites, restore_sites(directory, sites, record), verify=False)
     try:
         missing, unexpected = load_model(model, weights, strict=False)
@@ -262,3 +245,11 @@ def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
     if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES:
         return _DTYPES[dtype.removeprefix("torch.")]
     raise ValueError(f"dtype={dtype!r}: expected None or one of {sorted(_DTYPES)} (a name or torch dtype)")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LoadedModel":  # renamed: one release with a warning
+        warnings.warn("headlab.models.LoadedModel is deprecated: it is headlab.HeadedModel (what headlab.load and "
+                      "headlab.attach return)", DeprecationWarning, stacklevel=2)
+        return HeadedModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,51 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from headlab.models.calls import AttentionCall, ProjectionCall
+from headlab.models.interface import observing
+
 PROBE_LENGTH = 6  # tokens per probe item
 PROBE_BATCH = 2
-
-
-@dataclass
-class ProjectionCall:
-    """One Linear (or Conv1D) forward during the probe."""
-
-    module: nn.Module
-    input: Tensor
-    output: Tensor
-
-
-@dataclass
-class AttentionCall:
-    """One attention-function call during the probe, with the projections around it.
-
-    Attributes:
-        module: the attention module.
-        query, key, value: what the module passed (transformers' layout).
-        mask: the additive mask the eager path would use, or None.
-        output: what the function returned ``(batch, query_pos, n_heads, d_head_v)``.
-        before: projections that ran since the previous attention call (in order).
-        after: projections that ran after this call, until the next one.
-    """
-
-    module: nn.Module
-    query: Tensor
-    key: Tensor
-    value: Tensor
-    mask: Tensor | None
-    output: Tensor
-    before: list[ProjectionCall] = field(default_factory=list)
-    after: list[ProjectionCall] = field(default_factory=list)
-
-    @property
-    def causal(self) -> bool:
-        """The first query cannot see the second key (no padding in the probe)."""
-        return self.mask is not None and bool((self.mask[..., 0, 1] < 0).all())
+_active: ContextVar[object | None] = ContextVar("headlab_probe", default=None)  # the recording of this context
 
 
 def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
@@ -83,41 +50,42 @@ def first_output(output: Any) -> Tensor:
 
 
 @contextmanager
-def recording() -> Iterator[list[AttentionCall]]:
-    """Record every call of headlab's attention function, and every Linear/Conv1D forward, while it lasts.
+def recording(model: nn.Module) -> Iterator[list[AttentionCall]]:
+    """Record every call of headlab's attention function and every Linear/Conv1D forward of ``model``
+    that runs in this thread (this context) while the block lasts.
+
+    Nothing global changes: headlab's attention function reports its calls to the observer of the
+    current context (``headlab.models.interface.observing``), and ``model``'s own projections carry
+    hooks that record only in the context that set them. Another thread running the same model, or
+    another model, records nothing.
 
     Yields:
         The list the calls are appended to, in the order they ran.
     """
-    from transformers import AttentionInterface
     from transformers.pytorch_utils import Conv1D
-
-    from headlab.models.interface import IMPLEMENTATION, attention, eager_mask
 
     calls: list[AttentionCall] = []
     pending: list[ProjectionCall] = []
+    marker = object()
 
-    def recorder(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                 *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-        out = attention(module, query, key, value, attention_mask, *args, **kwargs)
-        mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
+    def observer(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
+                 output: Tensor) -> None:
         if calls:
             calls[-1].after = list(pending)
-        calls.append(AttentionCall(module, query, key, value, mask, out[0], before=list(pending)))
+        calls.append(AttentionCall(module, query, key, value, mask, output, before=list(pending)))
         pending.clear()
-        return out
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if args and isinstance(args[0], Tensor) and isinstance(output, Tensor):
+        if _active.get() is marker and args and isinstance(args[0], Tensor) and isinstance(output, Tensor):
             pending.append(ProjectionCall(module, args[0], output))
 
-    handles = [nn.modules.module.register_module_forward_hook(
-        lambda m, a, o: hook(m, a, o) if isinstance(m, (nn.Linear, Conv1D)) else None)]
-    AttentionInterface.register(IMPLEMENTATION, recorder)
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Linear, Conv1D))]
+    token = _active.set(marker)
     try:
-        yield calls
+        with observing(observer):
+            yield calls
     finally:
-        AttentionInterface.register(IMPLEMENTATION, attention)
+        _active.reset(token)
         for handle in handles:
             handle.remove()
         if calls:
@@ -134,7 +102,7 @@ def run_probe(model: nn.Module) -> tuple[list[AttentionCall], Tensor]:
     was_training = model.training
     model.eval()
     try:
-        with recording() as calls, torch.no_grad():
+        with recording(model) as calls, torch.no_grad():
             output = first_output(model(**inputs))
     finally:
         model.train(was_training)

@@ -16,7 +16,7 @@ Axis legend:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,57 +27,10 @@ from headlab.layer import FactoredMatrix
 from headlab.layer.functional import head_results
 from headlab.layer.gates import Replacement, apply_gates, check_affine, check_gate
 from headlab.layer.masks import sink_window_blocked
+from headlab.layer.taps import Tap
 
 if TYPE_CHECKING:
     from headlab.models.layout import Layout
-
-SITE_ATTRIBUTE = "headlab_site"
-
-
-TAPPED = ("pattern", "z", "result", "q", "k", "v")  # what a tap can take of a head
-
-
-@dataclass
-class TapOutput:
-    """What one tapped forward of one layer hands to the tap's sink, for the tapped heads only.
-
-    Attributes:
-        pattern: ``(batch, head, query_pos, key_pos)`` or None.
-        z: ``(batch, head, query_pos, d_head_v)`` after the site's gates, or None.
-        result: ``(batch, head, query_pos, d_model)``: each head's z through its slice of the
-            output projection (the projection's bias in none), or None.
-        q: ``(batch, head, query_pos, d_head)``: the query the model passed (after its positions
-            and norms), or None.
-        k: ``(batch, head, key_pos, d_head)``: the key each head reads (its key/value head's;
-            cached positions included), or None.
-        v: ``(batch, head, key_pos, d_head_v)``: the value each head reads, or None.
-    """
-
-    pattern: Tensor | None = None
-    z: Tensor | None = None
-    result: Tensor | None = None
-    q: Tensor | None = None
-    k: Tensor | None = None
-    v: Tensor | None = None
-
-
-@dataclass
-class Tap:
-    """What to take out of one layer's forward, and where to send it.
-
-    Attributes:
-        sink: called as ``sink(layer, TapOutput)`` after each forward of the layer.
-        pattern, z, result, q, k, v: the query heads to take each for (sorted, unique), or None.
-    """
-
-    sink: Callable[[int, TapOutput], None]
-    pattern: list[int] | None = None
-    z: list[int] | None = None
-    result: list[int] | None = None
-    q: list[int] | None = None
-    k: list[int] | None = None
-    v: list[int] | None = None
-
 
 @dataclass(frozen=True)
 class HeadWindow:
@@ -140,8 +93,8 @@ class AttentionSite:
         self.layout_problem: str | None = None  # why not, otherwise
         # The gates of headlab.layer.gates, None where unused. Persistent interventions
         # (headlab.heads): z_h ← scale[h]·z_h + shift[h].
-        self.scale: Tensor | None = None
-        self.shift: Tensor | None = None
+        self._scale: Tensor | None = None
+        self._shift: Tensor | None = None
         # Per call: a gate (n_heads,) or (batch, n_heads), differentiable (importance, Michel et al.
         # 2019); values replacing some heads' z (activation patching); an additive zero whose
         # gradient is ∂/∂z (attribution patching, Kramár et al. 2024).
@@ -172,6 +125,24 @@ class AttentionSite:
             h // (n_heads // n_kv_heads) for h in range(n_heads))
 
     @property
+    def scale(self) -> Tensor | None:
+        """``(n_heads,)``: the persistent per-head factor on z, or None (1)."""
+        return self._scale
+
+    @scale.setter
+    def scale(self, value: Tensor | None) -> None:
+        self._scale = value
+
+    @property
+    def shift(self) -> Tensor | None:
+        """``(n_heads, d_head_v)``: the persistent per-head addition to z, or None (0)."""
+        return self._shift
+
+    @shift.setter
+    def shift(self, value: Tensor | None) -> None:
+        self._shift = value
+
+    @property
     def uniform_groups(self) -> bool:
         """Whether query heads share key/value heads in equal consecutive groups (the model's own layout)."""
         return self._uniform
@@ -179,12 +150,31 @@ class AttentionSite:
     @property
     def idle(self) -> bool:
         """Nothing to take, gate or regroup: the fused kernel serves the call as it is."""
-        return (self.tap is None and self.scale is None and self.shift is None and self.head_mask is None
+        return (self.tap is None and self._scale is None and self._shift is None and self.head_mask is None
                 and self.replacement is None and self.delta is None and not self.windows and self.uniform_groups)
 
     def kv_index(self, device: torch.device) -> Tensor:
         """``(n_heads,)``: the key/value head of each query head."""
         return torch.tensor(self.kv_head_of, device=device)
+
+    def window_blocked(self, q_len: int, k_len: int, *, offset: int, device: torch.device) -> Tensor | None:
+        """Which keys the windowed heads (``headlab.heads.windowed``) drop.
+
+        Args:
+            q_len, k_len: the call's query and key positions.
+            offset: the key position of query 0 (``k_len − q_len`` when queries are the last keys).
+            device: where to build it.
+
+        Returns:
+            ``(n_heads, query_pos, key_pos)`` bool, True where a key is dropped; None without windows.
+        """
+        if not self.windows:
+            return None
+        blocked = torch.zeros(self.n_heads, q_len, k_len, dtype=torch.bool, device=device)
+        for w in self.windows:
+            blocked[list(w.heads)] |= sink_window_blocked(q_len, k_len, window=w.window, sinks=w.sinks,
+                                                          causal=self.causal, offset=offset, device=device)
+        return blocked
 
     def window_mask(self, mask: Tensor | None, query: Tensor, key: Tensor, *, end_aligned: bool) -> Tensor:
         """The call's additive mask with the windowed heads' dropped keys added: one mask per head.
@@ -201,18 +191,14 @@ class AttentionSite:
             number where a key is dropped (never -inf: a padding row stays finite).
         """
         q_len, k_len = query.shape[2], key.shape[2]
-        blocked = torch.zeros(self.n_heads, q_len, k_len, dtype=torch.bool, device=query.device)
-        for w in self.windows:
-            drop = sink_window_blocked(q_len, k_len, window=w.window, sinks=w.sinks, causal=self.causal,
-                                       offset=k_len - q_len if end_aligned else 0, device=query.device)
-            blocked[list(w.heads)] |= drop
+        blocked = self.window_blocked(q_len, k_len, offset=k_len - q_len if end_aligned else 0, device=query.device)
         base = torch.zeros((), dtype=query.dtype, device=query.device) if mask is None else mask
-        return torch.where(blocked[None], torch.finfo(query.dtype).min, base)
+        return base if blocked is None else torch.where(blocked[None], torch.finfo(query.dtype).min, base)
 
     def gate(self, z: Tensor) -> Tensor:
         """z ``(batch, n_heads, query_pos, d_head_v)`` after every gate set on the site (``headlab.layer.gates``)."""
         gate = None if self.head_mask is None else check_gate(self.head_mask, batch=z.shape[0], n_heads=self.n_heads)
-        return apply_gates(z, scale=self.scale, shift=self.shift, gate=gate, replacement=self.replacement,
+        return apply_gates(z, scale=self._scale, shift=self._shift, gate=gate, replacement=self.replacement,
                            delta=self.delta)
 
     def set_affine(self, scale: Tensor | None, shift: Tensor | None) -> None:
@@ -227,8 +213,8 @@ class AttentionSite:
         except ValueError as err:
             raise ValueError(f"layer {self.layer}: {err}") from None
         # An untouched site runs the fused kernel: identity parts are left unset.
-        self.scale = None if scale is None or bool((scale == 1).all()) else scale.detach().clone()
-        self.shift = None if shift is None or not bool(shift.any()) else shift.detach().clone()
+        self._scale = None if scale is None or bool((scale == 1).all()) else scale.detach().clone()
+        self._shift = None if shift is None or not bool(shift.any()) else shift.detach().clone()
 
     @property
     def W_O(self) -> Tensor:  # noqa: N802

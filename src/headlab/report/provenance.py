@@ -131,7 +131,7 @@ def model_name(source: str | None) -> str:
     name, a hub id as it is.
 
     Args:
-        source: ``LoadedModel.source`` (or the argument given to ``headlab.load``); None for the
+        source: ``HeadedModel.source`` (or the argument given to ``headlab.load``); None for the
             packaged model.
     """
     if source is None:

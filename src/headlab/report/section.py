@@ -65,7 +65,7 @@ class ReportContext:
         """``headlab.load(self.model)``, loaded once per report.
 
         Returns:
-            The ``LoadedModel``.
+            The ``HeadedModel``.
         """
         import headlab  # heavy: torch and transformers
 

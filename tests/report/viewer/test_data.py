@@ -13,7 +13,7 @@ from headlab.analysis.surface import FIXED_WHEN_CAUSAL, STATISTICS, surface_stat
 from headlab.analysis.taxonomy import classify, taxonomy_stats
 from headlab.capture import TruncationWarning, pattern_to_words
 from headlab.heads import Heads
-from headlab.models import LoadedModel
+from headlab.models import HeadedModel
 from headlab.report.viewer import view_data
 from tests.report.viewer.reference import reference
 from tests.report.viewer.tiny import tiny
@@ -66,9 +66,9 @@ def test_byte_level_bpe_labels_leave_the_leading_space_to_the_gap() -> None:
     from tests.models.tiny import build
 
     tokenizer = byte_level_tokenizer()
-    model = headlab.attach(build("gpt2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id))
+    model = headlab.attach(build("gpt2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)).model
     text = "The cat sat on  the mat."
-    pieces = view_data(LoadedModel(model=model, tokenizer=tokenizer, source="tiny bpe"), [text]).items[0].pieces
+    pieces = view_data(HeadedModel(model=model, tokenizer=tokenizer, source="tiny bpe"), [text]).items[0].pieces
     assert "cat" in pieces.labels and not any(label != label.strip() for label in pieces.labels if label.strip())
     assert " " in pieces.gaps
     assert "".join(g + label for g, label in zip(pieces.gaps, pieces.labels)) + pieces.tail == text
@@ -123,7 +123,7 @@ def test_truncation_is_on_the_record_and_noted() -> None:
     base = tiny("bert")
     tokenizer = copy.deepcopy(base.tokenizer)
     tokenizer.model_max_length = 8
-    model = LoadedModel(model=base.model, tokenizer=tokenizer, source=base.source)
+    model = HeadedModel(model=base.model, tokenizer=tokenizer, source=base.source)
     text = "the cat sat on the mat and the dog ran on the mat"
     with pytest.warns(TruncationWarning):
         data = view_data(model, [text, "the cat"])
@@ -145,7 +145,7 @@ def test_bad_input_gets_clear_errors() -> None:
         view_data(model, "the cat sat on the mat", max_entries=100)
     with pytest.raises(ValueError, match="layer"):
         view_data(model, "the cat", heads=Heads(layers=[5]))
-    no_tokenizer = LoadedModel(model=model.model, tokenizer=None, source="x")
+    no_tokenizer = HeadedModel(model=model.model, tokenizer=None, source="x")
     with pytest.raises(TypeError, match="tokenizer"):
         view_data(no_tokenizer, "the cat")
 

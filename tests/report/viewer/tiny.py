@@ -1,4 +1,4 @@
-"""Tiny random BERT and GPT-2 ``LoadedModel``s for the viewer tests (no download, built in memory)."""
+"""Tiny random BERT and GPT-2 ``HeadedModel``s for the viewer tests (no download, built in memory)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ def _tokenizer():
 
 @functools.cache
 def tiny(kind: str, *, layers: int = 2, heads: int = 4):
-    """A ``LoadedModel`` of a random 2-layer ``kind`` ("bert": bidirectional, "gpt2": causal)."""
+    """A ``HeadedModel`` of a random 2-layer ``kind`` ("bert": bidirectional, "gpt2": causal)."""
     pytest.importorskip("transformers")
     import headlab
-    from headlab.models import LoadedModel
+    from headlab.models import HeadedModel
     from tests.models.tiny import build
 
     tok = _tokenizer()
@@ -37,4 +37,4 @@ def tiny(kind: str, *, layers: int = 2, heads: int = 4):
                       eos_token_id=tok.eos_token_id, attn_implementation="sdpa", **ids)
     else:
         raise ValueError(kind)
-    return LoadedModel(model=headlab.attach(model), tokenizer=tok, source=f"tiny random {kind}")
+    return HeadedModel(model=headlab.attach(model).model, tokenizer=tok, source=f"tiny random {kind}")

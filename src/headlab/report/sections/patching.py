@@ -65,7 +65,7 @@ def choose_pair(loaded: Any, *, clean: str = CLEAN, corrupted: str = CORRUPTED) 
     language model, otherwise ``clean``/``corrupted`` with the similarity metric.
 
     Args:
-        loaded: a ``LoadedModel``.
+        loaded: a ``HeadedModel``.
         clean, corrupted: the texts of the similarity pair. When they tokenize to different
             lengths the corrupted input is the clean one with its first differing token swapped.
 
@@ -78,9 +78,9 @@ def choose_pair(loaded: Any, *, clean: str = CLEAN, corrupted: str = CORRUPTED) 
     """
     import torch
 
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
-    if not any(site.causal for site in attention_sites(loaded)):
+    if not any(site.causal for site in headed(loaded).sites):
         return _similarity_pair(loaded, clean, corrupted, "the model is an encoder (no next token to predict)")
     pair = _induction_pair(loaded)
     with torch.no_grad():

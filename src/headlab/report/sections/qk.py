@@ -66,17 +66,17 @@ def measure(model: object) -> QKSpectra:
     """Read every head's factored W_QK from a loaded model.
 
     Args:
-        model: a ``LoadedModel`` (or an attached transformers model).
+        model: a ``HeadedModel`` (or an attached model).
 
     Returns:
         The spectra.
     """
     import torch
 
-    from headlab.models import attention_sites
+    from headlab.models import headed
 
     with torch.no_grad():
-        sites = attention_sites(model)
+        sites = headed(model).sites
         qks = [site.QK for site in sites]
         dense = torch.linalg.svdvals(qks[0][0].AB.double()).numpy()
         return QKSpectra(d_model=int(qks[0].shape[-2]), d_head=[qk.inner_dim for qk in qks],

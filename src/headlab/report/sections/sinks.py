@@ -50,7 +50,7 @@ def measure(model: Any, texts: list[str]) -> SinkReport:
     from headlab.capture import capture
 
     weighted, sinks = ValueWeighted.from_model(model), SinkShare.from_model(model)
-    run = capture(model, corpus=texts, what=("pattern", "v"), consumers=[weighted, sinks], progress=False)
+    run = capture(model, corpus=texts, take=("pattern", "v"), consumers=[weighted, sinks], progress=False)
     return SinkReport(weighted=weighted.result(), sinks=sinks.result(), items=run.items, tokens=run.tokens,
                       causal=is_causal(model))
 

@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from headlab.analysis.flow import FLOW_MAX_LENGTH, attention_flow, rollout
 from headlab.analysis.roles import label_heads
 from headlab.analysis.surface import FIXED_WHEN_CAUSAL, STATISTICS, SurfaceStats, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, classify
-from headlab.capture import CaptureBatch, capture, model_max_length, pattern_to_words, tokenize_corpus
-from headlab.heads.selection import HeadSelection, resolve
-from headlab.models import LoadedModel, attention_sites
+from headlab.capture import CaptureBatch, capture, pattern_to_words, tokenize_corpus
+from headlab.heads.selection import HeadSelection
+from headlab.models import HeadedModel, headed
 from headlab.report.provenance import model_name
 from headlab.report.viewer.encoding import QuantizedPattern, quantize, thumbnails
 
@@ -188,7 +189,7 @@ class ViewerData:
 
 
 def view_data(
-    model: LoadedModel,
+    model: HeadedModel | nn.Module,
     texts: str | Sequence[str],
     *,
     heads: HeadSelection = None,
@@ -200,7 +201,7 @@ def view_data(
     """Run the model on ``texts`` and encode what the viewer shows.
 
     Args:
-        model: what ``headlab.load`` returned (a fast tokenizer is needed for offsets).
+        model: a ``HeadedModel`` (``headlab.load``) with a fast tokenizer, needed for offsets.
         texts: one text or several (the viewer switches between them).
         heads: the heads to show (``headlab.heads.selection``); None for all.
         corpus_rows: per-head rows of a corpus-wide analysis (``AnalysisResult.rows()``), shown
@@ -227,12 +228,13 @@ def view_data(
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise ValueError(f"text {empty[0]} is empty or whitespace only; every viewed text needs a word")
+    model = headed(model)
     if model.tokenizer is None:
         raise TypeError(f"{model.source} has no tokenizer; the viewer needs its fast tokenizer for token offsets")
-    n_heads = [site.n_heads for site in attention_sites(model)]
-    selection = resolve(heads, n_heads)
+    n_heads = model.n_heads
+    selection = model.heads(heads)
     shown = [(layer, h) for layer, hs in selection.items() for h in hs]
-    max_length = model_max_length(model.model, model.tokenizer)
+    max_length = model.max_length
     tokenized = tokenize_corpus(model.tokenizer, texts, max_length=max_length)
     lengths = tokenized.lengths
     depth = 1 + max(layer for layer, _ in shown)  # rollout and flow run through every layer up to the last shown
@@ -247,7 +249,7 @@ def view_data(
     collector = _Collector(shown, flow_max_length=flow_max_length)
     surface, taxonomy = SurfaceStats(causal=causal), TaxonomyStats(causal=causal)
     every_head = {layer: list(range(n_heads[layer])) for layer in range(depth)}  # rollout averages every head
-    run = capture(model, corpus=texts, heads=every_head, what=("pattern",),
+    run = capture(model, corpus=texts, heads=every_head, take=("pattern",),
                   consumers=[collector, surface, taxonomy], progress=progress)
     surface_result, taxonomy_result = surface.result(), taxonomy.result()
     roles, classes = label_heads(surface_result), classify(taxonomy_result)

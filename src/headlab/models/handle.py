@@ -1,0 +1,323 @@
+"""``HeadedModel``: a model with attention heads, as headlab works on it — the one handle every
+public function takes.
+
+``headlab.load(...)`` and ``headlab.attach(model)`` return it. It holds the model itself (a
+transformers model, or a torch module built of headlab layers: still usable as it is), its
+tokenizer, where it came from, and its attention sites, with the operations every caller needs:
+
+    loaded = headlab.load()                       # the packaged MiniLM
+    loaded.sites[2]                               # layer 2's AttentionSite (heads, gates, tap, weights)
+    loaded.n_heads                                # [12, 12, 12, 12, 12, 12]
+    loaded.heads({2: [3]})                        # a head selection resolved: {2: [3]}
+    inputs = loaded.inputs("The cat sat.")        # keyword arguments of a forward, on the model's device
+    with loaded.running(grad=False):              # eval mode, restored afterwards (also on error)
+        output = loaded(**inputs)
+
+A function given an attached model instead of its handle wraps it with ``headed(model)``, the one
+place where that happens: the model's own handle (the one ``attach`` made, tokenizer included)
+when it has one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headlab.layer.selection import HeadSelection, resolve
+from headlab.layer.taps import SITE_ATTRIBUTE
+from headlab.models.interface import IMPLEMENTATION
+from headlab.models.site import AttentionSite
+
+HANDLE_ATTRIBUTE = "headlab_handle"  # on an attached model: the handle ``attach`` made for it
+Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor  # what ``HeadedModel.inputs`` takes
+
+
+class HeadedModel:
+    """A model with headlab's attention attached, its tokenizer and its attention sites.
+
+    Args:
+        model: an attached model (``headlab.attach``): a transformers model, or a torch module built of
+            headlab layers.
+        tokenizer: its tokenizer (or processor), or None.
+        source: the directory or hub id it was loaded from, or "in memory".
+
+    Raises:
+        ValueError: ``model`` is not attached.
+    """
+
+    def __init__(self, model: nn.Module, *, tokenizer: Any = None, source: str | os.PathLike[str] = "in memory") -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"expected a torch module with headlab's attention attached, got {type(model).__name__}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.source = os.fspath(source)
+        self._transformers = hasattr(getattr(model, "config", None), "_attn_implementation")
+        self._read_sites()
+
+    def _read_sites(self) -> None:
+        """Take the sites attached to the model's modules now (``attach`` calls it again after re-attaching)."""
+        self._sites = _attached_sites(self.model)
+        if not self._sites:
+            raise ValueError(f"{type(self.model).__name__} has no headlab attention: load it with headlab.load(...) "
+                             "or call headlab.attach(model)")
+
+    # --- what it is ---
+    @property
+    def sites(self) -> list[AttentionSite]:
+        """The attention sites, in layer order (the order the attention modules run).
+
+        Raises:
+            ValueError: the model was detached, or (a transformers model) its attention implementation
+                was changed since it was attached: its taps and gates would silently do nothing.
+        """
+        first = self._sites[0]
+        if first.module.__dict__.get(SITE_ATTRIBUTE) is not first:
+            raise ValueError(f"{self.architecture} was detached from headlab: call headlab.attach(model) again")
+        if self._transformers and self.model.config._attn_implementation != IMPLEMENTATION:
+            raise ValueError(f"{self.architecture} runs attn_implementation="
+                             f"{self.model.config._attn_implementation!r} now, not headlab's: call "
+                             "headlab.attach(model) again")
+        return self._sites
+
+    @property
+    def n_heads(self) -> list[int]:
+        """Each layer's (query) heads now, in layer order."""
+        return [site.n_heads for site in self.sites]
+
+    @property
+    def n_layers(self) -> int:
+        """Attention layers (sites)."""
+        return len(self._sites)
+
+    @property
+    def architecture(self) -> str:
+        """The model's class name, e.g. ``"BertModel"``."""
+        return type(self.model).__name__
+
+    @property
+    def causal(self) -> bool:
+        """Whether every layer is causal (a query never sees a later key)."""
+        return all(site.causal for site in self.sites)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are (the CPU for a model without any)."""
+        parameter = next(self.model.parameters(), None)
+        return parameter.device if parameter is not None else torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's first floating parameter (float32 for a model without any)."""
+        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+
+    @property
+    def max_length(self) -> int | None:
+        """The longest input the model takes, in tokens (``model_max_length``); None when nothing says."""
+        return model_max_length(self.model, self.tokenizer)
+
+    # --- what every caller does with it ---
+    def heads(self, selection: HeadSelection = None) -> dict[int, list[int]]:
+        """A head selection resolved against this model (``headlab.layer.selection.resolve``).
+
+        Returns:
+            ``{layer: sorted unique heads}``.
+
+        Raises:
+            TypeError / ValueError: a malformed selection, or a layer or head the model does not have.
+        """
+        return resolve(selection, self.n_heads)
+
+    def inputs(self, inputs: Inputs) -> dict[str, Any]:
+        """The keyword arguments of a forward, on the model's device.
+
+        Args:
+            inputs: a text or texts (tokenized with padding); the keyword arguments of a forward (a
+                mapping); or a tensor: input ids ``(batch, pos)`` for a transformers model, the first
+                argument of its ``forward`` for a headlab model.
+
+        Raises:
+            TypeError: inputs of another type, or texts without a tokenizer.
+            ValueError: an empty text, or input ids that are not an integer ``(batch, pos)`` tensor.
+        """
+        device = self.device
+        if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs
+                                       and all(isinstance(t, str) for t in inputs)):
+            if self.tokenizer is None:
+                raise TypeError(f"text inputs need a tokenizer, and this {self.architecture} has none: "
+                                "headlab.attach(model, tokenizer=...) gives it one")
+            texts = [inputs] if isinstance(inputs, str) else list(inputs)
+            if any(not t.strip() for t in texts):
+                raise ValueError("an input text is empty or whitespace only")
+            encoded = self.tokenizer(texts, padding=True, return_tensors="pt")
+            return {k: v.to(device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+        if isinstance(inputs, Tensor):
+            if not self._transformers:
+                return {_first_argument(self.model): inputs.to(device)}
+            if inputs.dim() != 2 or inputs.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"input ids must be an integer tensor (batch, pos); got {inputs.dtype} "
+                                 f"{tuple(inputs.shape)}")
+            return {"input_ids": inputs.to(device)}
+        if isinstance(inputs, Mapping) and inputs:
+            return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+        raise TypeError(f"inputs must be a text, a list of texts, a tensor or a dict of a forward's arguments; got "
+                        f"{type(inputs).__name__}")
+
+    def tokens(self, inputs: Mapping[str, Any]) -> list[list[str]] | None:
+        """Each item's tokens as strings (padding left out), or None without a tokenizer or input ids.
+
+        Args:
+            inputs: keyword arguments of a forward (``inputs``).
+        """
+        ids = inputs.get("input_ids")
+        if self.tokenizer is None or not isinstance(ids, Tensor) or ids.dim() != 2:
+            return None
+        ids = ids.cpu()
+        mask = inputs.get("attention_mask")
+        keep = mask.cpu().bool() if isinstance(mask, Tensor) else torch.ones_like(ids, dtype=torch.bool)
+        return [self.tokenizer.convert_ids_to_tokens(row[real].tolist()) for row, real in zip(ids, keep)]
+
+    @contextmanager
+    def running(self, *, grad: bool | None = None) -> Iterator[nn.Module]:
+        """The model in eval mode for the block, its mode restored afterwards (also on error).
+
+        Args:
+            grad: True runs with autograd, False without; None leaves it as it is.
+
+        Yields:
+            The model.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            if grad is None:
+                yield self.model
+            else:
+                with torch.set_grad_enabled(grad):
+                    yield self.model
+        finally:
+            self.model.train(was_training)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward."""
+        return self.model(*args, **kwargs)
+
+    # --- how it shows ---
+    def __repr__(self) -> str:
+        heads = self.n_heads
+        shape = (f"{len(heads)} layers × {heads[0]} heads" if len(set(heads)) == 1
+                 else f"{len(heads)} layers, {sum(heads)} heads")
+        source = "" if self.source == "in memory" else f", source={self.source!r}"
+        return f"HeadedModel({self.architecture}, {shape}, {self.device} {str(self.dtype).removeprefix('torch.')}{source})"
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        rows = "".join(
+            f"<tr><td>{site.layer}</td><td>{escape(site.name or '(the layer)')}</td><td>{site.n_heads}</td>"
+            f"<td>{site.n_kv_heads}</td><td>{site.d_head}</td><td>{'yes' if site.causal else 'no'}</td>"
+            f"<td>{escape(_interventions(site))}</td></tr>" for site in self._sites)
+        return (f"<div><b>{escape(repr(self))}</b><table><thead><tr><th>layer</th><th>module</th><th>heads</th>"
+                "<th>kv heads</th><th>d_head</th><th>causal</th><th>interventions</th></tr></thead>"
+                f"<tbody>{rows}</tbody></table></div>")
+
+
+def headed(model: HeadedModel | nn.Module) -> HeadedModel:
+    """The handle of ``model``: itself if it is one, else the handle ``attach`` made for the model (its
+    tokenizer included), else a new handle without a tokenizer. The one place a model is wrapped.
+
+    Raises:
+        TypeError: not a torch module or handle.
+        ValueError: a model headlab is not attached to.
+    """
+    if isinstance(model, HeadedModel):
+        return model
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a HeadedModel (headlab.load / headlab.attach) or an attached model, got "
+                        f"{type(model).__name__}")
+    handle = model.__dict__.get(HANDLE_ATTRIBUTE)
+    return handle if isinstance(handle, HeadedModel) else HeadedModel(model)
+
+
+def given_tokenizer(model: HeadedModel | nn.Module, tokenizer: Any, where: str) -> HeadedModel:
+    """``headed(model)``, with the tokenizer a caller still passes on its own (deprecated: the handle holds it).
+
+    Args:
+        model: as ``headed`` takes it.
+        tokenizer: what the caller passed as ``tokenizer=``, or None.
+        where: the caller's name, for the warning.
+    """
+    handle = headed(model)
+    if tokenizer is None or tokenizer is handle.tokenizer:
+        return handle
+    warnings.warn(f"{where}(tokenizer=...) is deprecated: the model's handle holds its tokenizer "
+                  "(headlab.attach(model, tokenizer=...)); the argument goes in the next release",
+                  DeprecationWarning, stacklevel=3)
+    copy = HeadedModel(handle.model, tokenizer=tokenizer, source=handle.source)
+    return copy
+
+
+def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:
+    """The longest input the model takes, in pieces, special tokens included; None when nothing says.
+
+    The smallest of: ``config.max_position_embeddings``; the tokenizer's ``model_max_length``
+    (Hugging Face's "no limit", about 1e30, does not count); and, for every learned table of
+    absolute positions in the model, the rows a position can use. A position table is an
+    ``nn.Embedding`` whose attribute name holds "position" (``position_embeddings``,
+    ``embed_positions``). When it has a ``padding_idx``, positions are counted from just after it
+    (RoBERTa and its kin number tokens ``padding_idx + 1, padding_idx + 2, …``), so only
+    ``num_embeddings − padding_idx − 1`` rows are usable: 514 − 1 − 1 = 512 for roberta-base,
+    where ``max_position_embeddings`` says 514. For a table whose positions start at 0 in spite of
+    a ``padding_idx`` the rule gives up ``padding_idx + 1`` positions it could have used; it never
+    gives more than the model takes.
+
+    Args:
+        model: the model itself (``HeadedModel.model``).
+        tokenizer: its tokenizer, or None.
+
+    Returns:
+        The limit, or None.
+    """
+    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
+              getattr(tokenizer, "model_max_length", None)]
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and "position" in name.rpartition(".")[2]:
+            first = 0 if module.padding_idx is None else module.padding_idx + 1  # padding_idx is stored ≥ 0
+            limits.append(module.num_embeddings - first)
+    limits = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]  # HF's "no limit" is ~1e30
+    return min(limits) if limits else None
+
+
+def _attached_sites(model: nn.Module) -> list[AttentionSite]:
+    found = [s for m in model.modules() if isinstance(s := m.__dict__.get(SITE_ATTRIBUTE), AttentionSite)]
+    return sorted(found, key=lambda site: site.layer)
+
+
+def _first_argument(model: nn.Module) -> str:
+    """The name of the first parameter of ``model.forward`` (what a tensor input is passed as)."""
+    parameters = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not parameters:
+        raise TypeError(f"{type(model).__name__}.forward takes no positional argument; pass a dict of its arguments")
+    return parameters[0].name
+
+
+def _interventions(site: AttentionSite) -> str:
+    """What is set on a site's heads, in a few words ("" when nothing)."""
+    parts = []
+    scale = site.scale
+    if scale is not None:
+        zeroed = [h for h, s in enumerate(scale.tolist()) if s == 0]
+        if zeroed:
+            parts.append(f"heads {zeroed} zeroed" if site.shift is None else f"heads {zeroed} ablated")
+        if len(zeroed) < int((scale != 1).sum()):
+            parts.append("scaled")
+    if site.windows:
+        parts.append("windowed")
+    return ", ".join(parts)
