@@ -21,10 +21,16 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
     parses.py     dependency parses from any installed spaCy pipeline
     syntax.py     SyntaxAccuracy: per dependency relation, the best head vs a fixed-offset baseline
                   (Clark et al. 2019 §4.2; needs the `syntax` extra: spaCy and a pipeline)
-    analyze.py    analyze: every analysis of one model in one run, and the files it writes
+    capture_pass.py  PassAccumulators: analyze's capture-pass accumulators by name; AnalysisAccumulators makes them
+    result.py     AnalysisResult: what analyze measured, its per-head rows, summary and JSON document
+    sentences.py  what analyze found, in sentences
+    files.py      heads.json, heads.csv, relations.csv
+    plots.py      analyze's PNG plots
+    analyze.py    analyze: every analysis of one model in one run
 """
 
 from headlab.analysis.accumulator import Accumulator, Mergeable
+from headlab.analysis.capture_pass import AnalysisAccumulators, PassAccumulators
 from headlab.analysis.flow import (
     FLOW_MAX_LENGTH, MaxFlow, TextFlow, attention_flow, max_flow, mixed_attention, rollout, text_flow,
 )
@@ -52,7 +58,7 @@ from headlab.analysis.syntax import RelationAccuracy, SyntaxAccuracy, SyntaxResu
 from headlab.analysis.taxonomy import CLASSES, TaxonomyStats, class_shares, classify, taxonomy_stats
 
 __all__ = [
-    "Accumulator", "Mergeable",
+    "Accumulator", "AnalysisAccumulators", "Mergeable", "PassAccumulators",
     "MAX_JS_DISTANCE", "HeadSimilarity", "ImportanceResult", "MDSResult", "PruningCurve", "SimilarityResult",
     "ablation_importance", "causal_lm_loss", "embed", "fidelity_metric", "gradient_importance", "js_distance",
     "lm_batches", "mds", "pair_batches", "paraphrase_loss", "plot_mds", "plot_pruning_curve", "pruning_curve",
