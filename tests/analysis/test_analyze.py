@@ -229,22 +229,27 @@ def test_the_accumulators_pickle_and_take_a_shards_offsets():
 
     factory = pickle.loads(pickle.dumps(AnalysisAccumulators(causal=True, parses=["p0", "p1", "p2"],
                                                              row_fraction=0.25)))
-    surface, taxonomy, similarity, syntax = factory(_Shard())
-    assert similarity.batches_seen == 3 and similarity.row_fraction == 0.25 and syntax.parses == ["p0", "p2"]
-    assert surface.causal and taxonomy.causal
+    shard = factory(_Shard())
+    assert shard.names() == ["surface", "taxonomy", "similarity", "syntax"]
+    assert list(shard) == [shard.surface, shard.taxonomy, shard.similarity, shard.syntax]  # what capture is given
+    assert shard.value_weighted is None and shard.sinks is None
+    assert shard.similarity.batches_seen == 3 and shard.similarity.row_fraction == 0.25
+    assert shard.syntax.parses == ["p0", "p2"] and shard.surface.causal and shard.taxonomy.causal
     whole = factory()  # the local engine: the whole corpus
-    assert whole[2].batches_seen == 0 and whole[3].parses == ["p0", "p1", "p2"]
-    assert len(AnalysisAccumulators(causal=False)(_Shard())) == 3
+    assert whole.similarity.batches_seen == 0 and whole.syntax.parses == ["p0", "p1", "p2"]
+    assert AnalysisAccumulators(causal=False)(_Shard()).names() == ["surface", "taxonomy", "similarity"]
     assert AnalysisAccumulators(causal=False).take == ("pattern",)
     W_O = {0: torch.randn(2, 3, 6)}  # noqa: N806
     with_values = pickle.loads(pickle.dumps(AnalysisAccumulators(causal=False, W_O=W_O)))
     assert with_values.take == ("pattern", "v")
-    _, _, _, weighted, sinks = with_values(_Shard())
+    made = pickle.loads(pickle.dumps(with_values(_Shard())))  # a pass's accumulators travel back from Ray workers
+    weighted, sinks = made.value_weighted, made.sinks
+    assert made.names() == ["surface", "taxonomy", "similarity", "value_weighted", "sinks"] and len(made) == 5
     assert sinks.n_sink == 1 and sinks.weighted and weighted.projections is sinks.projections
     v = torch.randn(4, 2, 3)  # (token, head, d_head_v): the compact factors give the norms W_O gives
     torch.testing.assert_close(torch.einsum("thd,hde->the", v, weighted.projections.factors[0]).norm(dim=-1),
                                torch.einsum("thd,hdm->thm", v, W_O[0]).norm(dim=-1))
-    assert AnalysisAccumulators(causal=True, W_O=W_O)()[4].n_sink == 4
+    assert AnalysisAccumulators(causal=True, W_O=W_O)().sinks.n_sink == 4
 
 
 @pytest.mark.parametrize("options, error, match", [

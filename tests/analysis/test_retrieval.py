@@ -33,7 +33,7 @@ def test_a_hand_built_case_counts_what_the_definition_says():
     predicted = torch.zeros(1, 13, dtype=torch.long)
     predicted[0, 9:12] = torch.tensor([13, 99, 14])  # the model copies steps 1 and 3, not step 2
     scores = RetrievalScores([2, 1])
-    scores.update([HAND], _hand_patterns(), predicted)
+    scores.add_copies([HAND], _hand_patterns(), predicted)
     result = scores.result()
     # (0, 0) attends at steps 1, 2 (key 5 holds 12 too); (0, 1) at 2, 3; (1, 0) at all three.
     assert result.table["attended"].tolist() == [2 / 3, 2 / 3, 1.0]
@@ -109,7 +109,7 @@ def test_a_planted_head_that_attends_to_every_copied_token_scores_one():
         patterns[1][b, 2, queries, case.needle_start + torch.arange(1, case.length)] = 1.0
         predicted[b, queries] = targets
     scores = RetrievalScores([4, 4])
-    scores.update(cases, patterns, predicted)
+    scores.add_copies(cases, patterns, predicted)
     result = scores.result()
     assert result.table.value("score", 1, 2) == 1.0 and result.table.value("attended", 1, 2) == 1.0
     assert result.top(1) == [(1, 2)] and (1, 2) in result.retrieval_heads()
@@ -125,7 +125,7 @@ def test_scores_merge_across_batches():
     def scored(part):
         cache = run_with_cache(model, torch.tensor([c.input_ids for c in part]), take=("pattern",))
         scores = RetrievalScores([4, 4])
-        scores.update(part, {layer: cache["pattern", layer] for layer in range(2)}, cache.output.logits.argmax(-1))
+        scores.add_copies(part, {layer: cache["pattern", layer] for layer in range(2)}, cache.output.logits.argmax(-1))
         return scores
 
     whole, merged = scored(cases).result(), scored(cases[:1]).merge(scored(cases[1:])).result()

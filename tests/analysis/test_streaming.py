@@ -57,8 +57,8 @@ def test_each_heads_changes_equal_a_run_with_that_head_alone(kind):
     model = tiny(kind)
     batch = _batches(model, count=2)[0]
     stats = StreamingStats(model, windows=WINDOWS, sinks=1)
-    stats.update(batch)
-    z_change, loss_change, base, all_heads = stats.changes()
+    stats.measure(batch)
+    z_change, loss_change, base, all_heads = stats.result()
     base_z = run_with_cache(model, batch, take=("z",))
     reference = _pooled(model, batch)
     for w, window in enumerate(WINDOWS):
@@ -83,11 +83,11 @@ def test_sums_merge_across_batches():
     batches = _batches(model, count=4)
     whole, first, second = (StreamingStats(model, windows=WINDOWS, sinks=2) for _ in range(3))
     for b in batches:
-        whole.update(b)
-    first.update(batches[0])
-    second.update(batches[1])
+        whole.measure(b)
+    first.measure(batches[0])
+    second.measure(batches[1])
     merged = first.merge(second)
-    for a, b in zip(merged.changes(), whole.changes()):
+    for a, b in zip(merged.result(), whole.result()):
         np.testing.assert_allclose(a, b, rtol=1e-12)
     with pytest.raises(ValueError, match=r"cannot merge streaming sums of heads \[4, 4\], windows \[2\]"):
         whole.merge(StreamingStats(model, windows=[2], sinks=2))

@@ -86,6 +86,32 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
         RayEngine()
 
 
+def test_a_structure_that_merges_itself_is_merged_whole_and_a_list_one_by_one():
+    from headlab.capture._shards import merges_itself
+    from headlab.capture.distributed import _merge
+
+    class Named:
+        """Holds its accumulators by name (as analyze's PassAccumulators), iterates over them, merges itself."""
+
+        def __init__(self):
+            self.surface, self.merged = SurfaceStats(), []
+
+        def __iter__(self):
+            return iter([self.surface])
+
+        def merge(self, other):
+            self.merged.append(other)
+            return self
+
+    first, second = Named(), Named()
+    assert merges_itself(first) and not merges_itself([SurfaceStats()]) and not merges_itself((SurfaceStats(),))
+    assert _merge(None, first) is first and _merge(first, second) is first and first.merged == [second]
+    held = _merge(None, (SurfaceStats(), MeanZ()))
+    assert isinstance(held, list) and _merge(held, [SurfaceStats(), MeanZ()]) is held
+    with pytest.raises(TypeError, match="returned 1 accumulators for one shard and 2 for another"):
+        _merge(held, [SurfaceStats()])
+
+
 # ---- what a shard sends back: plain tensors travel as numpy arrays, the rest as torch pickles them
 
 

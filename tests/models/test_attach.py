@@ -1,4 +1,4 @@
-"""headlab.attach / detach / attention_sites: their life cycle, and the limits they state.
+"""headlab.attach / detach and the handle's sites: their life cycle, and the limits they state.
 
 The per-architecture matrix is tests/models/test_architectures.py; this file checks what one
 model suffices for: detaching, re-attaching, the config's ``output_attentions``, a pruning

@@ -1,6 +1,7 @@
 """Head analyses over captured batches: accumulators with ``update(batch)``, ``merge(other)``, ``result()``.
 Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or its ``table``).
 
+    accumulator.py  Accumulator / Mergeable: the protocol every accumulator follows (update / merge / result)
     per_head.py   the accumulators' shared sums
     reductions.py one read of a batch's patterns shared by surface, taxonomy and similarity
     scratch.py    reusable work buffers of the accumulators
@@ -20,9 +21,16 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
     parses.py     dependency parses from any installed spaCy pipeline
     syntax.py     SyntaxAccuracy: per dependency relation, the best head vs a fixed-offset baseline
                   (Clark et al. 2019 §4.2; needs the `syntax` extra: spaCy and a pipeline)
-    analyze.py    analyze: every analysis of one model in one run, and the files it writes
+    capture_pass.py  PassAccumulators: analyze's capture-pass accumulators by name; AnalysisAccumulators makes them
+    result.py     AnalysisResult: what analyze measured, its per-head rows, summary and JSON document
+    sentences.py  what analyze found, in sentences
+    files.py      heads.json, heads.csv, relations.csv
+    plots.py      analyze's PNG plots
+    analyze.py    analyze: every analysis of one model in one run
 """
 
+from headlab.analysis.accumulator import Accumulator, Mergeable
+from headlab.analysis.capture_pass import AnalysisAccumulators, PassAccumulators
 from headlab.analysis.flow import (
     FLOW_MAX_LENGTH, MaxFlow, TextFlow, attention_flow, max_flow, mixed_attention, rollout, text_flow,
 )
@@ -42,12 +50,15 @@ from headlab.analysis.similarity import (
     MAX_JS_DISTANCE, HeadSimilarity, MDSResult, SimilarityResult, js_distance, mds, plot_mds,
 )
 from headlab.analysis.sinks import SinkResult, SinkShare, plot_sink_share, sink_share
-from headlab.analysis.streaming import Conversion, StreamingResult, StreamingStats, streaming_simulation
+from headlab.analysis.streaming import (
+    Conversion, StreamingChanges, StreamingResult, StreamingStats, streaming_simulation,
+)
 from headlab.analysis.surface import STATISTICS, SurfaceStats, head_statistics, surface_stats
 from headlab.analysis.syntax import RelationAccuracy, SyntaxAccuracy, SyntaxResult, syntax_accuracy
 from headlab.analysis.taxonomy import CLASSES, TaxonomyStats, class_shares, classify, taxonomy_stats
 
 __all__ = [
+    "Accumulator", "AnalysisAccumulators", "Mergeable", "PassAccumulators",
     "MAX_JS_DISTANCE", "HeadSimilarity", "ImportanceResult", "MDSResult", "PruningCurve", "SimilarityResult",
     "ablation_importance", "causal_lm_loss", "embed", "fidelity_metric", "gradient_importance", "js_distance",
     "lm_batches", "mds", "pair_batches", "paraphrase_loss", "plot_mds", "plot_pruning_curve", "pruning_curve",
@@ -60,5 +71,5 @@ __all__ = [
     "duplicate_token_scores", "induction_scores", "label_heads", "load_pipeline", "parse_texts", "role_labels",
     "surface_stats", "syntax_accuracy", "taxonomy_stats",
     "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases", "retrieval_scores",
-    "Conversion", "StreamingResult", "StreamingStats", "streaming_simulation",
+    "Conversion", "StreamingChanges", "StreamingResult", "StreamingStats", "streaming_simulation",
 ]

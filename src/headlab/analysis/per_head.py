@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from headlab.analysis.reductions import launch_bound
 from headlab.heads import HeadTable
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 FOLD_EVERY = 64  # batches of a layer held on their device before their sums are folded into the totals
 
@@ -82,7 +85,7 @@ class HeadSums:
         """What two accumulators must share to merge."""
         return ()
 
-    def merge(self, other: HeadSums) -> HeadSums:
+    def merge(self, other: Self) -> Self:
         """Fold another accumulator's sums into this one (e.g. from another process); returns self.
 
         Raises:

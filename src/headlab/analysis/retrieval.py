@@ -14,7 +14,8 @@ so it is not a step). At that step a head
               needle token i (Wu et al. compare tokens: with distinct tokens, exactly position i);
     retrieves when it attends and the model's top prediction is needle token i.
 
-``score`` = retrieved steps / steps, summed over needles (``RetrievalScores``: update / merge / result).
+``score`` = retrieved steps / steps, summed over needles (``RetrievalScores``: add_copies / merge /
+result, a ``headlab.analysis.accumulator.Mergeable``).
 Only causal models copy by generating: a bidirectional model is refused.
 
 Axis legend:
@@ -26,6 +27,7 @@ Axis legend:
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +127,9 @@ class RetrievalResult:
 class RetrievalScores:
     """Counts of retrieving and attending steps per head, mergeable across needles and workers.
 
+    A ``Mergeable[RetrievalResult]`` (``headlab.analysis.accumulator``) fed copy cases with ``add_copies``,
+    not a capture consumer: its batches are the copy cases' own forwards.
+
     Args:
         n_heads: query heads of each layer, in layer order.
     """
@@ -136,7 +141,7 @@ class RetrievalScores:
         self.needles = self.steps = self.copied = 0
         self.seconds = 0.0
 
-    def update(self, cases: Sequence[CopyCase], patterns: Mapping[int, Tensor], predicted: Tensor) -> None:
+    def add_copies(self, cases: Sequence[CopyCase], patterns: Mapping[int, Tensor], predicted: Tensor) -> None:
         """Count one batch of copies.
 
         Args:
@@ -168,6 +173,12 @@ class RetrievalScores:
             self.copied += int(ok.sum())
             self.needles += 1
 
+    def update(self, cases: Sequence[CopyCase], patterns: Mapping[int, Tensor], predicted: Tensor) -> None:
+        """Deprecated name of ``add_copies`` (``update`` means one capture batch); removed in the next release."""
+        warnings.warn("RetrievalScores.update is deprecated: use RetrievalScores.add_copies (update takes one capture "
+                      "batch, headlab.analysis.accumulator)", DeprecationWarning, stacklevel=2)
+        self.add_copies(cases, patterns, predicted)
+
     def merge(self, other: RetrievalScores) -> RetrievalScores:
         """Add ``other``'s counts (same model geometry) into this one; returns self.
 
@@ -186,6 +197,7 @@ class RetrievalScores:
         return self
 
     def result(self) -> RetrievalResult:
+        """The scores per head of every copy counted so far (0 for every head before any copy)."""
         heads = [(layer, h) for layer, n in enumerate(self.n_heads) for h in range(n)]
         retrieved, attended = np.concatenate(self.retrieved), np.concatenate(self.attended)
         steps = max(self.steps, 1)
@@ -283,6 +295,6 @@ def retrieval_scores(model: HeadedModel | nn.Module, *, corpus: Any = None, need
         if logits is None:
             raise ValueError(f"{model.source}'s output has no logits (no language-model head): the model's "
                              "prediction of the copied token cannot be read")
-        scores.update(batch, {layer: cache["pattern", layer] for layer in range(len(sites))}, logits.argmax(-1))
+        scores.add_copies(batch, {layer: cache["pattern", layer] for layer in range(len(sites))}, logits.argmax(-1))
     scores.seconds = time.perf_counter() - start
     return scores.result()

@@ -28,9 +28,10 @@ Axis legend:
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -42,7 +43,8 @@ from headlab.heads import HeadTable, windowed
 from headlab.models import HeadedModel, headed
 
 __all__ = [
-    "BUDGETS", "Conversion", "StreamingResult", "StreamingStats", "corpus_batches", "has_logits", "streaming_simulation",
+    "BUDGETS", "Conversion", "StreamingChanges", "StreamingResult", "StreamingStats", "corpus_batches", "has_logits",
+    "streaming_simulation",
 ]
 
 BUDGETS = {"causal": 0.02, "bidirectional": 0.001}  # default loss budgets: nats per token; 1 − cosine
@@ -139,8 +141,20 @@ class StreamingResult:
                 "seconds": self.seconds, **self.table.to_dict()}
 
 
+class StreamingChanges(NamedTuple):
+    """What ``StreamingStats`` measured over its batches (``StreamingStats.result``)."""
+
+    z_change: np.ndarray  # (windows, heads): ‖z_h(W) − z_h‖ / ‖z_h‖
+    loss_change: np.ndarray  # (windows, heads): the loss with head h streaming minus the model's
+    base_loss: float  # the model's loss per unit (predicted token, or text)
+    all_heads: np.ndarray  # (windows,): the loss change with every head streaming
+
+
 class StreamingStats:
     """Sums of z and loss changes per window and head over batches; mergeable.
+
+    A ``Mergeable[StreamingChanges]`` (``headlab.analysis.accumulator``) fed tokenised batches with
+    ``measure``, not a capture consumer: each batch runs its own forwards, one per head and window.
 
     Args:
         model: a ``HeadedModel`` (or attached model) the batches run on.
@@ -189,7 +203,7 @@ class StreamingStats:
                 return 0.0, pooled, len(pooled)
             return float((1 - (pooled * reference).sum(-1)).sum()), pooled, len(pooled)
 
-    def update(self, batch: dict[str, Tensor]) -> None:
+    def measure(self, batch: dict[str, Tensor]) -> None:
         """Run one tokenised batch (``input_ids``, ``attention_mask``) with every head and window."""
         from headlab.capture import run_with_cache
 
@@ -214,6 +228,12 @@ class StreamingStats:
         self.base += base
         self.units += units
 
+    def update(self, batch: dict[str, Tensor]) -> None:
+        """Deprecated name of ``measure`` (``update`` means one capture batch); removed in the next release."""
+        warnings.warn("StreamingStats.update is deprecated: use StreamingStats.measure (update takes one capture "
+                      "batch, headlab.analysis.accumulator)", DeprecationWarning, stacklevel=2)
+        self.measure(batch)
+
     def merge(self, other: StreamingStats) -> StreamingStats:
         """Add ``other``'s sums (same heads, windows and sinks); returns self.
 
@@ -230,17 +250,23 @@ class StreamingStats:
         self.units += other.units
         return self
 
-    def changes(self) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-        """``(z change (windows, heads), loss change (windows, heads), base loss, every-head loss change (windows,))``.
+    def result(self) -> StreamingChanges:
+        """The z and loss changes per window and head, the base loss and the every-head loss change.
 
         Raises:
             ValueError: no batch was run.
         """
         if not self.units:
-            raise ValueError("no batch was run: call update first")
+            raise ValueError("no batch was run: call measure first")
         z_change = np.sqrt(self.dz2 / np.maximum(self.z2, 1e-300))
         base = self.base / self.units
-        return z_change, self.loss / self.units - base, base, self.all_loss / self.units - base
+        return StreamingChanges(z_change, self.loss / self.units - base, base, self.all_loss / self.units - base)
+
+    def changes(self) -> StreamingChanges:
+        """Deprecated name of ``result``; removed in the next release."""
+        warnings.warn("StreamingStats.changes is deprecated: use StreamingStats.result", DeprecationWarning,
+                      stacklevel=2)
+        return self.result()
 
 
 def corpus_batches(tokenizer: Any, texts: Sequence[str], *, length: int, count: int, batch_size: int = 8,
@@ -328,8 +354,8 @@ def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None, 
     if stats.causal and not has_logits(model):
         raise ValueError(f"{model.source} is causal but its output has no logits: no next-token loss to measure")
     for batch in batches:
-        stats.update(batch)
-    z_change, loss_change, base, all_heads = stats.changes()
+        stats.measure(batch)
+    z_change, loss_change, base, all_heads = stats.result()
     heads, columns, conversions = stats.heads, {}, []
     # an encoder's loss compares with the unrestricted model's embeddings: one forward per batch for every window
     references = [None if stats.causal else stats.loss_sum(b, None)[1] for b in batches]

@@ -229,11 +229,12 @@ class SyntaxAccuracy:
         if not other.head_slots:
             return self
         self._check_slots(other.head_slots)
-        for i, label in enumerate(other.labels):
-            j = self._label(label)
-            self.dep_to_head[j] += other.dep_to_head[i]
-            self.head_to_dep[j] += other.head_to_dep[i]
-            self.counts[j] += other.counts[i]
+        rows = torch.tensor([self._label(label) for label in other.labels], dtype=torch.long)
+        # Added out of place: counts made inside capture's inference mode cannot be changed in place outside it.
+        self.dep_to_head = self.dep_to_head.index_add(0, rows, other.dep_to_head)
+        self.head_to_dep = self.head_to_dep.index_add(0, rows, other.head_to_dep)
+        self.counts = self.counts.index_add(0, rows, other.counts)
+        for label in other.labels:
             self.offsets.setdefault(label, Counter()).update(other.offsets.get(label, Counter()))
         self.items += other.items
         self.skipped.update(other.skipped)

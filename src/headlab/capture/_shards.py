@@ -28,7 +28,7 @@ import resource
 import socket
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +36,8 @@ import torch
 
 from headlab.capture.batching import batch_cost, plan_batches
 
-__all__ = ["ModelPlan", "Shard", "ShardOutput", "ShardWorker", "model_fingerprint", "pack", "peak_rss_bytes",
-           "plan_shards", "unpack"]
+__all__ = ["ModelPlan", "Shard", "ShardOutput", "ShardWorker", "merges_itself", "model_fingerprint", "pack",
+           "peak_rss_bytes", "plan_shards", "unpack"]
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,8 @@ class ShardOutput:
 
     Attributes:
         consumers: the factory's accumulators holding the shard's sums (fresh ones with the
-            shard merged in, so that working buffers stay on the worker), as ``pack``'s bytes.
+            shard merged in, so that working buffers stay on the worker), as ``pack``'s bytes: the
+            structure the factory made when it merges itself (``merges_itself``), else their list.
         capture: the shard's ``CaptureResult`` (corpus indices local to the shard).
         seconds: the worker's wall time on the shard (capture and repacking).
         cpu_seconds: the CPU time its process spent meanwhile (all threads; below ``seconds`` when
@@ -215,9 +216,9 @@ class ShardWorker:
         self.source, self.dtype, self.threads = source, dtype, threads
         self._loaded: Any = None
         self._factory_ref: str | None = None  # the run whose factory is unpacked, by its object reference
-        self._factory_of_run: Callable[[Any], Sequence[Any]] | None = None
+        self._factory_of_run: Callable[[Any], Iterable[Any]] | None = None
 
-    def _factory(self, ref: Any) -> Callable[[Any], Sequence[Any]]:
+    def _factory(self, ref: Any) -> Callable[[Any], Iterable[Any]]:
         """The consumer factory behind ``ref``, unpacked on its first shard and kept for the rest of its run."""
         if self._factory_ref != ref.hex():
             import ray
@@ -273,17 +274,26 @@ class ShardWorker:
             result = capture(self.loaded(), corpus=list(texts), consumers=consumers, progress=False, **options)
         # A consumer's working buffers (reused temporaries) would travel with it: send back a fresh
         # accumulator holding the shard's sums instead. Adding to a fresh one copies them exactly.
-        fresh = _check_consumers(factory(shard))
+        made = factory(shard)
+        fresh = _check_consumers(made)
         if [type(c) for c in fresh] != [type(c) for c in consumers]:
             raise TypeError("the consumer factory returned different accumulators for the same shard")
         for empty, full in zip(fresh, consumers):
             empty.merge(full)
-        return ShardOutput(consumers=pack(fresh), capture=result, seconds=time.perf_counter() - start,
+        sent = made if merges_itself(made) else fresh
+        return ShardOutput(consumers=pack(sent), capture=result, seconds=time.perf_counter() - start,
                            cpu_seconds=time.process_time() - cpu, worker=f"{socket.gethostname()}:{os.getpid()}",
                            peak_rss_bytes=peak_rss_bytes())
 
 
-def _check_consumers(consumers: Sequence[Any]) -> list[Any]:
+def merges_itself(made: Any) -> bool:
+    """Whether a factory made one structure that holds its accumulators by name, iterates over them and
+    merges itself as a whole (``merge``; e.g. analyze's ``PassAccumulators``), rather than a list or tuple
+    of accumulators merged one by one. Such a structure travels back and is merged as it is."""
+    return not isinstance(made, (list, tuple)) and callable(getattr(made, "merge", None))
+
+
+def _check_consumers(consumers: Iterable[Any]) -> list[Any]:
     consumers = list(consumers)
     for consumer in consumers:
         for method in ("update", "merge"):

@@ -30,13 +30,15 @@ How a run goes:
 
 The factory takes the ``Shard``: accumulators keyed by corpus index, or seeded per batch, read
 their offsets from it (``shard.items`` maps the shard's local corpus index i to ``items[i]``;
-``shard.first_batch`` is its first batch's index in the whole corpus). ``analyze``'s factory is
-``headlab.analysis.analyze.AnalysisAccumulators`` (similarity's sample starts at
-``shard.first_batch``; syntax gets the shard's parses, made on the driver)::
+``shard.first_batch`` is its first batch's index in the whole corpus). The factory returns a list
+of accumulators, merged one by one in the list's order, or one structure that holds them by name,
+iterates over them and merges itself (``_shards.merges_itself``). ``analyze``'s factory is
+``headlab.analysis.capture_pass.AnalysisAccumulators``, whose ``PassAccumulators`` is such a structure
+(similarity's sample starts at ``shard.first_batch``; syntax gets the shard's parses, made on the driver)::
 
     accumulators = AnalysisAccumulators(causal=False, parses=None)  # picklable: a module-level class
     run = sharded_capture(None, texts, consumers=accumulators, workers=4, address=None)
-    surface, taxonomy, similarity = run.consumers; run.capture  # a CaptureResult of the whole corpus
+    run.consumers.surface.result(); run.capture  # a PassAccumulators; a CaptureResult of the whole corpus
 
 Failures: a worker process that dies (killed, out of memory) is restarted by Ray, which reloads the
 model and retries its shard, up to ``max_retries`` times; the merged result is unchanged. A shard
@@ -49,13 +51,13 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.run import CaptureResult, Consumer, RateProgress, warn_truncated
-from headlab.capture._shards import Shard, pack, plan_shards, unpack
+from headlab.capture._shards import Shard, merges_itself, pack, plan_shards, unpack
 from headlab.capture.taps import renamed_take
 from headlab.layer.selection import HeadSelection, resolve
 
@@ -66,7 +68,7 @@ INSTALL = "pip install 'headlab[ray]'"
 SHARDS_PER_WORKER = 8  # enough that the last shards to finish are small
 
 
-ConsumerFactory = Callable[[Shard], Sequence[Consumer]]
+ConsumerFactory = Callable[[Shard], Iterable[Consumer]]  # a list, or a structure that merges itself
 
 
 class ShardError(RuntimeError):
@@ -118,14 +120,15 @@ class ShardedCapture:
     """A sharded run: the merged accumulators and the whole corpus's capture record.
 
     Attributes:
-        consumers: the factory's accumulators, every shard merged in shard order.
+        consumers: the factory's accumulators, every shard merged in shard order: a list, or the structure
+            the factory makes when it merges itself (``analyze``'s ``PassAccumulators``).
         capture: as ``capture`` returns it for the whole corpus (corpus indices global; ``seconds``
             is the driver's wall time, planning included).
         shards: one report per shard, in shard order.
         workers: Ray workers used; threads_per_worker: torch threads of each.
     """
 
-    consumers: list[Any]
+    consumers: Any
     capture: CaptureResult
     shards: list[ShardReport]
     workers: int
@@ -220,7 +223,8 @@ class RayEngine:
         Args:
             corpus: as ``load_corpus`` takes it (read on the driver; texts are shipped).
             consumers: the factory: ``consumers(shard)`` returns fresh accumulators (``update``,
-                ``merge``, ``result``); called on the workers, so it must pickle (cloudpickle).
+                ``merge``, ``result``), as a list or as one structure that iterates over them and merges
+                itself (``PassAccumulators``); called on the workers, so it must pickle (cloudpickle).
             heads, take, batch_tokens, max_batch_size, max_length: as ``capture`` takes them.
             shards: most shards; None: ``SHARDS_PER_WORKER`` per worker of the engine (also when
                 ``workers`` uses fewer, so that the result does not depend on it).
@@ -361,10 +365,14 @@ def sharded_capture(model: Any = None, corpus: str | os.PathLike[str] | Sequence
         return engine.run(corpus, consumers=consumers, **options)
 
 
-def _merge(held: list[Any] | None, consumers: list[Any]) -> list[Any]:
-    """Fold the next shard's accumulators into those merged so far (None before the first shard)."""
+def _merge(held: Any, consumers: Any) -> Any:
+    """Fold the next shard's accumulators into those merged so far (None before the first shard): a
+    structure that merges itself as a whole, else a list merged one by one."""
     if held is None:
-        return list(consumers)
+        return consumers if merges_itself(consumers) else list(consumers)
+    if merges_itself(consumers):
+        combined = held.merge(consumers)
+        return held if combined is None else combined
     if len(consumers) != len(held):
         raise TypeError(f"the consumer factory returned {len(consumers)} accumulators for one shard and "
                         f"{len(held)} for another")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -99,7 +99,7 @@ def capture(
     *,
     heads: HeadSelection = None,
     take: str | Sequence[str] = ("pattern",),
-    consumers: Sequence[Consumer] = (),
+    consumers: Iterable[Consumer] = (),
     batch_tokens: int | None = 4096,
     max_batch_size: int | None = 64,
     max_length: int | None = None,
@@ -120,7 +120,8 @@ def capture(
         corpus: see ``load_corpus``: None for the bundled corpus, a path, or a list of strings.
         heads: the heads to take (``headlab.heads.selection``); None for every head.
         take: any of ``headlab.layer.taps.TAKE``: "pattern", "z", "result", "q", "k", "v".
-        consumers: objects with ``update(batch: CaptureBatch)``, called in order per batch.
+        consumers: objects with ``update(batch: CaptureBatch)``, called in order per batch (a list, or a
+            structure that iterates over its accumulators: ``PassAccumulators``).
         batch_tokens: most padded tokens (``batch × pos``) per batch, or None.
         max_batch_size: most items per batch, or None.
         max_length: most pieces per item (longer items are cut, with a ``TruncationWarning``
@@ -143,6 +144,7 @@ def capture(
         raise TypeError(f"capture needs the model's tokenizer, and this {handle.architecture} has none: "
                         "headlab.attach(model, tokenizer=...) gives it one")
     corpus = load_corpus(corpus)
+    consumers = tuple(consumers)
     for consumer in consumers:
         if not callable(getattr(consumer, "update", None)):
             raise TypeError(f"consumer {consumer!r} has no update(batch) method")

@@ -14,11 +14,8 @@ from headlab.cli.options import int_list
 from headlab.cli.output import output_folder, staged_folder
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
-    from headlab.analysis.analyze import AnalysisResult
-
-TOP_HEADS = 8  # rows of the sink and retrieval tables
+    from headlab.analysis.result import AnalysisResult
+    from headlab.report.tables import DisplayTable
 
 
 def analyze(
@@ -55,13 +52,13 @@ def analyze(
     """
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
-    from headlab.analysis.analyze import ENGINES, TABLE_RELATIONS, check_engine
+    from headlab.analysis.analyze import ENGINES, check_engine
     from headlab.analysis.analyze import analyze as run_analysis
     from headlab.capture.corpus import load_corpus
     from headlab.capture.distributed import ShardError
-    from headlab.heads import Heads, head_label
+    from headlab.heads import Heads
+    from headlab.report.tables import to_rich
 
     selection = Heads(layers=None if layers is None else int_list(layers, option="--layers"),
                       heads=None if heads is None else int_list(heads, option="--heads"))
@@ -104,33 +101,8 @@ def analyze(
     summary = result.summary()
     console.print(f"{summary['items']} items, {summary['tokens']} tokens, {summary['heads']} heads"
                   + (f"; {summary['truncated']} items truncated" if summary["truncated"] else ""))
-    roles = Table(title="Heads by role (thresholds: docs/analysis.md)")
-    for column in ("role", "heads"):
-        roles.add_column(column)
-    by_role: dict[str, list[str]] = {}
-    for (layer, head), labels in sorted(result.roles.items()):
-        for label in labels:
-            by_role.setdefault(label, []).append(head_label(layer, head))
-    for label, members in sorted(by_role.items()):
-        roles.add_row(label, escape(", ".join(members)))
-    console.print(roles)
-    shares = Table(title="Pattern classes (share of heads)")
-    for name, share in summary["class_shares"].items():
-        shares.add_column(name, justify="right")
-    shares.add_row(*[f"{share:.0%}" for share in summary["class_shares"].values()])
-    console.print(shares)
-    if result.syntax is not None:
-        relations = Table(title="Dependency relations: best head vs the best fixed offset")
-        for column in ("relation", "arcs", "best head", "direction", "accuracy", "baseline"):
-            relations.add_column(column, justify="right" if column in ("arcs", "accuracy", "baseline") else "left")
-        for rel in result.syntax.relations[:TABLE_RELATIONS]:
-            direction, (layer, head), accuracy = rel.best
-            relations.add_row(escape(rel.relation), str(rel.count), head_label(layer, head), direction,
-                              f"{accuracy:.2f}",
-                              f"{rel.baseline_accuracy:.2f} ({rel.baseline_offset:+d})")
-        console.print(relations)
-    for part in _sink_and_context_tables(result):
-        console.print(part)
+    for shown in _tables(result, summary["class_shares"]):
+        console.print(to_rich(shown))
     if result.importance_spearman is not None:
         console.print(f"Spearman(|gradient importance|, |ablation|) = {result.importance_spearman:.3f}")
     for part, reason in result.skipped.items():
@@ -138,50 +110,22 @@ def analyze(
     console.print("wrote " + ", ".join(escape(str(p)) for p in paths))
 
 
-def _sink_and_context_tables(result: AnalysisResult) -> list[Table]:
-    """Tables of the parts that ran: the sink heads (raw vs value-weighted attention), the retrieval heads, and
-    the streaming conversions per window."""
-    from rich.table import Table
+def _tables(result: AnalysisResult, class_shares: dict[str, float]) -> list[DisplayTable]:
+    """The tables of the parts that ran (``headlab.report.tables``, as the report shows them): roles, pattern
+    classes, dependency relations, the sink heads (raw vs value-weighted attention), the retrieval heads, and the
+    streaming conversions per window."""
+    from headlab.report.tables import (
+        classes_table, relations_table, retrieval_table, roles_table, sinks_table, streaming_table,
+    )
 
-    from headlab.analysis.retrieval import THRESHOLD
-    from headlab.heads import head_label
-
-    tables = []
+    tables = [roles_table(result.roles), classes_table(class_shares)]
+    if result.syntax is not None:
+        tables.append(relations_table(result.syntax))
     if result.value_weighted is not None and result.sinks is not None:
-        vw, sinks = result.value_weighted, result.sinks
-        where = f"first {sinks.n_sink} positions" if sinks.n_sink > 1 else "first position"
-        table = Table(title=f"Attention on the sink tokens: raw vs value-weighted (‖α f(x)‖), top {TOP_HEADS} heads "
-                            f"by raw share; sink heads: ≥ 50% on the {where}")
-        for column in ("head", "raw", "value-weighted", "‖f(x)‖ first", "‖f(x)‖ other", "sink head",
-                       "growth per doubling"):
-            table.add_column(column, justify="left" if column == "head" else "right")
-        for head in vw.top("raw_sink", TOP_HEADS):
-            table.add_row(head_label(*head), f"{vw.value('raw_sink', *head):.0%}",
-                          f"{vw.value('weighted_sink', *head):.0%}", f"{vw.value('norm_first', *head):.2f}",
-                          f"{vw.value('norm_other', *head):.2f}",
-                          "yes" if sinks.table.value("sink_head", *head) == 1 else "",
-                          f"{sinks.table.value('raw_growth', *head):+.3f}")
-        tables.append(table)
+        tables.append(sinks_table(result.value_weighted, result.sinks))
     context = result.context
     if context is not None and context.retrieval is not None:
-        retrieval = context.retrieval
-        table = Table(title=f"Retrieval heads (Wu et al. 2024): top {TOP_HEADS} of {len(retrieval.table)} by score "
-                            f"(> {THRESHOLD} is a retrieval head); the model copies {retrieval.copied} of "
-                            f"{retrieval.steps} steps")
-        for column in ("head", "score", "attends to the copied token"):
-            table.add_column(column, justify="left" if column == "head" else "right")
-        for head in retrieval.top(TOP_HEADS):
-            table.add_row(head_label(*head), f"{retrieval.table.value('score', *head):.3f}",
-                          f"{retrieval.table.value('attended', *head):.3f}")
-        tables.append(table)
+        tables.append(retrieval_table(context.retrieval))
     if context is not None:
-        streaming = context.streaming
-        table = Table(title=f"Streaming heads: {streaming.sinks} sink tokens + a window of W keys, loss budget "
-                            f"{streaming.budget:g} ({streaming.loss}); memory of the {streaming.memory}")
-        for column in ("W", "tolerant alone", "converted", "loss change", "saved", "saved, long texts"):
-            table.add_column(column, justify="right")
-        for c in streaming.conversions:
-            table.add_row(str(c.window), str(len(c.tolerant)), str(len(c.heads)), f"{c.loss_change:+.3g}",
-                          f"{c.saved_share:.1%}", f"{c.limit_share:.1%}")
-        tables.append(table)
+        tables.append(streaming_table(context.streaming))
     return tables

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headlab.report.html import Html, escape, link, table
+from headlab.report.html import Html, escape, link
 from headlab.report.section import ReportContext, Section
+from headlab.report.tables import classes_table, relations_table, roles_table, to_html
 
 __all__ = ["SECTION", "render_analysis"]
 
@@ -27,24 +28,15 @@ def render_analysis(result: Any, *, description: str, hrefs: Mapping[str, str]) 
             heatmaps.png, mds.png and, when importance ran, pruning.png).
 
     Returns:
-        Sentences, the tables of roles, pattern classes and dependency relations (the
-        ``TABLE_RELATIONS`` most frequent, the ones the sentences may name), plots and skips.
+        Sentences, the tables of roles, pattern classes and dependency relations (``headlab.report.tables``,
+        as ``headlab analyze`` prints them: the ``TABLE_RELATIONS`` most frequent relations, the ones the
+        sentences may name), plots and skips.
     """
-    from headlab.analysis.analyze import TABLE_RELATIONS
-    from headlab.heads import head_label
-
     summary = result.summary()
     parts = [f"<p>{escape(description)}. Definitions and thresholds: docs/analysis.md. Per-head rows: "
              f"{link(hrefs['heads.json'], 'heads.json')}, {link(hrefs['heads.csv'], 'heads.csv')}.</p>"]
     parts += [f"<p>{escape(sentence)}</p>" for sentence in result.sentences()]
-    by_role: dict[str, list[str]] = {}
-    for (layer, head), labels in sorted(result.roles.items()):
-        for label in labels:
-            by_role.setdefault(label, []).append(head_label(layer, head))
-    parts.append(table(["role", "heads"], [[r, ", ".join(h)] for r, h in sorted(by_role.items())],
-                       caption="Heads by role (L = layer, H = head, from 0)"))
-    parts.append(table(list(summary["class_shares"]), [[f"{v:.0%}" for v in summary["class_shares"].values()]],
-                       caption="Pattern classes, share of heads"))
+    parts += [to_html(roles_table(result.roles)), to_html(classes_table(summary["class_shares"]))]
     parts.append(f'<p><img src="{escape(hrefs["heatmaps.png"])}" alt="layer by head heatmaps of each statistic" '
                  'style="max-width:100%"></p>')
     parts.append(f'<p><img src="{escape(hrefs["mds.png"])}" alt="heads placed by Jensen-Shannon distance" '
@@ -54,19 +46,7 @@ def render_analysis(result: Any, *, description: str, hrefs: Mapping[str, str]) 
                      'style="max-width:48%">')
     parts.append("</p>")
     if result.syntax is not None:
-        rows = []
-        shown = result.syntax.relations[:TABLE_RELATIONS]
-        for rel in shown:
-            direction, (layer, head), accuracy = rel.best
-            reads = "dependent → syntactic head" if direction == "dep_to_head" else "syntactic head → dependent"
-            rows.append([rel.relation, rel.count, head_label(layer, head), reads, f"{accuracy:.0%}",
-                         f"{rel.baseline_accuracy:.0%}", f"{rel.baseline_offset:+d}"])
-        more = len(result.syntax.relations) - len(shown)
-        caption = ("Dependency relations: the attention head whose largest weight most often lands on the other end "
-                   f"of the arc, against the best fixed offset (the {len(shown)} most frequent relations"
-                   + (f"; {more} rarer {'one is' if more == 1 else 'ones are'} in relations.csv)" if more else ")"))
-        parts.append(table(["relation", "arcs", "attention head", "from → to", "accuracy", "best offset's accuracy",
-                            "offset"], rows, numeric_cols=(1, 4, 5, 6), caption=caption))
+        parts.append(to_html(relations_table(result.syntax)))
     if result.importance_spearman is not None:
         parts.append(f"<p>Spearman correlation of gradient importance with exact ablation (magnitudes): "
                      f"{result.importance_spearman:.3f}.</p>")

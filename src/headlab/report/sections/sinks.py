@@ -12,16 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from headlab.report.html import Html, escape, table
+from headlab.report.html import Html, escape
 from headlab.report.section import ReportContext, Section
+from headlab.report.tables import TOP_HEADS, sinks_table, to_html
 
 __all__ = ["PLOTS", "SECTION", "SinkReport", "measure", "render", "render_sinks"]
 
 PLOTS = {"value_weighted": "assets/sinks/value-weighted.png", "by_position": "assets/sinks/by-position.png"}
 QUICK_ITEMS = 60  # corpus items with ctx.quick
-TABLE_HEADS = 8  # heads in the table, by raw share on the sink tokens
+TABLE_HEADS = TOP_HEADS  # heads in the table, by raw share on the sink tokens (headlab.report.tables)
 
 
 @dataclass(frozen=True)
@@ -55,15 +54,10 @@ def measure(model: Any, texts: list[str]) -> SinkReport:
                       causal=is_causal(model))
 
 
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
-
-
 def render_sinks(report: SinkReport, *, description: str, hrefs: Mapping[str, str] | None = None) -> Html:
     """The section's fragment: sentences (``headlab.analysis.sinks.sink_sentences``), the plots (when
-    written), and the heads with most attention on sinks."""
+    written), and the heads with most attention on sinks (``headlab.report.tables.sinks_table``)."""
     from headlab.analysis.sinks import sink_sentences
-    from headlab.heads import head_label
 
     vw, sinks = report.weighted, report.sinks
     parts = [f"<p>{escape(description)}. Definitions: docs/analysis.md.</p>"]
@@ -75,22 +69,7 @@ def render_sinks(report: SinkReport, *, description: str, hrefs: Mapping[str, st
     if "by_position" in hrefs:
         parts.append(f'<img src="{escape(hrefs["by_position"])}" alt="share of attention on the sink positions '
                      'against query position" style="max-width:54%"></p>')
-    rows = []
-    for layer, head in vw.top("raw_sink", TABLE_HEADS):
-        cells = [head_label(layer, head), _pct(vw.value("raw_sink", layer, head)),
-                 _pct(vw.value("weighted_sink", layer, head)), f"{vw.value('norm_first', layer, head):.2f}",
-                 f"{vw.value('norm_other', layer, head):.2f}"]
-        share = sinks.table.value("raw_share", layer, head) if (layer, head) in sinks.table.heads else float("nan")
-        growth = sinks.table.value("raw_growth", layer, head) if (layer, head) in sinks.table.heads else float("nan")
-        cells += ["–" if np.isnan(share) else _pct(share), "–" if np.isnan(growth) else f"{growth * 100:+.1f}"]
-        rows.append(cells)
-    n_sink = sinks.n_sink
-    first = "the first position" if n_sink == 1 else f"the first {n_sink} positions"
-    parts.append(table(["head", "raw on sinks", "value-weighted", "‖f(x)‖ first token", "‖f(x)‖ other tokens",
-                        f"raw on {first}", "points per doubling"], rows, numeric_cols=(1, 2, 3, 4, 5, 6),
-                       caption=f"The {len(rows)} heads with most raw attention on the first and special tokens "
-                               f"(L = layer, H = head, from 0); the last two columns count {first} as "
-                               "sinks, over queries after them"))
+    parts.append(to_html(sinks_table(vw, sinks)))
     return Html("".join(parts))
 
 

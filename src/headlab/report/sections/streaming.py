@@ -19,17 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from headlab.report.html import Html, escape, link, table
+from headlab.report.html import Html, escape, link
 from headlab.report.section import ReportContext, Section
+from headlab.report.tables import TOP_HEADS, retrieval_table, share, streaming_table, to_html
 
 __all__ = ["SECTION", "TOP", "render_streaming", "retrieval_sentences", "streaming_sentences"]
 
-TOP = 8  # retrieval heads in the table
+TOP = TOP_HEADS  # retrieval heads in the table (headlab.report.tables)
 ASSET_DIR = "assets/streaming"
-
-
-def _share(x: float) -> str:
-    return f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
 
 
 def _bytes(n: int) -> str:
@@ -61,7 +58,7 @@ def retrieval_sentences(result: Any | None, *, name: str, reason: str | None = N
     out = [f"Over {result.needles} needles of {needle_length} tokens, each hidden at a random depth in "
            f"{haystack_length} tokens of corpus text and then copied (teacher-forced), the model's top prediction "
            f"was the needle's next token at {result.copied} of {result.steps} copy steps "
-           f"({_share(result.copy_accuracy)})."]
+           f"({share(result.copy_accuracy)})."]
     best = result.top(1)[0]
     best_score, best_attended = table_.value("score", *best), table_.value("attended", *best)
     found = result.retrieval_heads()
@@ -69,11 +66,11 @@ def retrieval_sentences(result: Any | None, *, name: str, reason: str | None = N
         attender = table_.top("attended", 1)[0]
         out.append(f"The model never copies the needle, so no head can retrieve and every score is 0; the attention "
                    f"half of the test alone (the head's most-attended key is the token being copied) is passed most "
-                   f"often by {head_label(*attender)}, at {_share(table_.value('attended', *attender))} of the steps.")
+                   f"often by {head_label(*attender)}, at {share(table_.value('attended', *attender))} of the steps.")
     elif found:
-        out.append(f"{len(found)} of {n_heads} heads ({_share(len(found) / n_heads)}) score above {THRESHOLD}, Wu et "
+        out.append(f"{len(found)} of {n_heads} heads ({share(len(found) / n_heads)}) score above {THRESHOLD}, Wu et "
                    f"al.'s threshold for a retrieval head; the highest is {head_label(*best)} at {best_score:.2f}: its "
-                   f"most-attended key was the token being copied at {_share(best_attended)} of the steps.")
+                   f"most-attended key was the token being copied at {share(best_attended)} of the steps.")
     else:
         out.append(f"No head scores above {THRESHOLD} (Wu et al.'s threshold for a retrieval head); the highest is "
                    f"{head_label(*best)} at {best_score:.3f}.")
@@ -99,8 +96,8 @@ def streaming_sentences(result: Any, *, name: str) -> list[str]:
     for c in (result.conversions[0], result.conversions[-1]) if len(result.conversions) > 1 else result.conversions:
         what = (f"freeing {c.freed} of {c.units} key/value heads, which saves" if causal else "which saves")
         memory = "key/value cache" if causal else "attention-score memory"
-        saving = (f"{_share(c.saved_share)} of the {memory} of a {result.length}-token text "
-                  f"({_bytes(c.saved_bytes)} of {_bytes(c.total_bytes)}), {_share(c.limit_share)} as texts grow long")
+        saving = (f"{share(c.saved_share)} of the {memory} of a {result.length}-token text "
+                  f"({_bytes(c.saved_bytes)} of {_bytes(c.total_bytes)}), {share(c.limit_share)} as texts grow long")
         if not c.heads:
             out.append(f"At W = {c.window}, {len(c.tolerant)} of {n_heads} heads change the loss by at most the budget "
                        f"of {result.budget:g} on their own, and none can be converted: nothing is saved.")
@@ -119,16 +116,15 @@ def streaming_sentences(result: Any, *, name: str) -> list[str]:
     w = result.windows[0]
     z = result.table[f"z_change_w{w}"]
     low, high = result.table.heads[int(np.argmin(z))], result.table.heads[int(np.argmax(z))]
-    out.append(f"At W = {w} the head whose output z changes least is {head_label(*low)} ({_share(float(z.min()))} "
-               f"of its norm); the most, {head_label(*high)} ({_share(float(z.max()))}).")
+    out.append(f"At W = {w} the head whose output z changes least is {head_label(*low)} ({share(float(z.min()))} "
+               f"of its norm); the most, {head_label(*high)} ({share(float(z.max()))}).")
     return out
 
 
 def render_streaming(retrieval: list[str], retrieval_result: Any | None, streaming: Any, *, name: str,
                      plot_href: str | None = None, json_href: str | None = None) -> Html:
-    """The fragment: retrieval sentences and top heads, streaming sentences, the per-window table, the plot."""
-    from headlab.heads import head_label
-
+    """The fragment: retrieval sentences and top heads, streaming sentences, the per-window table, the plot
+    (the tables: ``headlab.report.tables``, as ``headlab analyze`` prints them)."""
     links = ", ".join(link(h, t) for h, t in ((json_href, "streaming.json"), (plot_href, "streaming.png")) if h)
     parts = [f"<p>Two newer readings of what heads of <code>{escape(name)}</code> do: which heads copy a token "
              "from far back (retrieval heads, Wu et al. 2024), and which could keep only a few sink tokens and a "
@@ -137,20 +133,10 @@ def render_streaming(retrieval: list[str], retrieval_result: Any | None, streami
              "<h3>Retrieval heads</h3>"]
     parts += [f"<p>{escape(s)}</p>" for s in retrieval]
     if retrieval_result is not None and retrieval_result.copied:
-        rows = [[i, head_label(*h), f"{retrieval_result.table.value('score', *h):.3f}",
-                 f"{retrieval_result.table.value('attended', *h):.3f}"]
-                for i, h in enumerate(retrieval_result.top(TOP), 1)]
-        parts.append(table(["rank", "head", "retrieval score", "attends to the copied token"], rows,
-                           numeric_cols=(0, 2, 3), caption=f"The top {len(rows)} heads by retrieval score"))
+        parts.append(to_html(retrieval_table(retrieval_result)))
     parts.append("<h3>Streaming heads</h3>")
     parts += [f"<p>{escape(s)}</p>" for s in streaming_sentences(streaming, name=name)]
-    unit = "key/value heads freed" if streaming.kind == "causal" else "heads windowed"
-    rows = [[c.window, len(c.tolerant), len(c.heads), f"{c.loss_change:+.3g}", f"{c.freed} / {c.units}",
-             _share(c.saved_share), _share(c.limit_share)] for c in streaming.conversions]
-    parts.append(table(["W", "tolerant alone", "converted", "loss change (measured)", unit,
-                        f"saved at {streaming.length} tokens", "saved, long texts"], rows, numeric_cols=(0, 1, 2, 3),
-                       caption=f"Conversions within the loss budget {streaming.budget:g}, memory of the "
-                               f"{streaming.memory}"))
+    parts.append(to_html(streaming_table(streaming)))
     if plot_href is not None:
         parts.append(f'<p><img src="{escape(plot_href)}" alt="loss change against the window W: one head, every '
                      'head and the conversion" style="max-width:100%"></p>')

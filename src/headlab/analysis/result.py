@@ -1,0 +1,158 @@
+"""``AnalysisResult``: everything ``analyze`` measured, and its per-head rows, summary and JSON document.
+
+The data stays here; the sentences (``headlab.analysis.sentences``), the data files
+(``headlab.analysis.files``) and the plots (``headlab.analysis.plots``) are made in their own modules,
+from the parts of a result: ``sentences()`` and ``write()`` are the entry points that hand them over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headlab.analysis.context_heads import ContextHeads
+from headlab.analysis.files import jsonable, write_data
+from headlab.analysis.importance import ImportanceResult, PruningCurve
+from headlab.analysis.plots import write_plots
+from headlab.analysis.roles import ProbeScores
+from headlab.analysis.sentences import analysis_sentences
+from headlab.analysis.similarity import MDSResult, SimilarityResult
+from headlab.analysis.sinks import SinkResult
+from headlab.analysis.taxonomy import class_shares
+from headlab.capture import CaptureResult
+from headlab.heads import HeadTable
+
+__all__ = ["AnalysisResult"]
+
+
+@dataclass
+class AnalysisResult:
+    """Everything ``analyze`` measured. Parts that did not run are None, with a reason in ``skipped``.
+
+    Attributes:
+        surface: ``SurfaceStats``' table (a row per captured head; ``n_queries`` and every statistic).
+        taxonomy: ``TaxonomyStats``' table (same heads).
+        roles, classes: labels and the pattern class per captured head.
+        value_weighted: ``ValueWeighted``'s table (raw vs value-weighted attention on the sink tokens).
+        sinks: ``SinkShare``'s result (the share on the sink positions by query position).
+        context: retrieval scores (causal language models) and the streaming simulation, every head
+            of the model (``headlab.analysis.context_heads``).
+        probes: causal models: ``{"duplicate_token": ..., "induction": ...}``, a row per head of the model.
+        importance: ``{"gradient": ..., "ablation": ...}``, a row per head of the model.
+        pruning: ``{metric name: curve}``, heads masked least important first (by gradient
+            importance): for an encoder the embedding cosine to the unpruned model, then pair-retrieval
+            accuracy; for a causal model the next-token loss.
+        causal: the model's attention is causal (statistics that cannot vary, e.g. ``to_next``, are
+            left out of the sentences and plots).
+    """
+
+    capture: CaptureResult
+    surface: HeadTable
+    roles: dict[tuple[int, int], tuple[str, ...]]
+    taxonomy: HeadTable
+    classes: dict[tuple[int, int], str]
+    similarity: SimilarityResult
+    embedding: MDSResult
+    value_weighted: HeadTable | None = None
+    sinks: SinkResult | None = None
+    syntax: Any | None = None
+    context: ContextHeads | None = None
+    probes: dict[str, ProbeScores] = field(default_factory=dict)
+    importance: dict[str, ImportanceResult] = field(default_factory=dict)
+    importance_spearman: float | None = None
+    pruning: dict[str, PruningCurve] = field(default_factory=dict)
+    causal: bool = False
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> HeadTable:
+        """Every per-head number of heads.json / heads.csv, a row per captured head: the surface columns,
+        the value-weighted columns (``headlab.analysis.norms.COLUMNS``), ``sink_{column}`` of the sink
+        share (its ``sink_head`` as it is), ``retrieval_score``, ``streaming_{column}`` of the simulation,
+        then ``{probe}_score`` per probe and ``importance_{method}`` per importance (NaN where that table
+        has no row for the head)."""
+        columns = dict(self.surface.columns)
+        heads = self.surface.heads
+        if self.value_weighted is not None:
+            columns |= {name: self.value_weighted.at(name, heads) for name in self.value_weighted.columns
+                        if name != "n_queries"}
+        if self.sinks is not None:
+            columns |= {name if name == "sink_head" else f"sink_{name}": self.sinks.table.at(name, heads)
+                        for name in self.sinks.table.columns if name != "n_queries"}
+        if self.context is not None:
+            if self.context.retrieval is not None:
+                columns["retrieval_score"] = self.context.retrieval.table.at("score", heads)
+            streaming = self.context.streaming.table
+            columns |= {f"streaming_{name}": streaming.at(name, heads) for name in streaming.columns}
+        for name, probe in self.probes.items():
+            columns[f"{name}_score"] = probe.table.at(name, self.surface.heads)
+        for name, importance in self.importance.items():
+            columns[f"importance_{name}"] = importance.table.at("score", self.surface.heads)
+        return HeadTable(self.surface.heads, columns)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per captured head: layer, head, n_queries, every surface statistic, roles, pattern class,
+        probe scores and importance (``table()``'s rows with the labels; None for NaN)."""
+        rows = []
+        for row in self.table().rows():
+            key = (row["layer"], row["head"])
+            out = {name: row.pop(name) for name in ("layer", "head", *self.surface.columns)}
+            out["n_queries"] = int(out["n_queries"])
+            out["roles"] = " ".join(self.roles.get(key, ()))
+            out["pattern_class"] = self.classes.get(key, "")
+            rows.append(out | row)
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers: counts, class shares, role counts, correlations, skips."""
+        role_counts: dict[str, int] = {}
+        for labels in self.roles.values():
+            for label in labels:
+                role_counts[label] = role_counts.get(label, 0) + 1
+        return {
+            "items": self.capture.items, "tokens": self.capture.tokens, "truncated": self.capture.n_truncated,
+            "heads": len(self.surface), "role_counts": role_counts, "class_shares": class_shares(self.classes),
+            "mean_js_distance": float(self.similarity.distances[np.triu_indices(len(self.similarity.heads), 1)].mean())
+            if len(self.similarity.heads) > 1 else None,
+            "mds_stress": self.embedding.stress, "importance_spearman": self.importance_spearman,
+            "pruning_metrics": list(self.pruning), "skipped": dict(self.skipped),
+            "sink_heads": None if self.sinks is None else [list(h) for h in self.sinks.sink_heads()],
+            "retrieval_heads": None if self.context is None or self.context.retrieval is None
+            else [list(h) for h in self.context.retrieval.retrieval_heads()],
+            "streaming_heads": None if self.context is None else {
+                str(c.window): [list(h) for h in c.heads] for c in self.context.streaming.conversions},
+        }
+
+    def sentences(self) -> list[str]:
+        """A few sentences about what the heads do, every number taken from this result
+        (``headlab.analysis.sentences.analysis_sentences``)."""
+        return analysis_sentences(surface=self.surface, roles=self.roles, classes=self.classes, syntax=self.syntax,
+                                  pruning=self.pruning, causal=self.causal)
+
+    def to_dict(self) -> dict[str, Any]:
+        """heads.json's document: summary, sentences, per-head rows, relations, probes, sinks, context, pruning."""
+        return {"summary": self.summary(), "sentences": self.sentences(), "heads": self.rows(),
+                "relations": [] if self.syntax is None else self.syntax.rows(),
+                "probes": {name: probe.to_dict() for name, probe in self.probes.items()},
+                "sinks": None if self.sinks is None else self.sinks.to_dict(),
+                "context": None if self.context is None else self.context.to_dict(),
+                "pruning": {metric: curve.to_dict() for metric, curve in self.pruning.items()}}
+
+    def to_json(self) -> str:
+        """``to_dict()`` as strict JSON (NaN → null)."""
+        return json.dumps(jsonable(self.to_dict()))
+
+    def write(self, out_dir: str | os.PathLike[str]) -> list[Path]:
+        """Write heads.json, heads.csv, relations.csv (when syntax ran) and the plots of the parts that ran
+        (``headlab.analysis.files.write_data``, ``headlab.analysis.plots.write_plots``); returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = write_data(out, document=self.to_dict(), rows=self.rows(), syntax=self.syntax)
+        return paths + write_plots(out, surface=self.surface, similarity=self.similarity,
+                                   value_weighted=self.value_weighted, sinks=self.sinks,
+                                   streaming=None if self.context is None else self.context.streaming,
+                                   pruning=self.pruning, causal=self.causal)
