@@ -3,8 +3,8 @@
 
 This module imports nothing from headlab, so that every room (capture, heads, analysis, models …) can
 use it. Every piece of text that reaches the HTML passes through ``escape``; markup is built here only,
-and wrapped in ``Html`` to say it is already safe. The styles are inline: a notebook output carries no
-stylesheet of ours, and inline styles win over the front end's own table styles.
+and wrapped in ``Html`` to say it is already safe. An output carries no stylesheet of ours, so each table
+brings a few rules scoped to ``.headlab-repr`` and each heatmap cell its colour inline.
 
     summary(title, facts)             the text form: a title line, then ``  label: value`` lines
     card(title, facts, *parts)        the HTML form: the same title and facts, then tables

@@ -121,7 +121,7 @@ class Cache:
         return display.card(self._title(), self._facts(), kept)
 
     def _title(self) -> str:
-        n = sum(1 for _ in self.store)
+        n = len(self.store)
         return f"Cache of one {type(self.output).__name__} forward: {n} tensor{'s' if n != 1 else ''} kept"
 
     def _facts(self) -> list[tuple[str, object]]:
