@@ -34,6 +34,7 @@ _EXPORTS = {
     "from_torch": "headlab.interop",
     "load": "headlab.models",
     "run_with_cache": "headlab.capture",
+    "show": "headlab.report.viewer",
     "to_torch": "headlab.interop",
 }
 

@@ -1,7 +1,7 @@
 """Playwright (sync API) driving headless Chromium from Debian's ``chromium`` package.
 
-Browser downloads are impossible here, so the browser is launched from /usr/bin/chromium
-(``make install`` installs the package when it is missing). Each test gets a ``Tab``: a page
+The browser (tests/conftest.py's ``browser``) is launched from /usr/bin/chromium, browser downloads being
+impossible here (``make install`` installs the package when it is missing). Each test gets a ``Tab``: a page
 whose console errors and uncaught exceptions are collected, and which saves screenshots
 into test-artifacts/ (git-ignored) for people to look at.
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
@@ -44,17 +43,6 @@ class Tab:
     def assert_clean(self) -> None:
         """No console error and no uncaught exception so far."""
         assert self.errors == [], self.errors
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
-    if not CHROMIUM.is_file():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (make install installs it)")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

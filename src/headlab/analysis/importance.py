@@ -31,7 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from headlab.heads import HeadTable, intervening, mask
+from headlab import display
+from headlab.heads import HeadTable, head_label, intervening, mask
 from headlab.models import HeadedModel, headed
 
 __all__ = [
@@ -72,6 +73,24 @@ class ImportanceResult:
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "normalized": self.normalized, "batches": self.batches,
                 "seconds": self.seconds, **self.table.to_dict()}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        return display.card(self._title(), self._facts(), display.Html(self.table.html(["score"])))
+
+    def _title(self) -> str:
+        return f"ImportanceResult: {self.method} importance of {len(self.table)} heads"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        def named(heads: list[tuple[int, int]]) -> str:
+            return ", ".join(f"{head_label(*h)} {display.short(self.table.value('score', *h))}" for h in heads)
+
+        order = self.order()
+        return [("most important", named(order[::-1][:3])), ("least important", named(order[:3])),
+                ("score", "normalised per layer (ℓ2)" if self.normalized else "raw"),
+                ("batches", self.batches), ("time", f"{self.seconds:.2f} s")]
 
 
 def gradient_importance(
@@ -202,6 +221,24 @@ class PruningCurve:
 
     def to_dict(self) -> dict[str, Any]:
         return {"fractions": self.fractions, "removed": self.removed, "values": self.values, "flat": self.flat()}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        rows = [[removed, f"{fraction:.0%}", value] for removed, fraction, value in
+                zip(self.removed, self.fractions, self.values)]
+        return display.card(self._title(), self._facts(), display.table(["heads removed", "share", "metric"], rows))
+
+    def _title(self) -> str:
+        removed = max(self.fractions, default=0)
+        return f"PruningCurve: {len(self.values)} steps, up to {removed:.0%} of the heads removed"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        if not self.values:
+            return [("metric", "–")]
+        flat = " (flat: the task cannot tell the heads apart)" if self.flat() else ""
+        return [("metric", f"{display.short(self.values[0])} → {display.short(self.values[-1])}{flat}")]
 
 
 def pruning_curve(

@@ -28,8 +28,9 @@ from torch import Tensor
 
 from torch import nn
 
+from headlab import display
 from headlab.capture.cache import Cache, run_with_cache
-from headlab.heads import HeadTable
+from headlab.heads import HeadTable, head_label
 from headlab.heads.scoped import intervening, patched
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
@@ -66,6 +67,22 @@ class PatchingResult:
         return {"method": self.method, "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
                 "forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds,
                 "heads": self.table.to_dict()}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        return display.card(self._title(), self._facts(), display.Html(self.table.html(["effect"])))
+
+    def _title(self) -> str:
+        return f"PatchingResult: {self.method} patching of {len(self.table)} heads"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        largest = [f"{head_label(*h)} {display.short(self.table.value('effect', *h))}"
+                   for h in self.table.top("effect", 3, absolute=True)]
+        clean, corrupted = display.short(self.clean_metric), display.short(self.corrupted_metric)
+        return [("largest |effect|", ", ".join(largest)), ("metric", f"clean {clean}, corrupted {corrupted}"),
+                ("passes", f"{self.forwards} forwards, {self.backwards} backwards, {self.seconds:.2f} s")]
 
 
 def activation_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,

@@ -36,8 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from headlab import display
 from headlab.capture.corpus import ShortCorpus
-from headlab.heads import HeadTable
+from headlab.heads import HeadTable, head_label
 from headlab.models import HeadedModel, headed
 
 __all__ = ["THRESHOLD", "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases", "retrieval_scores"]
@@ -122,6 +123,23 @@ class RetrievalResult:
                 "copy_accuracy": None if not self.steps else self.copy_accuracy, "threshold": THRESHOLD,
                 "retrieval_heads": [list(h) for h in self.retrieval_heads()], "seconds": self.seconds,
                 **self.table.to_dict()}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        return display.card(self._title(), self._facts(), display.Html(self.table.html(["score"])))
+
+    def _title(self) -> str:
+        return f"RetrievalResult: retrieval scores of {len(self.table)} heads over {self.needles} needles"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        found = self.retrieval_heads()
+        named = ", ".join(f"{head_label(*h)} {display.short(self.table.value('score', *h))}" for h in found[:4])
+        return [(f"retrieval heads (score > {THRESHOLD})", f"{len(found)}" + (f": {named}" if named else "")
+                 + (" …" if len(found) > 4 else "")),
+                ("copy accuracy", f"{display.short(self.copy_accuracy)} of {self.steps:,} steps"),
+                ("time", f"{self.seconds:.2f} s")]
 
 
 class RetrievalScores:

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headlab import display
 from headlab.capture.cache import run_with_cache
-from headlab.heads import HeadTable
+from headlab.heads import HeadTable, head_label
 from headlab.models import HeadedModel, headed
 from headlab.models.handle import given_tokenizer
 
@@ -98,6 +99,22 @@ class ProbeScores:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "threshold": self.threshold, "n_seqs": self.n_seqs, "length": self.length,
                 "seed": self.seed, "heads": [list(h) for h in self.heads_above()], "rows": self.table.rows()}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        return display.card(self._title(), self._facts(), display.Html(self.table.html([self.name])))
+
+    def _title(self) -> str:
+        return f"ProbeScores: {self.name} scores of {len(self.table)} heads"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        above = [h for h in self.table.top(self.name) if h in set(self.heads_above())]
+        named = ", ".join(f"{head_label(*h)} {display.short(self.table.value(self.name, *h))}" for h in above[:4])
+        return [(f"above {display.short(self.threshold)}", f"{len(above)} heads" + (f": {named}" if named else "")
+                 + (" …" if len(above) > 4 else "")),
+                ("probe", f"{self.n_seqs} sequences of [BOS] + 2 × {self.length} random tokens, seed {self.seed}")]
 
 
 def repeated_tokens(*, n_seqs: int, length: int, vocab_size: int, bos_id: int, exclude: Iterable[int] = (),

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.heads import head_label
+from headlab import display
 from headlab.analysis.scratch import Scratch
 from headlab.capture.batch import CaptureBatch
+from headlab.heads import head_label
 
 __all__ = ["HeadSimilarity", "MDSResult", "SimilarityResult", "js_distance", "mds", "plot_mds"]
 
@@ -79,6 +80,26 @@ class SimilarityResult:
     def to_dict(self) -> dict[str, Any]:
         return {"heads": [list(h) for h in self.heads], "distances": self.distances.tolist(), "rows": self.rows,
                 "sampled": self.sampled}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        return display.card(self._title(), self._facts())
+
+    def _title(self) -> str:
+        return f"SimilarityResult: Jensen–Shannon distances between {len(self.heads)} heads"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        facts: list[tuple[str, object]] = [("query rows", f"{self.sampled:,} read of {self.rows:,}")]
+        if len(self.heads) > 1:
+            upper = np.triu_indices(len(self.heads), k=1)
+            pairs = self.distances[upper]
+            for label, k in (("closest", int(np.argmin(pairs))), ("farthest", int(np.argmax(pairs)))):
+                a, b = self.heads[upper[0][k]], self.heads[upper[1][k]]
+                facts.append((label, f"{head_label(*a)} and {head_label(*b)}: {display.short(float(pairs[k]))}"))
+            facts.append(("mean distance", float(pairs.mean())))
+        return facts
 
 
 class HeadSimilarity:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from headlab import display
 from headlab.analysis.norms import ValueProjections, out_projections, value_reductions
 from headlab.analysis.per_head import HeadSums
 from headlab.analysis.reductions import StackReductions, launch_bound, reductions
@@ -103,6 +104,23 @@ class SinkResult:
         return {"n_sink": self.n_sink, "threshold": SINK_HEAD_SHARE, "table": self.table.to_dict(),
                 "bins": [labels[b] for b in filled], "counts": self.counts[:, filled].tolist(),
                 "raw": rows(self.raw), "weighted": rows(self.weighted)}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        shares = ["raw_share"] + (["weighted_share"] if "weighted_share" in self.table.columns else [])
+        return display.card(self._title(), self._facts(), display.Html(self.table.html(shares)))
+
+    def _title(self) -> str:
+        return f"SinkResult: attention on the first {self.n_sink} tokens, {len(self.heads)} heads"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        sinks = self.sink_heads()
+        named = ", ".join(f"{head_label(*h)} {display.short(self.table.value('raw_share', *h))}" for h in sinks[:4])
+        return [(f"sink heads (share ≥ {SINK_HEAD_SHARE})", f"{len(sinks)}" + (f": {named}" if named else "")
+                 + (" …" if len(sinks) > 4 else "")),
+                ("query positions", ", ".join(self.bin_labels()[b] for b in self.filled_bins()))]
 
 
 class SinkShare(HeadSums):

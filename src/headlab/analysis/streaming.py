@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from headlab import display
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads import HeadTable, windowed
 from headlab.models import HeadedModel, headed
@@ -139,6 +140,23 @@ class StreamingResult:
                 "memory": self.memory, "loss": self.loss, "base_loss": self.base_loss, "all_heads": self.all_heads,
                 "conversions": [c.to_dict() for c in self.conversions], "texts": self.texts, "length": self.length,
                 "seconds": self.seconds, **self.table.to_dict()}
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        grids = [f"loss_change_w{w}" for w in self.windows if f"loss_change_w{w}" in self.table.columns][:3]
+        return display.card(self._title(), self._facts(), display.Html(self.table.html(grids)))
+
+    def _title(self) -> str:
+        return (f"StreamingResult: {len(self.table)} heads of a {self.kind} model restricted to {self.sinks} sinks "
+                f"+ a window, {self.texts} texts of {self.length} tokens")
+
+    def _facts(self) -> list[tuple[str, object]]:
+        facts: list[tuple[str, object]] = [("loss", f"{self.loss}; unrestricted {display.short(self.base_loss)}")]
+        facts += [(f"W = {c.window}", f"{len(c.tolerant)} heads within {display.short(self.budget)}, {len(c.heads)} "
+                   f"converted together; {c.saved_share:.0%} of the {self.memory} saved") for c in self.conversions]
+        return facts
 
 
 class StreamingChanges(NamedTuple):

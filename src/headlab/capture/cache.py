@@ -22,12 +22,17 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from headlab import display
 from headlab.capture.taps import renamed_take, tapped
 from headlab.layer.selection import HeadSelection
 from headlab.models import HeadedModel, TapOutput
 from headlab.models.handle import Inputs, given_tokenizer
 
 _NAME = re.compile(r"^blocks\.(\d+)\.attn\.(\w+)$")
+_AXES = {"pattern": "(batch, head, query_pos, key_pos)", "z": "(batch, head, query_pos, d_head_v)",
+         "result": "(batch, head, query_pos, d_model)", "q": "(batch, head, query_pos, d_head)",
+         "k": "(batch, head, key_pos, d_head)", "v": "(batch, head, key_pos, d_head_v)"}
+_AXES_ORDER = {name: i for i, name in enumerate(_AXES)}
 
 
 @dataclass
@@ -105,6 +110,43 @@ class Cache:
         if isinstance(key, tuple) and len(key) in (2, 3) and isinstance(key[0], str):
             return key[0], int(key[1]), (int(key[2]) if len(key) == 3 else None)
         raise KeyError(f"{key!r}: expected cache[name, layer], cache[name, layer, head] or a dotted name")
+
+    def __repr__(self) -> str:
+        groups = [(name, f"{layers} × {heads}: {shape}") for name, layers, heads, shape in self._groups()]
+        return display.summary(self._title(), [*self._facts(), *groups])
+
+    def _repr_html_(self) -> str:
+        rows = [[name, layers, heads, shape, _AXES.get(name, "")] for name, layers, heads, shape in self._groups()]
+        kept = display.table(["kept", "layers", "heads", "shape (each layer)", "axes"], rows, labels=1)
+        return display.card(self._title(), self._facts(), kept)
+
+    def _title(self) -> str:
+        n = len(self.store)
+        return f"Cache of one {type(self.output).__name__} forward: {n} tensor{'s' if n != 1 else ''} kept"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        facts: list[tuple[str, object]] = [
+            ("inputs", ", ".join(f"{key} {display.shape(value)}" for key, value in self.inputs.items()))]
+        if self.tokens:
+            others = len(self.tokens) - 1
+            more = f"; {others} more item{'s' if others > 1 else ''}" if others else ""
+            facts.append(("tokens[0]", f"{display.abbreviate(self.tokens[0])} ({len(self.tokens[0])} tokens{more})"))
+        return facts
+
+    def _groups(self) -> list[tuple[str, str, str, str]]:
+        """``(name, layers, heads, shape)`` per run of layers keeping the same heads in tensors of one shape."""
+        out: list[tuple[str, str, str, str]] = []
+        for name in sorted({n for n, _ in self.store}, key=lambda n: (_AXES_ORDER.get(n, len(_AXES_ORDER)), n)):
+            runs: dict[tuple[str, str], list[int]] = {}
+            for (kept, layer), (heads, tensor) in sorted(self.store.items(), key=lambda kv: kv[0][1]):
+                if kept == name:
+                    every = len(heads) == self.n_heads[layer] and list(heads) == list(range(len(heads)))
+                    listed = f"head{'s' if len(heads) != 1 else ''} {', '.join(map(str, heads))}"
+                    heads_text = "every head" if every else listed
+                    runs.setdefault((heads_text, display.shape(tensor)), []).append(layer)
+            for (heads_text, shape), layers in runs.items():
+                out.append((name, f"layer{'s' if len(layers) > 1 else ''} {display.runs(layers)}", heads_text, shape))
+        return out
 
 
 def run_with_cache(

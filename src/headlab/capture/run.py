@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from headlab import display
 from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.batching import padding_stats, plan_batches
 from headlab.capture.corpus import Corpus, load_corpus
@@ -90,6 +91,24 @@ class CaptureResult:
             "take": list(self.take), "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
             "corpus": dict(self.corpus),
         }
+
+    def __repr__(self) -> str:
+        return display.summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        return display.card(self._title(), self._facts())
+
+    def _title(self) -> str:
+        return f"CaptureResult: {self.items:,} items, {self.tokens:,} tokens in {self.batches:,} batches"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        heads = sum(len(hs) for hs in self.layers.values())
+        padding = f" ({self.padded_tokens / self.tokens:.2f}× the real ones)" if self.tokens else ""
+        limit = f" to {self.max_length} pieces" if self.max_length else ""
+        rate = f", {self.tokens / self.seconds:,.0f} tokens/s" if self.seconds > 0 else ""
+        return [("taken", f"{', '.join(self.take)} of {heads} heads in layers {display.runs(self.layers) or 'none'}"),
+                ("computed", f"{self.padded_tokens:,} tokens with padding{padding}"),
+                ("truncated", f"{self.n_truncated} items{limit}"), ("time", f"{self.seconds:.2f} s{rate}")]
 
 
 def capture(

@@ -13,6 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from headlab import display
+from headlab.heads.selection import head_label
+
+GRID_COLUMNS = 3  # a table of at most this many columns shows each as a layer × head grid
+MAX_GRID_CELLS = 4096  # a larger grid (layers × heads) shows as rows instead
+
 
 class HeadTable:
     """Named per-head columns.
@@ -105,3 +111,40 @@ class HeadTable:
     def to_dict(self) -> dict[str, Any]:
         """``{"columns": [...], "rows": rows()}``: JSON-ready (no NaN)."""
         return {"columns": list(self.columns), "rows": self.rows()}
+
+    def html(self, columns: Sequence[str] | None = None, *, rows: int = 12) -> str:
+        """The table as short HTML (``headlab.display``): a layer × head heatmap per column for at most
+        ``GRID_COLUMNS`` columns, else the first ``rows`` rows with every column.
+
+        Args:
+            columns: the columns to draw as grids (any number); None: every column when there are at
+                most ``GRID_COLUMNS``, else the rows.
+            rows: rows shown in the row form.
+
+        Raises:
+            KeyError: an unknown column.
+        """
+        if columns is None and len(self.columns) > GRID_COLUMNS:
+            return self._rows_html(rows)
+        names = list(self.columns) if columns is None else list(columns)
+        for name in names:
+            self[name]  # an unknown column raises KeyError naming the table's columns
+        if not self.heads:
+            return display.card("no heads")
+        layers, width = self.layers, 1 + max(h for _, h in self.heads)
+        if len(layers) * width > MAX_GRID_CELLS:
+            return self._rows_html(rows)
+        return "".join(display.heat_table(self.grid(name), rows=[f"L{layer}" for layer in layers],
+                                          columns=[f"H{h}" for h in range(width)], caption=name) for name in names)
+
+    def _rows_html(self, rows: int) -> str:
+        shown = [[head_label(layer, head), *(float(col[i]) for col in self.columns.values())]
+                 for i, (layer, head) in enumerate(self.heads[:rows])]
+        more = len(self.heads) - len(shown)
+        caption = f"the first {len(shown)} of {len(self.heads)} rows; .rows() has them all" if more > 0 else None
+        return display.table(["head", *self.columns], shown, caption=caption)
+
+    def _repr_html_(self) -> str:
+        layers = display.runs(self.layers) or "none"
+        return display.card(f"HeadTable: {len(self.heads)} heads in layers {layers}",
+                            [("columns", ", ".join(self.columns))], display.Html(self.html()))

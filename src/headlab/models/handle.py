@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headlab import display
 from headlab.layer.selection import HeadSelection, resolve
 from headlab.layer.taps import SITE_ATTRIBUTE
 from headlab.models.interface import IMPLEMENTATION
@@ -210,22 +211,25 @@ class HeadedModel:
 
     # --- how it shows ---
     def __repr__(self) -> str:
-        heads = self.n_heads
-        shape = (f"{len(heads)} layers × {heads[0]} heads" if len(set(heads)) == 1
-                 else f"{len(heads)} layers, {sum(heads)} heads")
-        source = "" if self.source == "in memory" else f", source={self.source!r}"
-        return f"HeadedModel({self.architecture}, {shape}, {self.device} {str(self.dtype).removeprefix('torch.')}{source})"
+        return display.summary(self._title(), self._facts())
 
     def _repr_html_(self) -> str:
-        from html import escape
+        rows = [[site.layer, site.name or "(the layer)", site.n_heads, site.n_kv_heads, site.d_head,
+                 "yes" if site.causal else "no", _interventions(site)] for site in self._sites]
+        return display.card(self._title(), self._facts(), display.table(
+            ["layer", "module", "heads", "kv heads", "d_head", "causal", "interventions"], rows))
 
-        rows = "".join(
-            f"<tr><td>{site.layer}</td><td>{escape(site.name or '(the layer)')}</td><td>{site.n_heads}</td>"
-            f"<td>{site.n_kv_heads}</td><td>{site.d_head}</td><td>{'yes' if site.causal else 'no'}</td>"
-            f"<td>{escape(_interventions(site))}</td></tr>" for site in self._sites)
-        return (f"<div><b>{escape(repr(self))}</b><table><thead><tr><th>layer</th><th>module</th><th>heads</th>"
-                "<th>kv heads</th><th>d_head</th><th>causal</th><th>interventions</th></tr></thead>"
-                f"<tbody>{rows}</tbody></table></div>")
+    def _title(self) -> str:
+        heads = [site.n_heads for site in self._sites]
+        shape = (f"{len(heads)} layers × {heads[0]} heads" if len(set(heads)) == 1
+                 else f"{len(heads)} layers, {sum(heads)} heads")
+        return f"HeadedModel: {self.architecture}, {shape}"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        changed = [f"L{site.layer} {what}" for site in self._sites if (what := _interventions(site))]
+        return [("source", self.source), ("on", f"{self.device}, {str(self.dtype).removeprefix('torch.')}"),
+                ("tokenizer", type(self.tokenizer).__name__ if self.tokenizer is not None else "none"),
+                ("interventions", "; ".join(changed) or "none")]
 
 
 def headed(model: HeadedModel | nn.Module) -> HeadedModel:

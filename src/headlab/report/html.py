@@ -8,32 +8,12 @@ way to put markup in a table cell or a fragment unescaped is to wrap it in
 
 from __future__ import annotations
 
-import html as _stdlib_html
 import math
 from collections.abc import Iterable, Sequence
 
+from headlab.display import Html, escape  # one escape for the report and the notebook forms
+
 __all__ = ["Html", "escape", "number", "badge", "link", "code", "table", "details"]
-
-
-class Html(str):
-    """A string that is already safe HTML; :func:`escape` passes it through unchanged."""
-
-    __slots__ = ()
-
-
-def escape(value: object) -> Html:
-    """Escape any value for use as HTML text or a quoted attribute.
-
-    Args:
-        value: anything; non-strings are converted with ``str``. An :class:`Html`
-            value is returned unchanged.
-
-    Returns:
-        The escaped text (``& < > " '`` replaced by entities), marked as :class:`Html`.
-    """
-    if isinstance(value, Html):
-        return value
-    return Html(_stdlib_html.escape(str(value), quote=True))
 
 
 def number(value: float | int, *, digits: int = 2) -> str:

@@ -187,6 +187,11 @@ class ViewerData:
                 "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
                 "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length}
 
+    def __repr__(self) -> str:
+        pieces = sum(item.pieces.n for item in self.items)
+        return (f"ViewerData: {len(self.heads)} heads of {self.name} ({self.architecture}) on {len(self.items)} "
+                f"text{'s' if len(self.items) != 1 else ''}, {pieces} word pieces, {self.nbytes:,} bytes encoded")
+
 
 def view_data(
     model: HeadedModel | nn.Module,

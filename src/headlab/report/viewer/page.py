@@ -54,12 +54,14 @@ def write_assets(folder: Path) -> dict[str, Path]:
     return written
 
 
-def viewer_fragment(data: ViewerData, *, element_id: str) -> Html:
+def viewer_fragment(data: ViewerData, *, element_id: str, fallback: str | None = None) -> Html:
     """The viewer's mount point and payload, for a page that loads ``viewer.js`` and ``viewer.css``.
 
     Args:
         data: what to show.
         element_id: a page-unique id (letters, digits, ``-``, ``_``; starting with a letter).
+        fallback: text the mount point shows until the script replaces it (a notebook that runs no
+            script shows it); None: a ``<noscript>`` line for a browser without JavaScript.
 
     Returns:
         The fragment: a ``<div>`` the script fills and the ``<script type="application/json">`` payload.
@@ -70,9 +72,11 @@ def viewer_fragment(data: ViewerData, *, element_id: str) -> Html:
     if not _ID.fullmatch(element_id):
         raise ValueError(f"element_id must match {_ID.pattern}, got {element_id!r}")
     payload = f"{element_id}-data"
+    placeholder = "<noscript>The attention viewer needs JavaScript.</noscript>"
+    if fallback is not None:
+        placeholder = escape(fallback)
     return Html(
-        f'<div class="hv-root" id="{escape(element_id)}" data-headlab-viewer="{escape(payload)}">'
-        "<noscript>The attention viewer needs JavaScript.</noscript></div>"
+        f'<div class="hv-root" id="{escape(element_id)}" data-headlab-viewer="{escape(payload)}">{placeholder}</div>'
         f'<script type="application/json" id="{escape(payload)}">{script_json(data.to_dict())}</script>'
     )
 

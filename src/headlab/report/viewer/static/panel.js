@@ -22,10 +22,14 @@
   ];
   Viewer.prototype.renderViews = function (item) {
     var self = this, lv = (this.level === "words" && item.words) ? item.words : item.pieces, limit = this.data.flowMaxLength;
-    var flowOk = !!lv.flow;
-    if (this.view === "flow" && !flowOk) this.view = "rollout";
+    // rollout and flow need every head of the layers up to the open one (a cache may hold fewer)
+    var rolloutOk = lv.rollout.length > this.layerOf(), flowOk = !!lv.flow && lv.flow.length > this.layerOf();
+    if (this.view === "flow" && !flowOk) this.view = rolloutOk ? "rollout" : "pattern";
+    if (this.view === "rollout" && !rolloutOk) this.view = "pattern";
+    this.viewButtons.rollout.disabled = !rolloutOk;
     this.viewButtons.flow.disabled = !flowOk;
-    this.viewHint.textContent = flowOk ? "" : "(flow: texts of at most " + limit + " word pieces; this one has " +
+    this.viewHint.textContent = !rolloutOk ? "(rollout and flow: every head of layers 0\u2013" + this.layerOf() +
+      " is needed)" : flowOk ? "" : "(flow: texts of at most " + limit + " word pieces; this one has " +
       item.pieces.n + ")";
     Object.keys(this.viewButtons).forEach(function (k) {
       self.viewButtons[k].setAttribute("aria-pressed", String(k === self.view));
@@ -54,8 +58,9 @@
     this.matTitle.textContent = "Pattern";
     this.matHelp.textContent = "Rows: the attending token (query); columns: the token attended to (key).";
     info.roles.forEach(function (r) { self.badges.appendChild(el("span", "hv-badge hv-role", r.replace(/_/g, " "))); });
-    if (!info.roles.length) this.badges.appendChild(el("span", "hv-badge hv-none", "no role label"));
-    this.badges.appendChild(el("span", "hv-badge hv-class", "pattern: " + info["class"]));
+    // a head measured on the texts has a pattern class; one of a cache was not measured, so it has no label either way
+    if (!info.roles.length && info["class"]) this.badges.appendChild(el("span", "hv-badge hv-none", "no role label"));
+    if (info["class"]) this.badges.appendChild(el("span", "hv-badge hv-class", "pattern: " + info["class"]));
     if (info.corpus) {
       var cr = (info.corpus.roles || "").split(" ").filter(Boolean);
       var txt = "on the corpus: " + (cr.length ? cr.join(", ").replace(/_/g, " ") : "no role") +
@@ -102,6 +107,11 @@
     });
     table.appendChild(body);
     this.statsBody.textContent = "";
+    if (!body.children.length) {  // a viewer of a cache: no text, no statistics
+      this.statsBody.appendChild(el("p", "hv-help",
+        "No statistics for this view: headlab.show(model, text) measures them."));
+      return;
+    }
     this.statsBody.appendChild(table);
     var note = "Measured on " + (this.data.items.length > 1 ? "the " + this.data.items.length + " texts of this viewer" : "this text") +
       ", word-piece level; entropy against uniform attention's.";

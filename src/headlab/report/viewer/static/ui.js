@@ -1,7 +1,7 @@
 /* headlab attention viewer, part 2 of 6: every layer x head as thumbnails, one head opened in full.
  *
  * Reads the payload written by headlab.report.viewer (data.py, encoding.py) from a
- * <script type="application/json"> element named by the root's data-headlab-viewer attribute.
+ * script element of type application/json named by the root's data-headlab-viewer attribute.
  * Patterns arrive as row-relative bytes, deflated: weight = code * rowScale / 255.
  * Every piece of text reaches the page through textContent or canvas fillText, never as markup.
  *
@@ -40,7 +40,7 @@
     this.build();
     this.render();
     var self = this;
-    window.addEventListener("resize", function () { if (self.current) self.drawMatrix(); });
+    window.addEventListener("resize", function () { if (self.current && self.root.isConnected) self.drawMatrix(); });
   }
 
   Viewer.prototype.levelData = function () {
@@ -194,7 +194,7 @@
         b.dataset.head = String(head);
         b.dataset.index = String(idx);
         b.title = "layer " + layer + ", head " + head + (info.roles.length ? " \u2013 " + info.roles.join(", ") : "") +
-          " \u2013 " + info["class"];
+          (info["class"] ? " \u2013 " + info["class"] : "");
         b.appendChild(el("canvas"));
         b.appendChild(el("span", "hv-thumb-role", shortRoles(info.roles)));
         (function (i) { b.addEventListener("click", function () { self.select(i); }); })(idx);
