@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
     "FLOW_MAX_LENGTH", "MaxFlow", "TextFlow", "attention_flow", "max_flow", "mixed_attention", "rollout", "text_flow",
@@ -288,7 +288,7 @@ class TextFlow:
                 "flow": None if self.flow is None else self.flow.tolist(), "flow_max_length": self.max_length}
 
 
-def text_flow(model: Any, text: str, *, flow: bool = True, max_length: int = FLOW_MAX_LENGTH) -> TextFlow:
+def text_flow(model: HeadedModel | nn.Module, text: str, *, flow: bool = True, max_length: int = FLOW_MAX_LENGTH) -> TextFlow:
     """Run ``model`` on one text and compute its rollout and, within ``max_length`` pieces, its flow.
 
     Args:

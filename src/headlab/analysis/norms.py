@@ -39,12 +39,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.analysis.per_head import HeadSums
 from headlab.analysis.reductions import StackReductions, by_group, reductions
 from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
+from headlab.models import HeadedModel
 
 __all__ = [
     "COLUMNS", "ValueProjections", "ValueReductions", "ValueWeighted", "compact_projections", "key_masks",
@@ -65,7 +66,7 @@ COLUMNS = {
 }
 
 
-def out_projections(model: Any) -> dict[int, Tensor]:
+def out_projections(model: HeadedModel | nn.Module) -> dict[int, Tensor]:
     """``{layer: W_O (n_heads, d_head_v, d_model)}`` of every attention site, detached float64 copies on the CPU.
 
     Raises:
@@ -294,7 +295,7 @@ class ValueWeighted(HeadSums):
         self.projections = ValueProjections.of(W_O)
 
     @classmethod
-    def from_model(cls, model: Any) -> ValueWeighted:
+    def from_model(cls, model: HeadedModel | nn.Module) -> ValueWeighted:
         """An accumulator for every layer of ``model`` (a ``HeadedModel`` or an attached model)."""
         return cls(out_projections(model))
 
@@ -349,7 +350,7 @@ class ValueWeighted(HeadSums):
         return HeadTable([(layer, head) for layer, head, _ in order], columns)
 
 
-def value_weighted(model: Any, corpus: Any = None, **capture_options: Any) -> HeadTable:
+def value_weighted(model: HeadedModel | nn.Module, corpus: Any = None, **capture_options: Any) -> HeadTable:
     """Run a capture with a ``ValueWeighted`` and return its result.
 
     Args:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab import display
 from headlab.analysis.norms import ValueProjections, out_projections, value_reductions
@@ -37,6 +37,7 @@ from headlab.analysis.per_head import HeadSums
 from headlab.analysis.reductions import StackReductions, launch_bound, reductions
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
+from headlab.models import HeadedModel
 
 __all__ = [
     "CAUSAL_SINK_TOKENS", "DEFAULT_EDGES", "ENCODER_SINK_TOKENS", "SINK_HEAD_SHARE", "SinkResult", "SinkShare",
@@ -149,7 +150,7 @@ class SinkShare(HeadSums):
         self.projections = None if W_O is None else ValueProjections.of(W_O)
 
     @classmethod
-    def from_model(cls, model: Any, *, n_sink: int | None = None, weighted: bool = True,
+    def from_model(cls, model: HeadedModel | nn.Module, *, n_sink: int | None = None, weighted: bool = True,
                    edges: Sequence[int] = DEFAULT_EDGES) -> SinkShare:
         """An accumulator for ``model``: ``n_sink`` by its kind when None, W_O read from it when ``weighted``."""
         from headlab.analysis.surface import is_causal
@@ -265,7 +266,7 @@ def _sink_mass(pattern: Tensor, n_sink: int, weights: Tensor | None = None) -> T
     return total
 
 
-def sink_share(model: Any, corpus: Any = None, *, n_sink: int | None = None, weighted: bool = True,
+def sink_share(model: HeadedModel | nn.Module, corpus: Any = None, *, n_sink: int | None = None, weighted: bool = True,
                **capture_options: Any) -> SinkResult:
     """Run a capture with a ``SinkShare.from_model`` and return its result.
 

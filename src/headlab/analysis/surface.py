@@ -18,14 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.analysis.per_head import PerHeadMeans, real_row_sums
 from headlab.analysis.reductions import reductions
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 from headlab.heads import HeadTable
-from headlab.models import headed
+from headlab.models import HeadedModel, headed
 
 __all__ = [
     "FIXED_WHEN_CAUSAL", "STATISTICS", "SurfaceStats", "head_statistics", "is_causal", "surface_stats",
@@ -112,12 +112,12 @@ class SurfaceStats(PerHeadMeans):
         return self._table(STATISTICS, count_columns={"n_queries": "queries"})
 
 
-def is_causal(model: Any) -> bool:
+def is_causal(model: HeadedModel | nn.Module) -> bool:
     """Whether the model's attention is causal (any layer), for ``causal=`` of the accumulators."""
     return any(site.causal for site in headed(model).sites)
 
 
-def surface_stats(model: Any, corpus: Any = None, *, causal: bool | None = None,
+def surface_stats(model: HeadedModel | nn.Module, corpus: Any = None, *, causal: bool | None = None,
                   **capture_options: Any) -> HeadTable:
     """Run a capture with a ``SurfaceStats`` and return its result (``SurfaceStats.result``).
 

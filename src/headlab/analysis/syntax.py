@@ -43,13 +43,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.analysis.parses import DEFAULT_PIPELINE, Parse, parse_texts
 from headlab.analysis.scratch import Scratch
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.words import WordMap, batch_word_ids_from_spans, word_units
 from headlab.heads import HeadTable
+from headlab.models import HeadedModel
 
 __all__ = ["RelationAccuracy", "SyntaxAccuracy", "SyntaxResult", "syntax_accuracy"]
 
@@ -369,7 +370,7 @@ def _best_offset(offsets: Counter[int], max_offset: int) -> tuple[int, int]:
 
 
 def syntax_accuracy(
-    model: Any, corpus: Any = None, *, pipeline: str = DEFAULT_PIPELINE, min_count: int = 20,
+    model: HeadedModel | nn.Module, corpus: Any = None, *, pipeline: str = DEFAULT_PIPELINE, min_count: int = 20,
     max_offset: int = 10, **capture_options: Any,
 ) -> SyntaxResult:
     """Parse ``corpus`` with spaCy, capture every head's patterns and score them on the parses.

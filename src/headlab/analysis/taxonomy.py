@@ -26,7 +26,7 @@ import math
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.analysis.per_head import PerHeadMeans, real_row_sums
 from headlab.analysis.reductions import BatchReductions, StackReductions, reductions
@@ -34,6 +34,7 @@ from headlab.analysis.surface import is_causal
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
 from headlab.heads import HeadTable
+from headlab.models import HeadedModel
 
 __all__ = [
     "BLOCK", "BLOCK_OVER_UNIFORM", "CLASSES", "DIAGONAL", "MIXED", "TOP_COLUMNS", "VERTICAL",
@@ -168,7 +169,7 @@ def class_shares(classes: dict[tuple[int, int], str]) -> dict[str, float]:
     return {name: sum(c == name for c in classes.values()) / n for name in CLASSES}
 
 
-def taxonomy_stats(model: Any, corpus: Any = None, *, causal: bool | None = None,
+def taxonomy_stats(model: HeadedModel | nn.Module, corpus: Any = None, *, causal: bool | None = None,
                    **capture_options: Any) -> HeadTable:
     """Run a capture with a ``TaxonomyStats`` and return its result (arguments as ``surface_stats``)."""
     accumulator = TaxonomyStats(causal=is_causal(model) if causal is None else causal)

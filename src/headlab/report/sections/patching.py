@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from headlab.report.html import Html, escape, link, table
 from headlab.report.section import ReportContext, Section
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from headlab.models import HeadedModel
 
 __all__ = ["CLEAN", "CORRUPTED", "INDUCTION_TEXT", "RUN", "SECTION", "TOP", "Pair", "choose_pair", "render_patching",
            "sentences"]
@@ -60,7 +65,7 @@ class Pair:
     why: str
 
 
-def choose_pair(loaded: Any, *, clean: str = CLEAN, corrupted: str = CORRUPTED) -> Pair:
+def choose_pair(loaded: HeadedModel | nn.Module, *, clean: str = CLEAN, corrupted: str = CORRUPTED) -> Pair:
     """The pair and metric for ``loaded``: an induction pair with a logit difference for a causal
     language model, otherwise ``clean``/``corrupted`` with the similarity metric.
 
@@ -91,7 +96,7 @@ def choose_pair(loaded: Any, *, clean: str = CLEAN, corrupted: str = CORRUPTED) 
     return pair
 
 
-def _induction_pair(loaded: Any) -> Pair:
+def _induction_pair(loaded: HeadedModel | nn.Module) -> Pair:
     import torch
 
     from headlab.analysis.patching import logit_difference
@@ -116,7 +121,7 @@ def _induction_pair(loaded: Any) -> Pair:
                 f"logit({shown[0]!r}) − logit({shown[1]!r}) at the last position", why)
 
 
-def _similarity_pair(loaded: Any, clean: str, corrupted: str, reason: str) -> Pair:
+def _similarity_pair(loaded: HeadedModel | nn.Module, clean: str, corrupted: str, reason: str) -> Pair:
     from headlab.analysis.patching import text_metric
 
     tokenizer = loaded.tokenizer

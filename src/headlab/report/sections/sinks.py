@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headlab.report.html import Html, escape
 from headlab.report.section import ReportContext, Section
 from headlab.report.tables import TOP_HEADS, sinks_table, to_html
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from headlab.models import HeadedModel
 
 __all__ = ["PLOTS", "SECTION", "SinkReport", "measure", "render", "render_sinks"]
 
@@ -41,7 +46,7 @@ class SinkReport:
     causal: bool
 
 
-def measure(model: Any, texts: list[str]) -> SinkReport:
+def measure(model: HeadedModel | nn.Module, texts: list[str]) -> SinkReport:
     """One capture of every head's pattern and v over ``texts`` into both accumulators."""
     from headlab.analysis.norms import ValueWeighted
     from headlab.analysis.sinks import SinkShare
