@@ -33,6 +33,7 @@ from headlab.experiments.tasks import RepeatTask
 from headlab.heads import head_label
 from headlab.experiments.train import History, train
 from headlab.layer import AttentionConfig
+from headlab.models.handle import evaluating
 
 __all__ = ["InductionResult", "head_scores", "plot_induction", "run_induction"]
 
@@ -52,13 +53,8 @@ def head_scores(model: TinyTransformer, probe: torch.Tensor, length: int) -> dic
     Returns:
         ``{"previous_token" | "duplicate_token" | "induction": scores}``, scores ``[layer][head]``.
     """
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            patterns = model(probe[..., None], return_pattern=True).pattern
-    finally:
-        model.train(was_training)
+    with evaluating(model, grad=False):
+        patterns = model(probe[..., None], return_pattern=True).pattern
     return {
         "previous_token": [previous_token_score(p).tolist() for p in patterns],
         "duplicate_token": [duplicate_token_score(p, length).tolist() for p in patterns],

@@ -22,6 +22,7 @@ from headlab.experiments.progress import StepBar
 from headlab.experiments.tasks import Batch, Task
 from headlab.layer import AttentionConfig
 from headlab.layer.accounting import account
+from headlab.models.handle import evaluating
 
 __all__ = ["EVAL_SEED_OFFSET", "ConfigRun", "History", "evaluate", "loss_and_accuracy", "train", "train_config"]
 
@@ -76,12 +77,8 @@ def loss_and_accuracy(logits: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
 @torch.no_grad()
 def evaluate(model: TinyTransformer, batch: Batch) -> tuple[float, float]:
     """Loss and accuracy of ``model`` on ``batch`` (in eval mode, restored after)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         loss, accuracy = loss_and_accuracy(model(batch.inputs).logits, batch)
-    finally:
-        model.train(was_training)
     return float(loss), float(accuracy)
 
 

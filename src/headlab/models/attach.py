@@ -20,7 +20,7 @@ from torch import nn
 
 from headlab.layer.taps import SITE_ATTRIBUTE
 from headlab.models.calls import AttentionCall
-from headlab.models.handle import HANDLE_ATTRIBUTE, HeadedModel, headed
+from headlab.models.handle import HANDLE_ATTRIBUTE, HeadedModel, headed, module_of
 from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.layout import find_layout
 from headlab.models.native import is_native, native_sites
@@ -53,7 +53,7 @@ def attach(model: HeadedModel | nn.Module, *, tokenizer: Any = None) -> HeadedMo
             computed outside transformers' AttentionInterface, a module run several times per
             forward, learned sink logits); the message names the reason. The model is left as it was.
     """
-    net = model.model if isinstance(model, HeadedModel) else model
+    net = module_of(model)
     if isinstance(net, nn.Module) and is_native(net):
         if _sites(net) is None:
             for site in native_sites(net):
@@ -101,7 +101,7 @@ def detach(model: HeadedModel | nn.Module) -> nn.Module:
     Returns:
         The model itself.
     """
-    net = model.model if isinstance(model, HeadedModel) else model
+    net = module_of(model)
     for module in net.modules():
         module.__dict__.pop(SITE_ATTRIBUTE, None)
     net.__dict__.pop(HANDLE_ATTRIBUTE, None)

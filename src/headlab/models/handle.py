@@ -194,16 +194,8 @@ class HeadedModel:
         Yields:
             The model.
         """
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            if grad is None:
-                yield self.model
-            else:
-                with torch.set_grad_enabled(grad):
-                    yield self.model
-        finally:
-            self.model.train(was_training)
+        with evaluating(self.model, grad=grad):
+            yield self.model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward."""
@@ -230,6 +222,32 @@ class HeadedModel:
         return [("source", self.source), ("on", f"{self.device}, {str(self.dtype).removeprefix('torch.')}"),
                 ("tokenizer", type(self.tokenizer).__name__ if self.tokenizer is not None else "none"),
                 ("interventions", "; ".join(changed) or "none")]
+
+
+@contextmanager
+def evaluating(module: nn.Module, *, grad: bool | None = None) -> Iterator[None]:
+    """``module`` in eval mode for the block, its mode restored afterwards (also on error): the one such block
+    of headlab (``HeadedModel.running``; the probe of ``attach``, before a handle exists; the experiments).
+
+    Args:
+        module: any torch module.
+        grad: True runs with autograd, False without; None leaves it as it is.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        if grad is None:
+            yield
+        else:
+            with torch.set_grad_enabled(grad):
+                yield
+    finally:
+        module.train(was_training)
+
+
+def module_of(model: HeadedModel | nn.Module) -> nn.Module:
+    """The model itself, from its handle or as it is (for ``attach`` and ``detach``, which take either)."""
+    return model.model if isinstance(model, HeadedModel) else model
 
 
 def headed(model: HeadedModel | nn.Module) -> HeadedModel:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.models.calls import AttentionCall, ProjectionCall
+from headlab.models.handle import evaluating
 from headlab.models.interface import observing
 
 PROBE_LENGTH = 6  # tokens per probe item
@@ -99,11 +100,6 @@ def run_probe(model: nn.Module) -> tuple[list[AttentionCall], Tensor]:
         The attention calls in the order they ran, and the model's first output.
     """
     inputs = probe_inputs(model)
-    was_training = model.training
-    model.eval()
-    try:
-        with recording(model) as calls, torch.no_grad():
-            output = first_output(model(**inputs))
-    finally:
-        model.train(was_training)
+    with evaluating(model, grad=False), recording(model) as calls:
+        output = first_output(model(**inputs))
     return calls, output
