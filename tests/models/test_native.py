@@ -165,3 +165,49 @@ def test_detach_leaves_the_layers_own_affine():
     assert layer.head_scale[0] == 0 and "headlab_site" not in layer.__dict__
     with pytest.raises(ValueError, match="has no headlab attention"):
         headed(layer)
+
+
+def test_capture_runs_a_tiny_transformer_over_text():
+    # A one-field TinyTransformer reads token ids; padded on the right, its causal heads never see the padding.
+    from tests.capture.tiny_model import fake_tokenizer
+
+    tokenizer = fake_tokenizer()
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab_sizes=[tokenizer.get_vocab_size()], n_classes=3, max_len=32,
+                            layers=[AttentionConfig(d_model=16, n_heads=2)] * 2).eval()
+    handle = headlab.attach(model, tokenizer=tokenizer)
+    texts = ["the cat sat on the mat", "a dog", "the big red dog ran on a mat"]
+    kept = {}
+
+    class Keep:
+        def update(self, batch):
+            for row, index in enumerate(batch.corpus_indices.tolist()):
+                n = int(batch.lengths[row])
+                kept[index] = [batch.layers[layer].pattern[row, :, :n, :n] for layer in (0, 1)]
+
+    result = headlab.capture.capture(handle, corpus=texts, consumers=[Keep()], progress=False)
+    assert result.items == 3 and result.batches == 1 and sorted(kept) == [0, 1, 2]
+    for index, text in enumerate(texts):
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        expected = model(ids, return_pattern=True).pattern  # the item alone, unpadded
+        for layer in (0, 1):
+            assert torch.allclose(kept[index][layer], expected[layer][0], atol=1e-6)
+
+
+def test_a_bidirectional_model_without_a_mask_refuses_padded_batches():
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.attn = torch.nn.Embedding(10, 16), MultiHeadAttention(CONFIGS["wide"])
+
+        def forward(self, ids):
+            return self.attn(self.embed(ids))
+
+    handle = headlab.attach(Encoder())
+    ids = torch.ones(2, 3, dtype=torch.long)
+    assert handle.token_batch(ids, torch.ones_like(ids)) == {"ids": ids}
+    with pytest.raises(ValueError, match="padding would reach real tokens: run one item per batch"):
+        handle.token_batch(ids, torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    layer = headlab.attach(MultiHeadAttention(CONFIGS["wide"]))  # its forward takes a key_padding_mask
+    assert layer.token_batch(ids, torch.tensor([[1, 1, 1], [1, 1, 0]]))["key_padding_mask"].tolist() == [
+        [False, False, False], [False, False, True]]

@@ -192,7 +192,7 @@ def capture(
             for indices in batches:
                 batch = collate(tokenized, indices, device=device)
                 taken.clear()
-                net(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                net(**handle.token_batch(batch.input_ids, batch.attention_mask))
                 if len(taken) != len(selection):
                     raise RuntimeError(f"layers {sorted(set(selection) - set(taken))} did not run headlab's attention "
                                        "in this forward")

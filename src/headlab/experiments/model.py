@@ -79,7 +79,8 @@ class TinyTransformer(nn.Module):
         """Run the model.
 
         Args:
-            inputs: ``(batch, pos, field)`` int64, pos ≤ max_len.
+            inputs: ``(batch, pos, field)`` int64, pos ≤ max_len; a model of one field also takes
+                ``(batch, pos)`` (token ids, as ``headlab.capture`` hands them).
             return_pattern: also return every layer's attention patterns.
 
         Returns:
@@ -89,6 +90,8 @@ class TinyTransformer(nn.Module):
             ValueError: inputs of the wrong shape, too many positions or a symbol out of range.
         """
         n_fields, max_len = len(self.embeddings), self.position.shape[0]
+        if inputs.dim() == 2 and n_fields == 1:
+            inputs = inputs[..., None]
         if inputs.dim() != 3 or inputs.shape[-1] != n_fields or inputs.shape[1] > max_len:
             raise ValueError(f"inputs has shape {tuple(inputs.shape)}; expected (batch, pos ≤ {max_len}, {n_fields})")
         residual = self.position[: inputs.shape[1]]

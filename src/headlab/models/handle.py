@@ -170,6 +170,34 @@ class HeadedModel:
         raise TypeError(f"inputs must be a text, a list of texts, a tensor or a dict of a forward's arguments; got "
                         f"{type(inputs).__name__}")
 
+    def token_batch(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Any]:
+        """The keyword arguments of a forward on a right-padded batch of token ids (``capture``'s batches).
+
+        A transformers model takes both. A headlab model takes the ids as its forward's ``input_ids``, else
+        as its first argument, and the mask as its ``attention_mask`` or (True = padding)
+        ``key_padding_mask`` when its forward has one; without either, a causal model's real tokens never
+        see the padding after them, and a bidirectional one's would.
+
+        Args:
+            input_ids: ``(batch, pos)`` on the model's device.
+            attention_mask: ``(batch, pos)``, 1 for real tokens.
+
+        Raises:
+            ValueError: a padded batch for a bidirectional headlab model whose forward takes no mask.
+        """
+        if self._transformers:
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
+        names = set(inspect.signature(self.model.forward).parameters)
+        kwargs = {"input_ids" if "input_ids" in names else _first_argument(self.model): input_ids}
+        if "attention_mask" in names:
+            kwargs["attention_mask"] = attention_mask
+        elif "key_padding_mask" in names:
+            kwargs["key_padding_mask"] = attention_mask == 0
+        elif not self.causal and not bool(attention_mask.all()):
+            raise ValueError(f"{self.architecture}.forward takes no attention mask and its attention sees both "
+                             "ways, so padding would reach real tokens: run one item per batch (max_batch_size=1)")
+        return kwargs
+
     def tokens(self, inputs: Mapping[str, Any]) -> list[list[str]] | None:
         """Each item's tokens as strings (padding left out), or None without a tokenizer or input ids.
 
