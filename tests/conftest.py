@@ -8,8 +8,6 @@ settings.register_profile("default", deadline=None, max_examples=40, derandomize
 settings.register_profile("thorough", deadline=None, max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
 
 @pytest.fixture(autouse=True)
 def _seed():
