@@ -1,7 +1,6 @@
 """The capture tests' tokenizer, model and texts (tests/support: the word-piece tokenizer, the pruned BERT)."""
 
 import pytest
-import torch
 
 from tests.support.text import TEXTS, fake_tokenizer
 from tests.support.tiny import pruned_bert
@@ -15,7 +14,6 @@ def tokenizer():
 
 @pytest.fixture
 def model(tokenizer):
-    torch.manual_seed(0)
     return pruned_bert(tokenizer.get_vocab_size())
 
 

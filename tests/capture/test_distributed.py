@@ -162,7 +162,6 @@ def checkpoint(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=fake_tokenizer(), pad_token="[PAD]",
                                                      unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]")
-    torch.manual_seed(0)
     model = pruned_bert(len(tokenizer))
     return heads.save(LoadedModel(model=model, tokenizer=tokenizer, source="tiny"), tmp_path_factory.mktemp("tiny"))
 
