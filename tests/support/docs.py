@@ -9,7 +9,10 @@ longer says what the function says.
 A Python block is a fenced ```` ```python ```` block. ``run_block`` executes one alone, in a fresh
 namespace, as a reader would paste it, and returns what each of its lines printed; ``promises``
 reads the values that its ``print(...)  # value`` comments state, and ``check_promises`` compares
-them with what was printed.
+them with what was printed. Blocks run in the test process (a new interpreter per block would cost
+seconds each); what a new interpreter could see differently, a submodule read as an attribute of
+a package the block imported (``import headlab; headlab.capture``), ``submodule_reads`` finds and
+``fresh_lookup`` checks in one.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import ast
 import builtins
 import io
 import math
+import os
 import re
+import subprocess
 import sys
 import tokenize
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,8 +112,9 @@ def python_blocks(*paths: Path) -> list[Block]:
     return [block for path in paths for block in fenced_blocks(path) if block.language == "python"]
 
 
-def run_block(block: Block) -> dict[int, list[str]]:
-    """Execute ``block`` alone in a fresh namespace; returns ``{file line: [text printed by that line, …]}``.
+def run_block(block: Block, namespace: dict[str, Any] | None = None) -> dict[int, list[str]]:
+    """Execute ``block`` alone in a fresh namespace (``namespace``, empty, when given: it holds the block's
+    names afterwards); returns ``{file line: [text printed by that line, …]}``.
 
     ``print`` is the builtin (output still goes to stdout), recorded on the way: a print from a
     function the block defines counts for the line of that print. Tracebacks name the file's lines.
@@ -125,8 +132,52 @@ def run_block(block: Block) -> dict[int, list[str]]:
         builtins.print(*values, sep=sep, end=end, file=file, flush=flush)
 
     code = compile("\n" * (block.line - 1) + block.source, filename, "exec")  # padded: line numbers are the file's
-    exec(code, {"__name__": "__main__", "print": record})  # noqa: S102 - running our own documentation
+    namespace = {} if namespace is None else namespace
+    namespace.update({"__name__": "__main__", "print": record})
+    exec(code, namespace)  # noqa: S102 - running our own documentation
     return printed
+
+
+def submodule_reads(block: Block, namespace: dict[str, Any], packages: tuple[str, ...] = ("headlab",)) -> list[str]:
+    """The submodules of ``packages`` the block reads as attributes without importing them itself:
+    ``headlab.capture`` in ``import headlab; headlab.capture.mean_z(…)``.
+
+    The block ran in this process (``namespace``), where an earlier import may have set that
+    attribute; ``fresh_lookup`` asks a new interpreter whether it resolves after the block's imports.
+    """
+    tree = ast.parse(block.source)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    found = set()
+    for node in ast.walk(tree):
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.insert(0, node.attr)
+            node = node.value
+        if not chain or not isinstance(node, ast.Name):
+            continue
+        value = namespace.get(node.id)
+        if not isinstance(value, types.ModuleType) or value.__name__.split(".")[0] not in packages:
+            continue
+        path = value.__name__
+        for attr in chain:
+            value = getattr(value, attr, None)
+            if not isinstance(value, types.ModuleType):
+                break
+            path = f"{path}.{attr}"
+            if path not in imported:
+                found.add(path)
+    return sorted(found)
+
+
+def fresh_lookup(block: Block, paths: list[str]) -> str | None:
+    """Run the block's import statements in a new interpreter, then read each dotted ``path``; returns the
+    error it printed, or None when every path resolved."""
+    imports = [ast.unparse(node) for node in ast.walk(ast.parse(block.source))
+               if isinstance(node, (ast.Import, ast.ImportFrom))]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    run = subprocess.run([sys.executable, "-c", "\n".join(imports + paths)], capture_output=True, text=True,
+                         env=env, check=False)
+    return None if run.returncode == 0 else run.stderr.strip().splitlines()[-1]
 
 
 def _literal(text: str) -> tuple[bool, Any]:
