@@ -50,7 +50,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/headlab bench --out benchmarks/RESULTS.md
-	$(BIN)/python tests/bench/test_scaling_docs.py  # docs/scaling.md's numbers, from RESULTS.json
+	$(BIN)/python -m tests.support.regenerate scaling  # docs/scaling.md's numbers, from RESULTS.json
 
 gpu-kit: $(STAMP)
 	$(BIN)/python -m headlab.bench.kit .gpu
@@ -60,10 +60,10 @@ gpu-kit: $(STAMP)
 		pytest pluggy iniconfig packaging hypothesis sortedcontainers
 
 readme: $(STAMP)
-	$(BIN)/python tests/test_readme.py
+	$(BIN)/python -m tests.support.regenerate readme
 
 docs: $(STAMP)
-	$(BIN)/python tests/models/test_architectures.py
+	$(BIN)/python -m tests.support.regenerate models
 
 clean:
 	rm -rf report/ test-artifacts/ build/ dist/ .pytest_cache/ .hypothesis/ .gpu/

@@ -1,25 +1,21 @@
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import settings
 
+from tests.support.browser import CHROMIUM
+
 settings.register_profile("default", deadline=None, max_examples=40, derandomize=True)
 settings.register_profile("thorough", deadline=None, max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from headlab.analysis.per_head import HeadSums, PerHeadMeans
 from headlab.analysis.retrieval import CopyCase
 from headlab.capture import CaptureBatch, MeanZ, capture
 from headlab.heads import HeadTable
-from tests.capture.minilm import minilm
+from tests.support.minilm import minilm
 
 # class → the type its result() returns
 ACCUMULATORS = {SurfaceStats: HeadTable, TaxonomyStats: HeadTable, HeadSimilarity: SimilarityResult,

@@ -17,9 +17,10 @@ from headlab.analysis.analyze import (
 )
 from headlab.heads import Heads, HeadTable
 from headlab.models import HeadedModel
-from tests.capture.minilm import minilm
-from tests.capture.tiny_model import fake_tokenizer
-from tests.models.tiny import build
+from tests.support.analysis import hand_result, relation
+from tests.support.minilm import minilm
+from tests.support.text import fake_tokenizer
+from tests.support.tiny import build
 
 TEXTS = [
     "The cat sat on the mat, and the dog watched it.",
@@ -145,38 +146,6 @@ def test_rows_join_every_table_on_the_captured_heads():
     assert table.heads == surface.heads and table.value("importance_gradient", 1, 2) == 0.3
 
 
-def hand_result(*, causal, relations=(), pruning=None):
-    """An ``AnalysisResult`` of two layers × two heads with hand-set statistics: L1 H0 is the
-    previous-token head (0.8), L0 H1 the next-token head (0.6, 0 when causal)."""
-    import types
-
-    import numpy as np
-
-    from headlab.analysis.syntax import SyntaxResult
-
-    heads = [(0, 0), (0, 1), (1, 0), (1, 1)]
-    columns = {name: np.full(4, 0.1) for name in STATISTICS} | {"n_queries": np.full(4, 50.0)}
-    columns["to_prev"] = np.array([0.1, 0.2, 0.8, 0.3])
-    columns["to_next"] = np.zeros(4) if causal else np.array([0.1, 0.6, 0.2, 0.3])
-    syntax = None if not relations else SyntaxResult(
-        relations=list(relations), head_slots=heads, per_head={}, counts={r.relation: r.count for r in relations},
-        min_count=1, items=10, arcs=sum(r.count for r in relations))
-    return AnalysisResult(
-        capture=types.SimpleNamespace(items=10, tokens=200, n_truncated=0), surface=HeadTable(heads, columns),
-        roles={(1, 0): ("previous_token",)}, taxonomy=None, classes={h: "vertical" for h in heads},
-        similarity=types.SimpleNamespace(heads=heads, distances=np.ones((4, 4)) - np.eye(4)),
-        embedding=types.SimpleNamespace(stress=0.1), syntax=syntax, pruning=pruning or {}, causal=causal)
-
-
-def relation(name, count, *, accuracy, baseline, head=(0, 1), direction="dep_to_head"):
-    from headlab.analysis.syntax import RelationAccuracy
-
-    other = (1, 1)
-    d2h, h2d = (head, other) if direction == "dep_to_head" else (other, head)
-    return RelationAccuracy(name, count, d2h, accuracy if direction == "dep_to_head" else 0.0, h2d,
-                            accuracy if direction == "head_to_dep" else 0.0, 1, baseline)
-
-
 def test_sentences_leave_out_the_next_token_for_a_causal_model_and_write_heads_as_l_h():
     bidirectional = " ".join(hand_result(causal=False).sentences())
     assert ("Head L1 H0 sends 80% of its attention to the previous token and head L0 H1 60% to the next one"
@@ -299,7 +268,7 @@ def test_the_ray_engine_gives_the_local_result_from_the_command_line(tmp_path):
     from typer.testing import CliRunner
 
     from headlab.cli import app
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     checkpoint = save_causal_checkpoint(tmp_path / "tiny", n_positions=64)
     corpus = tmp_path / "corpus.txt"

@@ -122,7 +122,7 @@ def test_long_texts_and_bad_patterns_are_refused_with_the_limit_named():
 
 
 def test_text_flow_on_a_tiny_model():
-    from tests.report.viewer.tiny import tiny
+    from tests.support.tiny import tiny
 
     result = text_flow(tiny("gpt2"), "the cat sat on the mat")
     n = len(result.tokens)

@@ -11,11 +11,11 @@ from headlab.analysis.importance import (
 from headlab.heads import HeadTable, mask, restore, scale, summary
 import headlab
 from headlab.models import Tap, headed
-from tests.capture.minilm import minilm
+from tests.support.minilm import minilm
 
 transformers = pytest.importorskip("transformers")
-from tests.models.tiny import batch as random_batch  # noqa: E402
-from tests.models.tiny import build  # noqa: E402
+from tests.support.tiny import batch as random_batch  # noqa: E402
+from tests.support.tiny import build  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,42 +9,8 @@ import pytest
 import torch
 
 from headlab.analysis.norms import COLUMNS, ValueWeighted, compact_projections, value_norms, weighted_pattern
-from headlab.capture import CaptureBatch, LayerCapture, capture
-
-
-def hand_batch(lengths: list[int], *, heads: dict[int, tuple[int, ...]], d_head: int = 3, special_last: bool = True,
-               seed: int = 0, causal: bool = False) -> CaptureBatch:
-    """Random right-padded items: position 0 and (with ``special_last``) the last real position special;
-    per layer, patterns over the real keys (NaN in padded query rows, as a model may leave) and values."""
-    g = torch.Generator().manual_seed(seed)
-    b, n = len(lengths), max(lengths)
-    mask = torch.zeros(b, n, dtype=torch.long)
-    special = torch.zeros(b, n, dtype=torch.bool)
-    for row, length in enumerate(lengths):
-        mask[row, :length] = 1
-        special[row, 0] = True
-        special[row, length - 1] = special_last
-    batch = CaptureBatch(input_ids=torch.zeros(b, n, dtype=torch.long), attention_mask=mask,
-                         lengths=torch.tensor(lengths), offsets=torch.zeros(b, n, 2, dtype=torch.long),
-                         word_ids=torch.full((b, n), -1), special_tokens_mask=special,
-                         corpus_indices=torch.arange(b), truncated=torch.zeros(b, dtype=torch.bool),
-                         texts=["x"] * b, tokens=[["t"] * length for length in lengths])
-    allowed = mask.bool()[:, None, None, :].expand(b, 1, n, n)
-    if causal:
-        allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
-    for layer, hs in heads.items():
-        scores = torch.randn(b, len(hs), n, n, generator=g) * 2
-        pattern = torch.softmax(scores.masked_fill(~allowed, -math.inf), -1)
-        pattern = torch.where(mask.bool()[:, None, :, None], pattern, math.nan)  # padded query rows: anything
-        v = torch.randn(b, len(hs), n, d_head, generator=g)
-        v[0, :, 0] *= 0.05  # a short value on item 0's first token, as [CLS] often has
-        batch.layers[layer] = LayerCapture(layer=layer, heads=hs, pattern=pattern, v=v)
-    return batch
-
-
-def w_o(heads: dict[int, int], d_head: int = 3, d_model: int = 5, seed: int = 1) -> dict[int, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {layer: torch.randn(n, d_head, d_model, generator=g) for layer, n in heads.items()}
+from headlab.capture import CaptureBatch, capture
+from tests.support.analysis import hand_batch, w_o
 
 
 def reference(batches: list[CaptureBatch], W_O: dict[int, torch.Tensor]) -> dict[tuple[int, int], dict[str, float]]:  # noqa: N803
@@ -138,7 +104,7 @@ def test_norms_and_weighted_pattern_match_their_definitions():
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
 def test_tiny_model_equals_the_loop_and_v_through_W_O_gives_the_heads_result(kind):
-    from tests.report.viewer.tiny import tiny
+    from tests.support.tiny import tiny
 
     model = tiny(kind)
     texts = ["the cat sat on the mat", "a big red dog ran on the mat and the cat sat", "the dog"]

@@ -13,7 +13,7 @@ import headlab
 from headlab.analysis.importance import spearman
 from headlab.analysis.patching import activation_patching, attribution_patching, logit_difference, plot_patching
 from headlab.models import headed
-from tests.models.tiny import build, first_output
+from tests.support.tiny import build, first_output
 
 
 def _pair(length: int = 7, changed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +106,7 @@ def test_refusals(planted, tmp_path):
 def test_attribution_ranks_minilm_heads_as_exact_patching_does():
     """On the real model, AtP finds the same most important head and ranks the heads alike."""
     from headlab.analysis.patching import text_metric
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     loaded = minilm()
     clean, corrupted = "The cat sat on the mat.", "The dog sat on the mat."

@@ -10,7 +10,7 @@ import torch
 
 from headlab.analysis import SurfaceStats
 from headlab.analysis.sinks import SinkShare
-from tests.analysis.test_surface import make_batch, sentence
+from tests.support.analysis import make_batch, sentence
 
 
 def random_batches(n: int, seed: int = 0) -> list:

@@ -15,7 +15,7 @@ from headlab.analysis.reductions import (
     COLUMNS, BatchReductions, StackReductions, column_masses, reductions, stack_layers,
 )
 from headlab.capture import LayerCapture
-from tests.analysis.test_surface import make_batch, sentence
+from tests.support.analysis import make_batch, sentence
 
 
 def _random_batch(*, seed: int = 0, nan_padding: bool = True, dtype: torch.dtype = torch.float64):

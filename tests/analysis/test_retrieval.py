@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headlab.analysis.retrieval import CopyCase, RetrievalScores, copy_cases, retrieval_scores
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 pytest.importorskip("transformers")
 

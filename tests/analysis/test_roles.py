@@ -7,7 +7,7 @@ import torch
 
 from headlab.analysis import SurfaceStats, duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.roles import duplicate_token_score, induction_score, probe_patterns, repeated_tokens
-from tests.analysis.test_surface import make_batch, patterns_of, sentence
+from tests.support.analysis import make_batch, patterns_of, sentence
 
 
 def test_labels_of_hand_built_heads():
@@ -64,7 +64,7 @@ def test_scores_of_forced_patterns():
 def gpt2():
     pytest.importorskip("transformers")
     import headlab
-    from tests.models.tiny import build
+    from tests.support.tiny import build
 
     return headlab.attach(build("gpt2")).model
 
@@ -104,7 +104,7 @@ def test_probes_refuse_sequences_longer_than_the_model_takes(gpt2):
 
 
 def test_probes_refuse_a_non_causal_model():
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     with pytest.raises(ValueError, match="need a causal model"):
         induction_scores(minilm(), n_seqs=1, length=4)

@@ -9,7 +9,7 @@ import torch
 from headlab.analysis.similarity import MAX_JS_DISTANCE, HeadSimilarity, js_distance, mds, plot_mds
 from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import Heads
-from tests.capture.minilm import minilm
+from tests.support.minilm import minilm
 
 
 def js_reference(p, q) -> float:
@@ -159,7 +159,7 @@ def test_plot_mds(tmp_path):
 
 def test_row_sample_is_reproducible_and_close_to_every_row():
     from headlab.capture import capture
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     texts = ["The cat sat on the mat, and the dog watched it from the door.",
              "Attention heads learn different things when their weights start apart."] * 3

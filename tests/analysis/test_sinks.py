@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headlab.analysis.sinks import SinkShare, plot_sink_share
-from tests.analysis.test_norms import hand_batch, w_o
+from tests.support.analysis import hand_batch, w_o
 
 HEADS = {0: (0, 1), 1: (2,)}
 EDGES = (0, 1, 2, 4, 8)

@@ -16,7 +16,7 @@ from headlab.analysis.importance import causal_lm_loss
 from headlab.analysis.streaming import StreamingStats, _memory, corpus_batches, streaming_simulation
 from headlab.capture import load_corpus, run_with_cache
 from headlab.models import HeadedModel
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 pytest.importorskip("transformers")
 
@@ -139,7 +139,7 @@ def test_a_budget_below_the_combined_cost_cuts_the_conversion():
 
 
 def test_gqa_frees_a_key_value_head_only_when_all_its_query_heads_stream():
-    from tests.models.tiny import build
+    from tests.support.tiny import build
 
     net = headlab.attach(build("llama", num_key_value_heads=2, attn_implementation="sdpa")).model  # 4 heads, 2 per kv
     stats = StreamingStats(HeadedModel(net, source="tiny llama"), windows=[3], sinks=1)

@@ -11,61 +11,9 @@ import torch
 
 from headlab.analysis import STATISTICS, SurfaceStats
 from headlab.analysis.reductions import is_punctuation
-from headlab.capture import CaptureBatch, LayerCapture, capture
+from headlab.capture import CaptureBatch, capture
 from headlab.heads import Heads
-
-
-def make_batch(tokens: list[list[str]], layers: dict[int, torch.Tensor], *, heads: dict[int, tuple] | None = None,
-               special: list[list[bool]] | None = None) -> CaptureBatch:
-    """A CaptureBatch from token strings and ``{layer: (batch, head, pos, pos)}`` patterns (right-padded).
-    Special tokens default to the pieces written ``[CLS]`` / ``[SEP]``."""
-    lengths = [len(t) for t in tokens]
-    batch, pos = len(tokens), max(lengths)
-    mask = torch.zeros(batch, pos, dtype=torch.long)
-    special_mask = torch.zeros(batch, pos, dtype=torch.bool)
-    for row, n in enumerate(lengths):
-        mask[row, :n] = 1
-        flags = special[row] if special else [t in ("[CLS]", "[SEP]") for t in tokens[row]]
-        special_mask[row, :n] = torch.tensor(flags)
-    return CaptureBatch(
-        input_ids=torch.arange(batch * pos).view(batch, pos), attention_mask=mask, lengths=torch.tensor(lengths),
-        offsets=torch.zeros(batch, pos, 2, dtype=torch.long), word_ids=torch.full((batch, pos), -1),
-        special_tokens_mask=special_mask, corpus_indices=torch.arange(batch), truncated=torch.zeros(batch, dtype=bool),
-        texts=[" ".join(t) for t in tokens], tokens=tokens,
-        layers={layer: LayerCapture(layer=layer, heads=(heads or {}).get(layer, tuple(range(p.shape[1]))),
-                                    pattern=p)
-                for layer, p in layers.items()},
-    )
-
-
-def sentence(n: int) -> list[str]:
-    """``[CLS] w1 … [SEP]`` with n pieces in all; the piece before [SEP] is a full stop."""
-    return ["[CLS]", *[f"w{i}" for i in range(1, n - 2)], ".", "[SEP]"]
-
-
-def patterns_of(kind: str, n: int, pad_to: int | None = None) -> torch.Tensor:
-    """``(n, pad_to)`` one named pattern over n real keys (padded keys get zero)."""
-    pad_to = pad_to or n
-    p = torch.zeros(n, pad_to)
-    if kind == "identity":
-        p[:, :n] = torch.eye(n)
-    elif kind == "previous":
-        p[0, 0] = 1
-        p[torch.arange(1, n), torch.arange(n - 1)] = 1
-    elif kind == "next":
-        p[torch.arange(n - 1), torch.arange(1, n)] = 1
-        p[n - 1, n - 1] = 1
-    elif kind == "uniform":
-        p[:, :n] = 1 / n
-    elif kind == "cls":
-        p[:, 0] = 1
-    elif kind == "sep":
-        p[:, n - 1] = 1
-    elif kind == "punct":
-        p[:, n - 2] = 1
-    else:
-        raise ValueError(kind)
-    return p
+from tests.support.analysis import make_batch, patterns_of, sentence
 
 
 def one_head(kind: str, n: int) -> CaptureBatch:
@@ -245,7 +193,7 @@ def slow_statistics(tokens, special, p):
 
 
 def test_matches_slow_loops_on_minilm():
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     loaded = minilm()
     texts = ["The cat sat on the mat, and then it slept.", "Why?", "Attention heads (some of them) look at commas."]
@@ -278,7 +226,7 @@ def test_matches_slow_loops_on_minilm():
 def test_surface_stats_runs_a_capture_and_reads_causality():
     from headlab.analysis import surface_stats
     from headlab.analysis.surface import is_causal
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     loaded = minilm()
     assert not is_causal(loaded)

@@ -203,7 +203,7 @@ def test_missing_pipeline_names_what_to_install():
 
 def test_spacy_tokens_align_to_word_pieces_on_tricky_text():
     needs_parser()
-    from tests.capture.minilm import minilm_tokenizer
+    from tests.support.minilm import minilm_tokenizer
 
     tokenizer = minilm_tokenizer()
     text = "I don't know -- the well-known man (who can't swim) said: \"no!\"  Yes."
@@ -233,7 +233,7 @@ def test_spacy_tokens_align_to_word_pieces_on_tricky_text():
 def test_minilm_on_twenty_corpus_lines(tmp_path):
     needs_parser()
     from headlab.data import corpus_lines
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     model = minilm()
     lines = list(corpus_lines())[:20]
@@ -257,7 +257,7 @@ def test_parsing_lazily_from_batch_texts_matches_parses_given_up_front():
     needs_parser()
     from headlab.capture.run import capture
     from headlab.data import corpus_lines
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     lines = list(corpus_lines())[:6]
     given, lazy = SyntaxAccuracy(parse_texts(lines)), SyntaxAccuracy()
@@ -274,7 +274,7 @@ BPE_PARSE = Parse(spans=((0, 3), (4, 7), (8, 11), (12, 14), (15, 18), (19, 22), 
 
 def test_byte_level_bpe_pieces_align_and_the_pointing_head_is_found():
     from headlab.capture import collate, tokenize_corpus
-    from tests.capture.byte_bpe import byte_level_tokenizer
+    from tests.support.text import byte_level_tokenizer
 
     batch = collate(tokenize_corpus(byte_level_tokenizer(), [BPE_TEXT]), [0])
     n = int(batch.lengths[0])
@@ -315,8 +315,8 @@ def test_analyze_runs_syntax_on_a_causal_model_with_a_byte_level_bpe_tokenizer()
     import headlab
     from headlab.analysis.analyze import analyze
     from headlab.models import HeadedModel
-    from tests.capture.byte_bpe import SENTENCES, byte_level_tokenizer
-    from tests.models.tiny import build
+    from tests.support.text import SENTENCES, byte_level_tokenizer
+    from tests.support.tiny import build
 
     tokenizer = byte_level_tokenizer()
     model = headlab.attach(build("gpt2", vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,

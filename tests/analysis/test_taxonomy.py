@@ -12,7 +12,7 @@ from headlab.analysis import CLASSES, TaxonomyStats, class_shares, classify
 from headlab.analysis.reductions import segments
 from headlab.analysis.taxonomy import classify_head
 from headlab.heads import Heads
-from tests.analysis.test_surface import make_batch, patterns_of, sentence
+from tests.support.analysis import make_batch, patterns_of, sentence
 
 N = 16
 STATS = ("special", "band", "block", "block_uniform", "top_columns")
@@ -99,7 +99,7 @@ def test_merge_equals_whole():
 def test_matches_slow_loops_on_minilm():
     from headlab.analysis import taxonomy_stats
     from headlab.capture import capture
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     loaded = minilm()
     texts = ["The cat sat. Then it slept!", "One sentence only", "A first part. A second part. A third."]

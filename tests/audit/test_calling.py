@@ -8,7 +8,7 @@ import torch
 from headlab.audit import AuditError, audit
 from headlab.audit.calling import Caller, candidate_widths, detect
 from headlab.audit.examples import EinsumHeadsAttention, SeparateProjectionAttention, SliceSharedAttention
-from tests.audit.layers import (
+from tests.support.layers import (
     Float32Only, NoSoftmax, Parameterless, Raises, SelfOnlyQKV, TwoAttentions, WrongShape,
 )
 

@@ -16,7 +16,7 @@ from headlab.cli import app
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "src" / "headlab" / "audit" / "examples"
-LAYERS = Path(__file__).resolve().parent / "layers.py"
+LAYERS = ROOT / "tests" / "support" / "layers.py"
 WIDE = {"COLUMNS": "250"}
 
 

@@ -11,7 +11,7 @@ import torch
 from headlab.audit.examples import EXAMPLES
 from headlab.layer import AttentionConfig
 from headlab.layer.accounting import account
-from tests.audit.test_corpus import CORPUS
+from tests.support.audit import CORPUS
 
 # name: (call, batch_first, attention function, n_heads, n_kv_heads, d_head, d_head_v, reads, shared,
 #        causal, W_QK rank, layout, variant, standard, the headlab layer that reproduces it)

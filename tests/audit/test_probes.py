@@ -7,7 +7,7 @@ import torch
 
 from headlab.audit import audit
 from headlab.layer import AttentionConfig, MultiHeadAttention
-from tests.audit.layers import BlockCausal, Positional
+from tests.support.layers import BlockCausal, Positional
 
 CONFIGS = {
     "wide": dict(d_model=16, n_heads=4),

@@ -9,7 +9,7 @@ import torch
 import headlab
 from headlab.audit import audit
 from headlab.models import headed
-from tests.models.tiny import build
+from tests.support.tiny import build
 
 # Attention modules that take the hidden states alone. Rotary ones also take the model's position
 # embeddings as an argument, which the audit does not supply (see issue "The audit survives real code").

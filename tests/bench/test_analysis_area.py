@@ -7,7 +7,7 @@ import pytest
 from headlab.bench import capture as area_module
 from headlab.bench.capture import ANALYSIS_GOAL, FIXED_COST
 from headlab.bench.timing import Timing
-from tests.capture.minilm import minilm
+from tests.support.minilm import minilm
 
 
 @pytest.mark.parametrize(("fixed", "everything", "noted"), [

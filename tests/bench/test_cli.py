@@ -26,9 +26,9 @@ AREAS = ["layer", "inspection", "decode", "models", "capture", "analysis", "impo
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    from tests.bench.conftest import tiny_plan
+    from tests.support.bench import tiny_plan
 
-    plan = tiny_plan.__wrapped__()  # the fixture's value, in a module-scoped fixture
+    plan = tiny_plan()  # the fixture's value, in a module-scoped fixture
     out = tmp_path_factory.mktemp("bench") / "RESULTS.md"
     threads = torch.get_num_threads()
     try:  # one thread: on a busy machine, tiny ops with several threads wait on descheduled workers

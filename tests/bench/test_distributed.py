@@ -11,7 +11,7 @@ import pytest
 from headlab.analysis.analyze import AnalysisAccumulators
 from headlab.bench import Area
 from headlab.bench.distributed import RAY_GOAL, bench_distributed, max_difference
-from tests.capture.minilm import minilm
+from tests.support.minilm import minilm
 
 
 def test_max_difference_is_zero_for_equal_runs_and_sees_one_more_item():
@@ -31,9 +31,9 @@ def test_max_difference_is_zero_for_equal_runs_and_sees_one_more_item():
 @pytest.fixture(scope="module")
 def area() -> Area:
     pytest.importorskip("ray")
-    from tests.bench.conftest import tiny_plan
+    from tests.support.bench import tiny_plan
 
-    return bench_distributed(tiny_plan.__wrapped__(), minilm())
+    return bench_distributed(tiny_plan(), minilm())
 
 
 def test_two_workers_against_one_with_identical_merged_results(area: Area) -> None:

@@ -22,9 +22,9 @@ SDPA, EAGER = "plain transformers (sdpa)", "transformers eager, output_attention
 @pytest.fixture(scope="module")
 def area() -> Area:
     import headlab
-    from tests.bench.conftest import tiny_plan
+    from tests.support.bench import tiny_plan
 
-    plan = tiny_plan.__wrapped__()
+    plan = tiny_plan()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops on a busy machine: one thread does not wait on descheduled workers
     try:

@@ -20,12 +20,12 @@ EXACT, ATP = "exact activation patching, every head", "attribution patching (AtP
 def area() -> Area:
     import headlab
     from headlab.bench.patching import bench_patching
-    from tests.bench.conftest import tiny_plan
+    from tests.support.bench import tiny_plan
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops on a busy machine: one thread does not wait on descheduled workers
     try:
-        return bench_patching(tiny_plan.__wrapped__(), headlab.load())
+        return bench_patching(tiny_plan(), headlab.load())
     finally:
         torch.set_num_threads(threads)
 

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from headlab.bench import Area, Ceilings, Comparison, SuiteResult, Timing, plan_for
-
-
-def _row(contender: float, peer: float, **kwargs: object) -> Comparison:
-    return Comparison("case", "headlab", "peer", Timing((contender, contender * 2, contender / 2)),
-                      Timing((peer,)), **kwargs)
+from headlab.bench import Comparison, SuiteResult, Timing
+from tests.support.bench import comparison, suite_result
 
 
 def test_ratio_and_speedup_are_of_medians() -> None:
@@ -19,61 +15,49 @@ def test_ratio_and_speedup_are_of_medians() -> None:
 
 
 def test_rates_and_fraction_of_ceiling() -> None:
-    row = _row(0.5, 1.0, flops=10**9, tokens=100)
+    row = comparison(0.5, 1.0, flops=10**9, tokens=100)
     assert row.flops_per_s() == pytest.approx(2e9)
     assert row.flops_per_s("peer") == pytest.approx(1e9)
     assert row.tokens_per_s() == pytest.approx(200.0)
     assert row.tokens_per_s("peer") == pytest.approx(100.0)
     assert row.fraction_of_ceiling(8e9) == pytest.approx(0.25)
-    assert _row(1.0, 1.0).fraction_of_ceiling(1e9) is None
-    assert _row(1.0, 1.0).tokens_per_s() is None
+    assert comparison(1.0, 1.0).fraction_of_ceiling(1e9) is None
+    assert comparison(1.0, 1.0).tokens_per_s() is None
 
 
 @pytest.mark.parametrize(("contender", "goal", "met"), [(1.0, 1.05, True), (1.06, 1.05, False), (0.85, 0.85, True)])
 def test_goal_bounds_the_time_ratio(contender: float, goal: float, met: bool) -> None:
-    assert _row(contender, 1.0, goal=goal).met() is met
+    assert comparison(contender, 1.0, goal=goal).met() is met
 
 
 def test_a_row_without_goal_has_no_verdict() -> None:
-    assert _row(3.0, 1.0).met() is None
+    assert comparison(3.0, 1.0).met() is None
 
 
 def test_ceiling_goal_needs_the_ceiling_and_combines_with_the_ratio_goal() -> None:
-    row = _row(1.0, 1.0, flops=10**12, goal=1.05, ceiling_goal=0.5)  # 1 TFLOP/s
+    row = comparison(1.0, 1.0, flops=10**12, goal=1.05, ceiling_goal=0.5)  # 1 TFLOP/s
     assert row.met(1.5e12) is True  # 67% of the ceiling
     assert row.met(3e12) is False  # 33%
     assert row.met(None) is True  # no ceiling known: only the ratio goal counts
-    assert _row(2.0, 1.0, flops=10**12, goal=1.05, ceiling_goal=0.5).met(1e12) is False
-
-
-def _run() -> SuiteResult:
-    plan = plan_for("cpu", quick=True)
-    ceilings = Ceilings(device="cpu", dtype="float32", matmul_size=100, matmul=Timing((1e-3, 2e-3)), copy_bytes=4096,
-                        copy=Timing((1e-6,)))
-    rows = [_row(1.0, 1.0, goal=1.05, flops=2 * 10**6), _row(2.0, 1.0, goal=1.0, tokens=50, details={"padding": 1.5}),
-            _row(1.0, 2.0)]
-    return SuiteResult(plan=plan, quick=True, command="headlab bench --quick", started="2026-01-01T00:00:00+00:00",
-                       seconds=12.0, machine={"cpu": "test"}, ceilings=ceilings,
-                       areas=[Area("layer", "Layer", "what ran", rows[:2], notes=["a note"]),
-                              Area("decode", "D", "d", rows[2:])])
+    assert comparison(2.0, 1.0, flops=10**12, goal=1.05, ceiling_goal=0.5).met(1e12) is False
 
 
 def test_ceilings_rates() -> None:
-    c = _run().ceilings
+    c = suite_result().ceilings
     assert c.matmul_flops_per_s == pytest.approx(2 * 100**3 / 1.5e-3)
     assert c.copy_bytes_per_s == pytest.approx(2 * 4096 / 1e-6)
 
 
 def test_goals_lists_rows_with_a_goal_and_the_verdict() -> None:
-    verdicts = [(area, row.contender, met) for area, row, met in _run().goals()]
+    verdicts = [(area, row.contender, met) for area, row, met in suite_result().goals()]
     assert verdicts == [("layer", "headlab", True), ("layer", "headlab", False)]
-    assert _run().to_dict()["goals"] == {"met": 1, "missed": 1}
+    assert suite_result().to_dict()["goals"] == {"met": 1, "missed": 1}
 
 
 def test_suite_result_round_trips_through_its_dict() -> None:
     import json
 
-    run = _run()
+    run = suite_result()
     document = json.loads(json.dumps(run.to_dict()))
     again = SuiteResult.from_dict(document)
     assert again == run

@@ -12,11 +12,11 @@ from headlab.bench import read_results, to_markdown, write_results
 from headlab.bench.records import Area, Comparison
 from headlab.bench.results import TABLE_HEADERS, format_seconds, inconclusive, json_path, noise, noise_note, table_rows
 from headlab.bench.timing import Timing
-from tests.bench.test_records import _run
+from tests.support.bench import suite_result
 
 
 def test_write_then_read_gives_the_run_back(tmp_path: Path) -> None:
-    run = _run()
+    run = suite_result()
     markdown, source = write_results(run, tmp_path / "out" / "RESULTS.md")
     assert source == tmp_path / "out" / "RESULTS.json" == json_path(markdown)
     assert read_results(markdown) == {"cpu": run}
@@ -24,7 +24,7 @@ def test_write_then_read_gives_the_run_back(tmp_path: Path) -> None:
 
 
 def test_markdown_describes_the_machine_ceilings_goals_and_every_row(tmp_path: Path) -> None:
-    run = _run()
+    run = suite_result()
     text = write_results(run, tmp_path / "RESULTS.md")[0].read_text(encoding="utf-8")
     assert "| cpu | test |" in text
     assert f"{run.ceilings.matmul_flops_per_s / 1e9:,.1f} GFLOP/s" in text
@@ -36,7 +36,7 @@ def test_markdown_describes_the_machine_ceilings_goals_and_every_row(tmp_path: P
 
 
 def test_without_a_gpu_run_the_file_says_plainly_why(tmp_path: Path) -> None:
-    run = _run()
+    run = suite_result()
     run.machine["cuda available"] = "no"
     text = to_markdown({"cpu": run})
     assert "No GPU table: no CUDA device was available" in text
@@ -46,7 +46,7 @@ def test_without_a_gpu_run_the_file_says_plainly_why(tmp_path: Path) -> None:
 
 def test_a_run_replaces_only_its_own_device(tmp_path: Path) -> None:
     path = tmp_path / "RESULTS.md"
-    cpu = _run()
+    cpu = suite_result()
     gpu = dataclasses.replace(cpu, plan=dataclasses.replace(cpu.plan, device="cuda", dtype="bfloat16"),
                               command="headlab bench --device cuda")
     write_results(cpu, path)
@@ -61,7 +61,7 @@ def test_a_run_replaces_only_its_own_device(tmp_path: Path) -> None:
 def test_a_foreign_json_file_is_refused_not_overwritten(tmp_path: Path) -> None:
     (tmp_path / "RESULTS.json").write_text(json.dumps({"something": "else"}))
     with pytest.raises(ValueError, match="not a headlab bench results file"):
-        write_results(_run(), tmp_path / "RESULTS.md")
+        write_results(suite_result(), tmp_path / "RESULTS.md")
     (tmp_path / "RESULTS.json").write_text("{not json")
     with pytest.raises(ValueError, match="not JSON"):
         read_results(tmp_path / "RESULTS.md")
@@ -72,7 +72,7 @@ def test_no_file_means_no_runs(tmp_path: Path) -> None:
 
 
 def test_table_cells() -> None:
-    run = _run()
+    run = suite_result()
     ceiling = run.ceilings.matmul_flops_per_s
     first, second = table_rows(run.areas[0], ceiling)
     assert len(first) == len(TABLE_HEADERS)
@@ -101,7 +101,7 @@ def test_a_row_noisier_than_its_effect_says_it_cannot_conclude() -> None:
     assert note == ('1 of 2 rows cannot conclude (ratio marked "within noise"): their timing noise is larger than the '
                     "ratio's distance from 1, so they do not say which side is faster; the noisiest, half the heads "
                     f"pruned vs all heads, has ratio 2.270 with noise {noise(noisy):.0%}.")
-    run = _run()
+    run = suite_result()
     run.areas = [area]
     assert note in to_markdown({"cpu": run})
     assert noise_note(Area("pruning", "Pruning", "what ran", [clear])) is None

@@ -10,7 +10,7 @@ import pytest
 from headlab.bench import write_results
 from headlab.report import build_report
 from headlab.report.sections.bench import JSON_NAME, SECTION, candidate_paths, find_results, render_results
-from tests.bench.test_records import _run
+from tests.support.bench import suite_result
 
 
 def test_no_run_is_said_plainly() -> None:
@@ -19,7 +19,7 @@ def test_no_run_is_said_plainly() -> None:
 
 
 def test_a_run_shows_when_where_goals_and_every_row_escaped() -> None:
-    run = _run()
+    run = suite_result()
     run.machine["cpu"] = "<Xeon & co>"
     run.areas[0].rows[0] = type(run.areas[0].rows[0])(**{**run.areas[0].rows[0].__dict__, "case": "<b>case</b>"})
     html = render_results({"cpu": run}, Path("/x/RESULTS.json"), json_href="bench.json")
@@ -31,7 +31,7 @@ def test_a_run_shows_when_where_goals_and_every_row_escaped() -> None:
 
 
 def test_an_area_that_failed_shows_its_error_escaped() -> None:
-    run = _run()
+    run = suite_result()
     run.areas[0].error = "RuntimeError: <a> & <b> disagree"
     html = render_results({"cpu": run}, Path("/x/RESULTS.json"))
     assert "<strong>Failed</strong>: RuntimeError: &lt;a&gt; &amp; &lt;b&gt; disagree" in html
@@ -48,7 +48,7 @@ def test_find_results_takes_the_first_existing_path(tmp_path: Path) -> None:
 
 def test_section_renders_the_stored_run_in_a_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    write_results(_run(), tmp_path / "benchmarks" / "RESULTS.md")
+    write_results(suite_result(), tmp_path / "benchmarks" / "RESULTS.md")
     result = build_report(tmp_path / "report", sections=[SECTION], progress=False)
     assert result.sections[0].ok, result.sections[0].error
     page = result.index.read_text(encoding="utf-8")

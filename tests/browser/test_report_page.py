@@ -15,9 +15,9 @@ import pytest
 from headlab.report import Part, ReportContext, Section, build_report
 from headlab.report.sections import params, viewer
 from headlab.report.viewer.serve import local_server
-from tests.browser.conftest import Tab
-from tests.capture.minilm import minilm
-from tests.report.viewer.reference import reference
+from tests.support.browser import Tab
+from tests.support.minilm import minilm
+from tests.support.reference import captured_patterns
 
 EVIL_TITLE = "<script>window.__pwned = 1</script> evil title"
 
@@ -72,7 +72,7 @@ def test_report_from_file_viewer_hover_errors_in_place_and_nothing_runs(tab: Tab
     index = payload["heads"].index([0, 2])
     encoded = _decode(payload["items"][0]["pieces"]["patterns"][index])
     np.testing.assert_allclose(to, encoded[pos], rtol=1e-12, atol=1e-12)
-    patterns, _ = reference(minilm(), viewer.EXAMPLES[0])
+    patterns, _ = captured_patterns(minilm(), viewer.EXAMPLES[0])
     exact = patterns[0][2].numpy()
     assert np.abs(to - exact[pos]).max() <= exact[pos].max() / 510 + 1e-6
     assert int(np.argmax(to)) == pos - 1  # it attends to the previous token

@@ -16,46 +16,19 @@ import numpy as np
 from headlab.capture import pattern_to_words
 from headlab.report.viewer import ViewerData, view_data, viewer_document
 from headlab.report.viewer.serve import local_server
-from tests.browser.conftest import Tab
-from tests.capture.tiny_model import WORDS
-from tests.report.viewer.reference import reference
-from tests.report.viewer.tiny import tiny
+from tests.support.browser import PLAIN, Tab, check_highlight, hover, open_viewer
+from tests.support.reference import captured_patterns
+from tests.support.text import WORDS
+from tests.support.tiny import tiny
 
 EVIL = ('the cat <script>window.__pwned = 1</script> sat on <img src=x onerror="window.__pwned = 2"> '
         'the xyzzy mat --> <!-- ran')
-PLAIN = "the big red dog ran on the mat, and the cat sat"
-
-
-def _open(tab: Tab, data: ViewerData, path: Path) -> None:
-    path.write_text(viewer_document(data), encoding="utf-8")
-    tab.page.goto(path.as_uri())
-    tab.wait_ready()
-
-
-def _hover(tab: Tab, pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """Hover token ``pos``; returns every token's (data-to, data-from) as the page set them."""
-    tab.page.hover(f".hv-tok[data-pos='{pos}']")
-    tab.page.wait_for_selector(f".hv[data-focus='{pos}']")
-    values = tab.page.eval_on_selector_all(".hv-tok", "spans => spans.map(s => [Number(s.dataset.to), "
-                                                      "Number(s.dataset.from)])")
-    values = np.array(values)
-    return values[:, 0], values[:, 1]
-
-
-def _check_highlight(to: np.ndarray, frm: np.ndarray, encoded: np.ndarray, exact: np.ndarray, pos: int) -> None:
-    # the page shows the encoded weights (float32 arithmetic in Python, float64 in the browser) ...
-    np.testing.assert_allclose(to, encoded[pos], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(frm, encoded[:, pos], rtol=1e-6, atol=1e-7)
-    # ... which are the model's to within half a step of each row's largest weight
-    step = exact.max(axis=1) / 510 + 1e-6
-    assert (np.abs(to - exact[pos]) <= step[pos]).all()
-    assert (np.abs(frm - exact[:, pos]) <= step).all()
 
 
 def test_bert_click_a_head_hover_a_token_and_nothing_in_the_text_runs(tab: Tab, tmp_path: Path) -> None:
     model = tiny("bert")
     data = view_data(model, [EVIL, PLAIN])
-    _open(tab, data, tmp_path / "view.html")
+    open_viewer(tab, data, tmp_path / "view.html")
 
     assert tab.page.evaluate("window.__pwned") is None
     assert tab.page.locator("img").count() == 0  # the <img> of the text never became an element
@@ -69,10 +42,10 @@ def test_bert_click_a_head_hover_a_token_and_nothing_in_the_text_runs(tab: Tab, 
     assert tab.page.get_attribute(".hv-thumb[data-layer='1'][data-head='2']", "aria-pressed") == "true"
     assert tab.page.inner_text(".hv-head-title") == "Layer 1 · head 2"
     pos = 4
-    to, frm = _hover(tab, pos)
-    patterns, _ = reference(model, EVIL)
+    to, frm = hover(tab, pos)
+    patterns, _ = captured_patterns(model, EVIL)
     i = data.head_index(1, 2)
-    _check_highlight(to, frm, data.items[0].pieces.patterns[i].values(), patterns[1][2].numpy(), pos)
+    check_highlight(to, frm, data.items[0].pieces.patterns[i].values(), patterns[1][2].numpy(), pos)
     # the strongest key gets the darkest blue, a zero weight no colour
     spans = tab.page.locator(".hv-tok")
     strongest = int(np.argmax(to))
@@ -88,7 +61,7 @@ def test_bert_click_a_head_hover_a_token_and_nothing_in_the_text_runs(tab: Tab, 
 def test_bert_word_level_and_the_second_text(tab: Tab, tmp_path: Path) -> None:
     model = tiny("bert")
     data = view_data(model, [EVIL, PLAIN])
-    _open(tab, data, tmp_path / "view.html")
+    open_viewer(tab, data, tmp_path / "view.html")
     tab.page.select_option(".hv-toolbar select >> nth=0", "1")
     tab.wait_ready(item=1)
     tab.page.click(".hv-seg button[data-level='words']")
@@ -99,10 +72,10 @@ def test_bert_word_level_and_the_second_text(tab: Tab, tmp_path: Path) -> None:
     assert words.pieces[pos] == 3 and tab.page.locator(".hv-tok").nth(pos).inner_text() == "and"
     tab.page.click(".hv-thumb[data-layer='0'][data-head='1']")
     tab.wait_ready(layer=0, head=1, level="words")
-    to, frm = _hover(tab, pos)
-    patterns, units = reference(model, PLAIN)
+    to, frm = hover(tab, pos)
+    patterns, units = captured_patterns(model, PLAIN)
     exact = pattern_to_words(patterns[0][1].double(), units).float().numpy()
-    _check_highlight(to, frm, words.patterns[data.head_index(0, 1)].values(), exact, pos)
+    check_highlight(to, frm, words.patterns[data.head_index(0, 1)].values(), exact, pos)
     assert abs(to.sum() - 1) < 0.02  # a word's row still sums to one
     tab.shot("viewer-bert-words")
     tab.assert_clean()
@@ -132,10 +105,10 @@ def _check_causal(tab: Tab, model, data: ViewerData) -> None:
     tab.page.click(f".hv-tok[data-pos='{pos}']")  # click pins the token
     tab.page.hover(".hv-tok[data-pos='9']")
     assert tab.page.get_attribute(".hv", "data-focus") == str(pos)
-    to, frm = _hover(tab, pos)
+    to, frm = hover(tab, pos)
     assert (to[pos + 1:] == 0).all() and (frm[:pos] == 0).all()  # nothing attends to the future
-    patterns, _ = reference(model, PLAIN)
-    _check_highlight(to, frm, data.items[0].pieces.patterns[data.head_index(1, 0)].values(), patterns[1][0].numpy(),
+    patterns, _ = captured_patterns(model, PLAIN)
+    check_highlight(to, frm, data.items[0].pieces.patterns[data.head_index(1, 0)].values(), patterns[1][0].numpy(),
                      pos)
     tab.page.select_option(".hv-toolbar select", "linear")
     tab.wait_ready()
@@ -150,15 +123,15 @@ def test_two_thousand_tokens(tab: Tab, tmp_path: Path) -> None:
     data = view_data(model, text)
     n = data.items[0].pieces.n
     assert n == 2000
-    _open(tab, data, tmp_path / "long.html")
+    open_viewer(tab, data, tmp_path / "long.html")
     assert tab.page.locator(".hv-tok").count() == n
     tab.page.click(".hv-thumb[data-layer='1'][data-head='1']")
     tab.wait_ready(layer=1, head=1)
     pos = 1500
     tab.page.locator(f".hv-tok[data-pos='{pos}']").scroll_into_view_if_needed()
-    to, frm = _hover(tab, pos)
-    patterns, _ = reference(model, text)
-    _check_highlight(to, frm, data.items[0].pieces.patterns[data.head_index(1, 1)].values(),
+    to, frm = hover(tab, pos)
+    patterns, _ = captured_patterns(model, text)
+    check_highlight(to, frm, data.items[0].pieces.patterns[data.head_index(1, 1)].values(),
                      patterns[1][1].numpy(), pos)
     size = tab.page.eval_on_selector(".hv-matrix", "c => [c.width, c.height]")
     assert size[0] == size[1] > 0
@@ -169,7 +142,7 @@ def test_two_thousand_tokens(tab: Tab, tmp_path: Path) -> None:
 def test_a_text_whose_words_are_single_pieces_disables_the_word_switch(tab: Tab, tmp_path: Path) -> None:
     data = view_data(tiny("bert"), "the cat sat")
     assert data.items[0].words is None
-    _open(tab, data, tmp_path / "view.html")
+    open_viewer(tab, data, tmp_path / "view.html")
     assert tab.page.is_disabled(".hv-seg button[data-level='words']")
     assert tab.page.get_attribute(".hv", "data-level") == "pieces"
     assert tab.page.inner_text(".hv-hint") == "(every word here is one piece)"

@@ -1,7 +1,9 @@
-import pytest
-import torch
+"""The capture tests' tokenizer, model and texts (tests/support: the word-piece tokenizer, the pruned BERT)."""
 
-from tests.capture.tiny_model import fake_tokenizer, tiny_model
+import pytest
+
+from tests.support.text import TEXTS, fake_tokenizer
+from tests.support.tiny import pruned_bert
 
 
 @pytest.fixture(scope="session")
@@ -12,20 +14,7 @@ def tokenizer():
 
 @pytest.fixture
 def model(tokenizer):
-    torch.manual_seed(0)
-    return tiny_model(tokenizer.get_vocab_size())
-
-
-TEXTS = [
-    "the cat sat on the mat",
-    "a dog ran",
-    "the big red dog sat on a mat, and the cat ran!",
-    "cats",
-    "the dogs sat",
-    "on a mat the cat sat, then the dog sat, and a big red cat ran on the mat",
-    "red",
-    "a cat, a dog, a mat",
-]
+    return pruned_bert(tokenizer.get_vocab_size())
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import torch
 import headlab
 from headlab.capture import run_with_cache
 from headlab.models import HeadedModel, headed
-from tests.capture.tiny_model import fake_tokenizer
-from tests.models.tiny import ARCHITECTURES, batch, built
+from tests.support.text import fake_tokenizer
+from tests.support.tiny import ARCHITECTURES, batch, built
 
 NAMES = ("pattern", "z", "result", "q", "k", "v")
 

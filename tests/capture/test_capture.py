@@ -10,7 +10,8 @@ import headlab
 from headlab.capture import CaptureBatch, Consumer, TruncationWarning, capture, tokenize_corpus
 from headlab.heads import Heads
 from headlab.models import headed
-from tests.capture.tiny_model import D_MODEL, HEADS, reference
+from tests.support.reference import model_reference
+from tests.support.tiny import D_MODEL, HEADS
 
 
 class Keep:
@@ -45,7 +46,7 @@ def test_every_item_once_and_matches_the_layers_own_forward(model, tokenizer, te
             assert batch.texts[row] == texts[i]
             assert batch.input_ids[row, :n].tolist() == tc.encodings[i].ids
             assert batch.attention_mask[row].tolist() == [1] * n + [0] * (batch.input_ids.shape[1] - n)
-            expected = reference(model, tc.encodings[i].ids)
+            expected = model_reference(model, tc.encodings[i].ids)
             for layer, taken in batch.layers.items():
                 for name in ("pattern", "result", "z"):
                     got = getattr(taken, name)[row, :, :n]

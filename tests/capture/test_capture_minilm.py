@@ -7,7 +7,7 @@ from headlab.capture import (
     TruncationWarning, capture, load_corpus, naive_batches, padding_stats, pattern_to_words, tokenize_corpus,
 )
 from headlab.heads import Heads
-from tests.capture.minilm import minilm
+from tests.support.minilm import minilm
 
 
 @pytest.fixture(scope="module")

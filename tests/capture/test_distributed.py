@@ -28,8 +28,8 @@ from headlab.capture import MeanZ, capture, plan_batches
 from headlab.capture._shards import pack, unpack
 from headlab.capture.distributed import INSTALL, RayEngine, ShardError, plan_shards, sharded_capture
 from headlab.models import HeadedModel
-from tests.capture.conftest import TEXTS
-from tests.capture.tiny_model import fake_tokenizer, tiny_model
+from tests.support.text import TEXTS, fake_tokenizer
+from tests.support.tiny import pruned_bert
 
 WORDS = ["the", "cat sat", "a big red dog ran on a mat", "on the mat, a cat"]
 CORPUS = [f"{text} {tail}" for text in TEXTS for tail in WORDS] * 2  # 64 items
@@ -188,8 +188,7 @@ def checkpoint(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=fake_tokenizer(), pad_token="[PAD]",
                                                      unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]")
-    torch.manual_seed(0)
-    model = tiny_model(len(tokenizer))
+    model = pruned_bert(len(tokenizer))
     return heads.save(HeadedModel(model=model, tokenizer=tokenizer, source="tiny"), tmp_path_factory.mktemp("tiny"))
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from headlab.capture import load_corpus, naive_batches, padding_stats, plan_batches, tokenize_corpus
-from tests.capture.minilm import minilm_tokenizer
+from tests.support.minilm import minilm_tokenizer
 
 
 def test_offsets_word_ids_and_special_tokens(tokenizer):

@@ -10,8 +10,8 @@ from headlab import heads
 from headlab.capture import MeanZ, capture, mean_z
 from headlab.heads import Heads
 from headlab.models import headed
-from tests.capture.minilm import minilm
-from tests.capture.tiny_model import reference
+from tests.support.minilm import minilm
+from tests.support.reference import model_reference
 
 
 def _reference_means(model, tokenizer, texts):
@@ -20,7 +20,7 @@ def _reference_means(model, tokenizer, texts):
     with torch.no_grad():
         for text in texts:
             ids = tokenizer.encode(text).ids
-            for layer, taken in enumerate(reference(model, ids)):
+            for layer, taken in enumerate(model_reference(model, ids)):
                 sums[layer] = sums.get(layer, 0) + taken["z"].double().sum(dim=1)
             count += len(ids)
     return {layer: total / count for layer, total in sums.items()}

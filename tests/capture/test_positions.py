@@ -10,8 +10,8 @@ import torch
 
 import headlab
 from headlab.capture import TruncationWarning, capture, model_max_length
-from tests.capture.tiny_model import fake_tokenizer
-from tests.models.tiny import build
+from tests.support.text import fake_tokenizer
+from tests.support.tiny import build
 
 transformers = pytest.importorskip("transformers")
 

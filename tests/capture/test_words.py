@@ -210,7 +210,7 @@ BATCH_TEXTS = ["The cat sat on  the mat.", "  leading spaces, then   runs", "x",
 @pytest.mark.parametrize("with_text", [True, False])
 @pytest.mark.parametrize("kind", ["wordpiece", "byte-level bpe"])
 def test_a_batch_at_once_gives_what_each_item_alone_gives(tokenizer, kind, with_text):
-    from tests.capture.byte_bpe import byte_level_tokenizer
+    from tests.support.text import byte_level_tokenizer
 
     chosen = tokenizer if kind == "wordpiece" else byte_level_tokenizer()
     batch = collate(tokenize_corpus(chosen, BATCH_TEXTS), range(len(BATCH_TEXTS)))
@@ -241,7 +241,7 @@ def test_a_batch_needs_one_entry_per_item(tokenizer):
 
 def test_byte_level_bpe_pieces_carry_their_leading_space_and_still_find_their_words():
     """GPT-2-style offsets (``trim_offsets=False``): "Ġcat" spans " cat", which starts between words."""
-    from tests.capture.byte_bpe import byte_level_tokenizer
+    from tests.support.text import byte_level_tokenizer
 
     text = "The cat sat on  the mat."
     batch = collate(tokenize_corpus(byte_level_tokenizer(), [text]), [0])

@@ -36,7 +36,7 @@ def test_table_output(tmp_path):
 def test_a_saved_tiny_gpt2_checkpoint_directory(tmp_path):
     """A user's own causal checkpoint: the command loads the directory, runs the causal probes
     (shortened to fit its 48 positions), retrieval and streaming heads, and next-token importance."""
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     checkpoint = save_causal_checkpoint(tmp_path / "tiny-gpt2", n_positions=48)
     corpus = tmp_path / "corpus.txt"

@@ -1,6 +1,6 @@
 """``headlab analyze`` and ``headlab view`` on a saved tiny checkpoint of every architecture.
 
-Each checkpoint is a tiny random model of ``tests.models.tiny.ARCHITECTURES`` saved with the
+Each checkpoint is a tiny random model of ``tests.support.tiny.ARCHITECTURES`` saved with the
 packaged MiniLM's WordPiece tokenizer beside it, so that the commands load it as a user's
 folder: config, safetensors weights, tokenizer. A few architectures, one per kind of layout and
 attention, run by default; the rest are marked slow.
@@ -20,7 +20,7 @@ from headlab.cli import app
 
 transformers = pytest.importorskip("transformers")
 
-from tests.models.tiny import ARCHITECTURES, build  # noqa: E402
+from tests.support.tiny import ARCHITECTURES, build  # noqa: E402
 
 DEFAULT = ("gpt2", "llama", "gemma2", "gpt_bigcode", "bert", "distilbert")
 CASES = [pytest.param(name, marks=() if name in DEFAULT else pytest.mark.slow) for name in ARCHITECTURES]

@@ -33,7 +33,7 @@ BEYOND = "/proc/headlab-battery/out" if sys.platform == "linux" else None  # /pr
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every kind of input the cases use, good and bad."""
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     root = tmp_path_factory.mktemp("inputs")
     (root / "afile").write_text("a file, not a folder\n")

@@ -39,7 +39,7 @@ def test_table_output(tmp_path):
 
 @pytest.fixture(scope="module")
 def causal_checkpoint(tmp_path_factory):
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     return save_causal_checkpoint(tmp_path_factory.mktemp("tiny-gpt2"))
 

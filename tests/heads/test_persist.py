@@ -11,7 +11,7 @@ import transformers
 import headlab
 from headlab import heads
 from headlab.models import HeadedModel, headed
-from tests.models.tiny import batch, built, first_output
+from tests.support.tiny import batch, built, first_output
 
 
 def _run(model):
@@ -94,7 +94,7 @@ def test_broken_interventions_are_named(tmp_path):
 
 
 def test_a_config_that_asks_for_attentions_saves_and_loads(tmp_path):
-    from tests.models.tiny import build
+    from tests.support.tiny import build
 
     model = headlab.attach(build("gpt2", output_attentions=True)).model  # as a checkpoint's config.json may say
     heads.save(HeadedModel(model=model, tokenizer=None, source="tiny"), tmp_path)

@@ -11,7 +11,7 @@ import torch
 import headlab
 from headlab import heads
 from headlab.models import headed
-from tests.models.tiny import batch, built, first_output
+from tests.support.tiny import batch, built, first_output
 
 
 @pytest.fixture(params=["bert", "llama"])

@@ -12,7 +12,7 @@ import headlab
 from headlab import heads
 from headlab.layer.masks import sink_window_blocked
 from headlab.models import headed
-from tests.models.tiny import batch, built, first_output
+from tests.support.tiny import ARCHITECTURES, batch, built, first_output
 
 LAYER, HEAD = 1, 2
 
@@ -131,7 +131,7 @@ def test_the_mask_function_against_its_definition():
     assert (~both).int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
 
 
-@pytest.mark.parametrize("name", sorted(__import__("tests.models.tiny", fromlist=["ARCHITECTURES"]).ARCHITECTURES))
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_every_architecture_drops_the_keys_on_every_path(name):
     """Sliding windows, soft-capping, grouped and multi-query heads, fused projections: the window reaches
     the fused kernel and the eager patterns alike, and only the windowed heads change."""

@@ -16,7 +16,7 @@ from torch import nn
 
 import headlab
 from headlab.interop import attend_static, parity_suite
-from tests.conftest import DEVICES
+from tests.support.devices import DEVICES
 
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headlab import AttentionConfig, KVCache, MultiHeadAttention
-from tests.layer.reference import reference
+from tests.support.reference import layer_reference
 
 CONFIGS = {
     "standard": dict(d_model=32, n_heads=4, causal=True),
@@ -51,7 +51,7 @@ def test_decoding_with_key_padding_matches_reference():
     cache = layer.new_kv_cache(batch_size=2, max_len=6)
     first = layer(x[:, :4], kv_cache=cache, key_padding_mask=kpm[:, :4])
     second = layer(x[:, 4:], kv_cache=cache, key_padding_mask=kpm)
-    expected = reference(layer, x, key_padding_mask=kpm)[0]
+    expected = layer_reference(layer, x, key_padding_mask=kpm)[0]
     torch.testing.assert_close(torch.cat([first, second], dim=1), expected, atol=1e-10, rtol=1e-10)
     live = torch.ones(2, 6, dtype=torch.bool)
     live[1, :2] = False  # rows 0 and 1 of sequence 1 see only padding: output = b_O

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from headlab import AttentionConfig, AttentionOutput, MultiHeadAttention
-from tests.conftest import DEVICES
-from tests.layer.reference import reference
+from tests.support.devices import DEVICES
+from tests.support.reference import layer_reference
 
 CONFIGS = {
     "standard": dict(d_model=32, n_heads=4),
@@ -45,7 +45,7 @@ def _inputs(layer: MultiHeadAttention, batch=2, q_len=5, k_len=None, dtype=torch
 def test_fast_path_matches_float64_reference(name):
     layer = _layer(CONFIGS[name])
     query, key, value = _inputs(layer)
-    expected, _, _ = reference(layer, query, key, value)
+    expected, _, _ = layer_reference(layer, query, key, value)
     torch.testing.assert_close(layer(query, key, value), expected, atol=1e-10, rtol=1e-10)
 
 
@@ -54,7 +54,7 @@ def test_patterns_and_result_match_reference(name):
     layer = _layer(CONFIGS[name])
     query, key, value = _inputs(layer)
     out = layer(query, key, value, return_pattern=True, return_result=True)
-    expected, patterns, result = reference(layer, query, key, value)
+    expected, patterns, result = layer_reference(layer, query, key, value)
     assert isinstance(out, AttentionOutput)
     torch.testing.assert_close(out.output, expected, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(out.pattern, patterns, atol=1e-10, rtol=1e-10)
@@ -73,7 +73,7 @@ def test_masks_match_reference(name):
     attn_mask = torch.randn(batch * c.n_heads, L, L, dtype=torch.float64)
     attn_mask[1, 2, :] = float("-inf")  # one row of one head sees no key
     out = layer(query, key_padding_mask=kpm, attn_mask=attn_mask, return_pattern=True, return_result=True)
-    expected, patterns, result = reference(layer, query, key_padding_mask=kpm, attn_mask=attn_mask)
+    expected, patterns, result = layer_reference(layer, query, key_padding_mask=kpm, attn_mask=attn_mask)
     torch.testing.assert_close(out.output, expected, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(out.pattern, patterns, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(out.result, result, atol=1e-10, rtol=1e-10)
@@ -86,7 +86,7 @@ def test_is_causal_overrides_config():
     layer = _layer(dict(d_model=16, n_heads=2))
     query, _, _ = _inputs(layer, q_len=6)
     causal = layer(query, is_causal=True)
-    torch.testing.assert_close(causal, reference(layer, query, causal=True)[0], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(causal, layer_reference(layer, query, causal=True)[0], atol=1e-10, rtol=1e-10)
     assert not torch.allclose(causal, layer(query))
     causal_layer = _layer(dict(d_model=16, n_heads=2, causal=True))
     causal_layer.load_state_dict(layer.state_dict())
@@ -101,7 +101,7 @@ def test_causal_cross_attention_aligns_queries_to_the_end_of_the_keys():
     out = layer(query, memory, memory, return_pattern=True)
     # query i sits at key position 7 - 3 + i: it sees keys 0 .. 4 + i
     assert (out.pattern[..., 0, 5:] == 0).all() and (out.pattern[..., 0, :5] > 0).all()
-    torch.testing.assert_close(out.output, reference(layer, query, memory, memory)[0], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.output, layer_reference(layer, query, memory, memory)[0], atol=1e-10, rtol=1e-10)
 
 
 def test_more_queries_than_keys_causal_rows_without_keys_are_zero():
@@ -110,7 +110,7 @@ def test_more_queries_than_keys_causal_rows_without_keys_are_zero():
     memory = torch.randn(1, 3, 8, dtype=torch.float64)
     out = layer(query, memory, memory, return_pattern=True, return_result=True)
     assert (out.pattern[:, :, :2] == 0).all() and (out.result[:, :, :2] == 0).all()
-    torch.testing.assert_close(out.output, reference(layer, query, memory, memory)[0], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.output, layer_reference(layer, query, memory, memory)[0], atol=1e-10, rtol=1e-10)
     assert torch.isfinite(layer(query, memory, memory)).all()
 
 
@@ -152,7 +152,7 @@ def test_head_mask_matches_reference_and_removes_heads(shape):
     if shape == "per-example":
         gate = torch.stack([gate, gate.flip(0)])
     out = layer(query, head_mask=gate, return_result=True)
-    expected, _, result = reference(layer, query, head_mask=gate)
+    expected, _, result = layer_reference(layer, query, head_mask=gate)
     torch.testing.assert_close(out.output, expected, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(out.result, result, atol=1e-10, rtol=1e-10)
     ungated = layer(query, return_result=True).result
@@ -183,7 +183,7 @@ def test_input_gradients_match_reference(name, explicit):
     out = layer(query, key, value, key_padding_mask=kpm, return_pattern=explicit)
     out = out.output if explicit else out
     grads = torch.autograd.grad((out * weight).sum(), inputs)
-    expected = reference(layer, query, key, value, key_padding_mask=kpm)[0]  # weights detached inside
+    expected = layer_reference(layer, query, key, value, key_padding_mask=kpm)[0]  # weights detached inside
     ref_grads = torch.autograd.grad((expected * weight).sum(), inputs)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
@@ -266,12 +266,12 @@ def test_dropout_only_in_training_and_patterns_are_pre_dropout():
     query, _, _ = _inputs(layer, q_len=8)
     layer.eval()
     torch.testing.assert_close(layer(query), layer(query))
-    torch.testing.assert_close(layer(query), reference(layer, query)[0], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(layer(query), layer_reference(layer, query)[0], atol=1e-10, rtol=1e-10)
     layer.train()
     assert not torch.allclose(layer(query), layer(query))
     out = layer(query, return_pattern=True)
     torch.testing.assert_close(out.pattern.sum(-1), torch.ones(2, 2, 8, dtype=torch.float64))
-    torch.testing.assert_close(out.pattern, reference(layer, query)[1], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.pattern, layer_reference(layer, query)[1], atol=1e-10, rtol=1e-10)
 
 
 def test_parameter_count_independent_of_heads_for_wide():
@@ -306,7 +306,7 @@ def test_uneven_key_value_groups_match_reference(kv_head_of):
     kpm = torch.zeros(2, 6, dtype=torch.bool)
     kpm[1, :2] = True
     out = layer(query, key_padding_mask=kpm, return_pattern=True, return_result=True)
-    expected, patterns, result = reference(layer, query, key_padding_mask=kpm)
+    expected, patterns, result = layer_reference(layer, query, key_padding_mask=kpm)
     _ = [torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
          for a, b in ((out.output, expected), (out.pattern, patterns), (out.result, result))]
     torch.testing.assert_close(layer(query, key_padding_mask=kpm), expected, atol=1e-10, rtol=1e-10)

@@ -11,7 +11,7 @@ import headlab.layer.config
 from headlab import AttentionConfig, MultiHeadAttention
 from headlab.layer.convert import output_change, to_bilinear, to_grouped, to_wide
 from headlab.layer.projections import projection_for
-from tests.layer.reference import reference
+from tests.support.reference import layer_reference
 
 VARIANTS = {
     "wide": dict(d_model=16, n_heads=4),
@@ -75,7 +75,7 @@ def test_forward_contract_matches_reference(name):
     attn_mask = torch.randn(query.shape[1], k_len, dtype=torch.float64)
     gate = torch.tensor([1.0, 0.0, 0.5, 2.0][: layer.config.n_heads], dtype=torch.float64)
     kwargs = dict(key_padding_mask=kpm, attn_mask=attn_mask, head_mask=gate, is_causal=True)
-    expected, patterns, result = reference(layer, query, key, value, causal=True, key_padding_mask=kpm,
+    expected, patterns, result = layer_reference(layer, query, key, value, causal=True, key_padding_mask=kpm,
                                                  attn_mask=attn_mask, head_mask=gate)
     _close(layer(query, key, value, **kwargs), expected)
     every = layer(query, key, value, **kwargs, return_pattern=True, return_result=True)

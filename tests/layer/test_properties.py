@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from headlab.layer import AttentionConfig, MultiHeadAttention
-from tests.layer.reference import reference
+from tests.support.reference import layer_reference
 
 ATOL = 1e-10
 
@@ -45,7 +45,7 @@ class Call:
 
     def reference(self, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
         masks = {k: v for k, v in self.masks.items() if k != "is_causal"}
-        return reference(self.layer, self.query, self.key, self.value, causal=self.causal, **masks, **kwargs)
+        return layer_reference(self.layer, self.query, self.key, self.value, causal=self.causal, **masks, **kwargs)
 
     def inputs(self) -> list[Tensor]:
         return [x for x in (self.query, self.key, self.value) if x is not None]

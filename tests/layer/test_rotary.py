@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headlab.layer import AttentionConfig, MultiHeadAttention, RotaryEmbedding
-from tests.layer.reference import rotate
+from tests.support.reference import rotate
 
 
 @st.composite

@@ -18,7 +18,7 @@ from headlab import heads
 from headlab.capture.taps import tapped
 from headlab.models import HeadedModel, headed
 from headlab.models.layout import Layout
-from tests.models.tiny import batch, build, built, first_output, max_diff_on_tokens
+from tests.support.tiny import batch, build, built, first_output, max_diff_on_tokens
 
 
 def _shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 import headlab  # noqa: E402
 from headlab.models import HeadedModel, default_model_path, headed  # noqa: E402
-from tests.models.tiny import batch, build, max_diff_on_tokens  # noqa: E402
+from tests.support.tiny import batch, build, max_diff_on_tokens  # noqa: E402
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

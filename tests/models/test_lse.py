@@ -20,7 +20,7 @@ import torch
 import headlab
 from headlab.capture.taps import tapped
 from headlab.models import headed, interface
-from tests.models.tiny import ARCHITECTURES, batch, build, built
+from tests.support.tiny import ARCHITECTURES, batch, build, built
 
 # Soft-capped logits take the explicit path for every head (the kernel cannot soft-cap).
 LSE_ARCHITECTURES = [name for name in ARCHITECTURES if "logit soft-capping" not in ARCHITECTURES[name].features]

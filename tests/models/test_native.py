@@ -169,7 +169,7 @@ def test_detach_leaves_the_layers_own_affine():
 
 def test_capture_runs_a_tiny_transformer_over_text():
     # A one-field TinyTransformer reads token ids; padded on the right, its causal heads never see the padding.
-    from tests.capture.tiny_model import fake_tokenizer
+    from tests.support.text import fake_tokenizer
 
     tokenizer = fake_tokenizer()
     torch.manual_seed(0)

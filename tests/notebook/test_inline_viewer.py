@@ -11,7 +11,7 @@ import numpy as np
 
 import headlab
 from headlab.capture import run_with_cache
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 EVIL = ('the cat <script>window.__pwned = 1</script> sat on <img src=x onerror="window.__pwned = 2"> '
         "the mat --> <!-- ran")

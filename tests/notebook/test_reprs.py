@@ -20,7 +20,7 @@ from headlab.capture import run_with_cache
 from headlab.capture.cache import Cache
 from headlab.capture.run import CaptureResult
 from headlab.heads import HeadTable
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 HEADS = [(layer, h) for layer in range(3) for h in range(4)]
 

@@ -8,7 +8,7 @@ import re
 
 from headlab.analysis.analyze import TABLE_RELATIONS
 from headlab.report.sections.analysis import render_analysis
-from tests.analysis.test_analyze import hand_result, relation
+from tests.support.analysis import hand_result, relation
 
 HREFS = {name: f"assets/analysis/{name}" for name in ("heads.json", "heads.csv", "heatmaps.png", "mds.png")}
 

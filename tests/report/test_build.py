@@ -165,7 +165,7 @@ def test_part_ids_and_references_are_checked(tmp_path: Path) -> None:
 
 
 def test_model_and_text_reach_the_sections_and_the_provenance(tmp_path: Path) -> None:
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     model = str(save_causal_checkpoint(tmp_path / "tiny-gpt2"))
     corpus = tmp_path / "corpus.txt"

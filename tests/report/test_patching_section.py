@@ -18,7 +18,7 @@ from headlab.analysis.patching import PatchingResult
 from headlab.heads import HeadTable
 from headlab.report import build_report
 from headlab.report.sections.patching import RUN, SECTION, TOP, choose_pair, render_patching, sentences
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 pytest.importorskip("transformers")
 
@@ -60,7 +60,7 @@ def _check_measured(body: str, document: dict) -> tuple[PatchingResult, Patching
 
 @pytest.fixture(scope="module")
 def minilm_section(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     minilm()  # skips without the packaged model
     return _build(tmp_path_factory.mktemp("report"))
@@ -82,7 +82,7 @@ def test_minilm_renders_the_numbers_it_measured(minilm_section: tuple[str, dict]
 
 @pytest.fixture(scope="module")
 def causal_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     return save_causal_checkpoint(tmp_path_factory.mktemp("tiny-gpt2"))
 

@@ -10,7 +10,7 @@ import torch
 
 from headlab.models import headed
 from headlab.report.sections.qk import QKSpectra, measure, plot_spectra, render_qk
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 
 def test_measure_reads_every_head_and_the_formed_matrix_agrees() -> None:
@@ -50,7 +50,7 @@ def test_a_grouped_query_head_pays_its_share_of_the_shared_key_factor() -> None:
     parameters and half of a key head's 256, 384 in all, not 512."""
     import headlab
     from headlab.models import HeadedModel
-    from tests.models.tiny import build
+    from tests.support.tiny import build
 
     model = headlab.attach(build("llama", attn_implementation="sdpa")).model
     spectra = measure(HeadedModel(model=model, tokenizer=None, source="tiny llama"))

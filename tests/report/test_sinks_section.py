@@ -13,7 +13,7 @@ import pytest
 from headlab.analysis.sinks import sink_sentences
 from headlab.report import ReportContext
 from headlab.report.sections import sinks
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 
 def _ctx(tmp_path: Path, model) -> ReportContext:
@@ -58,7 +58,7 @@ def test_sentences_read_the_measured_numbers():
 
 
 def test_minilm(tmp_path: Path) -> None:
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     model = minilm()
     text = html.unescape(sinks.render(_ctx(tmp_path, model)))

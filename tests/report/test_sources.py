@@ -15,7 +15,7 @@ from headlab.bench.timing import Timing
 from headlab.report.provenance import ReadSource, collect_provenance, record_source, sources_read
 from headlab.report.section import ReportContext
 from headlab.report.sections import bench
-from tests.bench.test_records import _run
+from tests.support.bench import suite_result
 
 
 def _plain(fragment: str) -> str:
@@ -45,7 +45,7 @@ def test_the_statement_names_each_file_read_and_otherwise_claims_the_run(tmp_pat
 def test_the_performance_section_says_it_read_its_numbers_and_records_from_where(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    run = _run()
+    run = suite_result()
     run.machine |= {"cpu": "Xeon", "logical cpus": "2"}
     write_results(run, tmp_path / "benchmarks" / "RESULTS.md")
     ctx = _context(tmp_path / "report")
@@ -60,7 +60,7 @@ def test_the_performance_section_says_it_read_its_numbers_and_records_from_where
 
 
 def test_a_row_noisier_than_its_effect_is_marked_in_the_section() -> None:
-    run = _run()
+    run = suite_result()
     noisy = Comparison("c", "half the heads pruned", "all heads", Timing((0.5, 2.27, 10.0)), Timing((1.0,) * 3))
     run.areas[0].rows = [noisy]
     text = _plain(bench.render_results({"cpu": run}, Path("/x/RESULTS.json")))
@@ -73,7 +73,7 @@ def test_the_page_footer_and_report_json_name_the_file_the_performance_section_r
     from headlab.report.build import build_report
 
     monkeypatch.chdir(tmp_path)
-    write_results(_run(), tmp_path / "benchmarks" / "RESULTS.md")
+    write_results(suite_result(), tmp_path / "benchmarks" / "RESULTS.md")
     result = build_report(tmp_path / "report", sections=[bench.SECTION], progress=False, command="headlab report")
     footer = _plain(result.index.read_text().split("How this report was produced", 1)[1])
     path = tmp_path / "benchmarks" / "RESULTS.json"

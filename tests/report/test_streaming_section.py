@@ -59,7 +59,7 @@ def _retrieval(data: dict) -> RetrievalResult:
 
 @pytest.fixture(scope="module")
 def minilm_section(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
-    from tests.capture.minilm import minilm
+    from tests.support.minilm import minilm
 
     minilm()  # skips without the packaged model
     return _build(tmp_path_factory.mktemp("report"), quick=True)
@@ -82,7 +82,7 @@ def test_minilm_says_why_retrieval_does_not_apply_and_measures_streaming(minilm_
 
 @pytest.fixture(scope="module")
 def causal_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.capture.tiny_model import save_causal_checkpoint
+    from tests.support.tiny import save_causal_checkpoint
 
     return save_causal_checkpoint(tmp_path_factory.mktemp("tiny-gpt2"))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from headlab.report import ReportContext
 from headlab.report.sections import viewer
 from headlab.report.viewer import asset_text
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 
 def _ctx(tmp_path: Path) -> ReportContext:

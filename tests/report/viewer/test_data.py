@@ -15,8 +15,8 @@ from headlab.capture import TruncationWarning, pattern_to_words
 from headlab.heads import Heads
 from headlab.models import HeadedModel
 from headlab.report.viewer import view_data
-from tests.report.viewer.reference import reference
-from tests.report.viewer.tiny import tiny
+from tests.support.reference import captured_patterns
+from tests.support.tiny import tiny
 
 TEXTS = ["the cat sat on the mat, and the dog ran!", "a big xyz dog ran. the red cat sat"]
 
@@ -35,7 +35,7 @@ def test_every_head_at_both_levels_is_the_model_pattern(kind: str) -> None:
     assert data.causal == (kind == "gpt2")
     assert data.heads == [(layer, h) for layer in range(2) for h in range(4)] and len(data.info) == 8
     for k, text in enumerate(TEXTS):
-        patterns, units = reference(model, text)
+        patterns, units = captured_patterns(model, text)
         item = data.items[k]
         assert item.pieces.n == patterns[0].shape[-1] and not item.truncated
         assert item.words is not None  # "xyz" and "and" are unknown words: several pieces
@@ -62,8 +62,8 @@ def test_labels_and_gaps_give_back_the_text(level: str) -> None:
 def test_byte_level_bpe_labels_leave_the_leading_space_to_the_gap() -> None:
     """GPT-2-style offsets include the space before a piece ("Ġcat" spans " cat"); the label is "cat"."""
     import headlab
-    from tests.capture.byte_bpe import byte_level_tokenizer
-    from tests.models.tiny import build
+    from tests.support.text import byte_level_tokenizer
+    from tests.support.tiny import build
 
     tokenizer = byte_level_tokenizer()
     model = headlab.attach(build("gpt2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)).model

@@ -12,7 +12,7 @@ import headlab
 from headlab.analysis.flow import attention_flow, rollout
 from headlab.capture import run_with_cache
 from headlab.report.viewer import InlineViewer, asset_text, cache_view_data, show, view_data, viewer_document
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 EVIL = 'the cat <script>window.__pwned = 1</script> sat </style> on <!-- the --> mat'
 PLAIN = "the big red dog ran on the mat, and the cat sat"

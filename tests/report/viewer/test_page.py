@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from headlab.report.viewer import asset_text, view_data, viewer_document, viewer_fragment, write_assets
-from tests.report.viewer.tiny import tiny
+from tests.support.tiny import tiny
 
 EVIL = 'the cat </script><script>alert(1)</script> <!-- <img src=x onerror=alert(2)> sat'
 

@@ -1,4 +1,8 @@
-"""Small modules for the error paths and edge cases of the audit (the examples cover the layouts)."""
+"""Small modules for the error paths and edge cases of the audit (the examples cover the layouts).
+
+The CLI tests also audit this file as a user's ``PATH.py:ClassName`` (and ``--factory layers:make_per_head``),
+so it imports nothing but torch.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,16 @@
-"""Tiny random transformers models of many architectures, built from their configs (no download).
+"""Tiny random transformers models, built from their configs in memory (no download).
 
-``ARCHITECTURES`` names each architecture headlab serves, with the config that exercises what
-makes it different (grouped- and multi-query heads, sliding windows shorter than the test
-sequences, soft-capped logits, fused projections, partial rotary, q/k norms, biases);
-``UNSUPPORTED`` names architectures that compute attention outside transformers'
-AttentionInterface, with the word their refusal must contain.
+- ``build(name)`` / ``built(name)``: a model of any architecture of ``ARCHITECTURES`` (each with the
+  config that exercises what makes it different: grouped- and multi-query heads, sliding windows
+  shorter than the test sequences, soft-capped logits, fused projections, partial rotary, q/k norms,
+  biases), ``LIMITS`` or ``UNSUPPORTED`` (architectures that compute attention outside transformers'
+  AttentionInterface, with the word their refusal must contain); ``batch`` gives padded inputs.
+- ``pruned_bert``: a 3-layer BERT attached with heads (4, 4, 2) that counts its forwards (capture).
+- ``tiny(kind)``: a ``HeadedModel`` of a BERT or GPT-2 with the word-piece tokenizer (viewer, report).
+- ``save_causal_checkpoint``: a GPT-2 and its tokenizer saved as a user's checkpoint folder (CLI).
+
+Every weight is random (biases and norms included) and larger than transformers' init, so that
+patterns are far from uniform.
 """
 
 from __future__ import annotations
@@ -12,12 +18,13 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from tests.support.text import fake_tokenizer, word_piece_tokenizer
 
 VOCAB = 100
 PAD = 0
@@ -94,6 +101,11 @@ _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interm
               max_position_embeddings=64)
 
 
+def _transformers() -> Any:
+    """transformers, or the calling test skipped without it."""
+    return pytest.importorskip("transformers")
+
+
 def tiny_config(name: str, **overrides: Any) -> Any:
     """The small config of ``name`` (an ``ARCHITECTURES``, ``LIMITS`` or ``UNSUPPORTED`` key); ``overrides`` win."""
     if name in ARCHITECTURES or name in LIMITS:
@@ -101,23 +113,26 @@ def tiny_config(name: str, **overrides: Any) -> Any:
     else:
         sizes = UNSUPPORTED[name][0]
     base = _SMALL if "n_embd" not in sizes and "dim" not in sizes else {}
-    return transformers.AutoConfig.for_model(name, **(base | dict(vocab_size=VOCAB) | _IDS | sizes | overrides))
+    return _transformers().AutoConfig.for_model(name, **(base | dict(vocab_size=VOCAB) | _IDS | sizes | overrides))
 
 
 def auto_class(name: str) -> Any:
     known = ARCHITECTURES | LIMITS
     causal = known[name].causal if name in known else name not in ("deberta-v2", "t5", "bart")
-    return transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+    return _transformers().AutoModelForCausalLM if causal else _transformers().AutoModel
 
 
-def build(name: str, *, attn_implementation: str = "eager", seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    """A model of ``name`` with every weight random (biases and norms included), in eval mode."""
+def build(name: str, *, attn_implementation: str = "eager", seed: int = 0, std: float = 0.2,
+          **overrides: Any) -> torch.nn.Module:
+    """A model of ``name`` with every weight drawn from N(0, ``std``) (norm weights around 1), in eval mode.
+
+    ``overrides`` are config fields (``tiny_config``)."""
     torch.manual_seed(seed)
     config = tiny_config(name, **overrides)
     model = auto_class(name).from_config(config, attn_implementation=attn_implementation)
     with torch.no_grad():
         for parameter_name, p in model.named_parameters():
-            p.normal_(0.0, 0.2)
+            p.normal_(0.0, std)
             if "norm" in parameter_name.lower() and parameter_name.endswith("weight"):
                 p.add_(1.0)
     return model.eval()
@@ -133,7 +148,8 @@ def built(name: str, *, attn_implementation: str = "eager") -> torch.nn.Module:
     return copy.deepcopy(_built(name, attn_implementation))
 
 
-def batch(*, padding: str, batch_size: int = 3, length: int = LENGTH, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(*, padding: str, batch_size: int = 3, length: int = LENGTH,
+          seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask)`` with ragged padding on the ``padding`` side ("left" / "right" / "none")."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (batch_size, length), generator=generator)
@@ -158,3 +174,65 @@ def max_diff_on_tokens(a: torch.nn.Module, b: torch.nn.Module, ids: torch.Tensor
         y = first_output(b(input_ids=ids, attention_mask=mask))
     keep = mask.bool()
     return float((x[keep] - y[keep]).abs().max())
+
+
+# --- a BERT with pruned heads, counting its forwards (capture) -------------------------------------------------------
+
+HEADS = (4, 4, 2)  # heads per layer: layer 2 is pruned, so that per-layer selections are exercised
+D_MODEL = 16
+
+
+def pruned_bert(vocab_size: int, *, max_positions: int = 64, seed: int = 0) -> torch.nn.Module:
+    """A random 3-layer BERT (d_model 16, 4 heads), attached, layer 2 pruned to 2 heads; ``forward_calls``
+    counts its forwards."""
+    import headlab
+    from headlab import heads
+
+    model = build("bert", seed=seed, std=0.3, vocab_size=vocab_size, hidden_size=D_MODEL,
+                  num_hidden_layers=len(HEADS), num_attention_heads=max(HEADS), intermediate_size=32,
+                  max_position_embeddings=max_positions)
+    headlab.attach(model)
+    heads.prune(model, {layer: list(range(n, max(HEADS))) for layer, n in enumerate(HEADS) if n < max(HEADS)})
+    model.forward_calls = 0
+
+    def count(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        module.forward_calls += 1
+
+    model.register_forward_pre_hook(count, with_kwargs=True)
+    return model
+
+
+# --- loaded models with a tokenizer (viewer, report, CLI) ------------------------------------------------------------
+
+POSITIONS = 2100  # room for the viewer's 2,000-token check
+
+
+@functools.cache
+def tiny(kind: str, *, layers: int = 2, heads: int = 4):
+    """A ``HeadedModel`` of a random ``kind`` ("bert": bidirectional, "gpt2": causal) with the word-piece
+    tokenizer, attached, on SDPA; one per arguments and session."""
+    import headlab
+    from headlab.models import HeadedModel
+
+    tok = word_piece_tokenizer()
+    ids = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+    if kind == "bert":
+        model = build("bert", num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=POSITIONS,
+                      attn_implementation="sdpa", **ids)
+    elif kind == "gpt2":
+        model = build("gpt2", n_layer=layers, n_head=heads, n_positions=POSITIONS, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, attn_implementation="sdpa", **ids)
+    else:
+        raise ValueError(kind)
+    return HeadedModel(model=headlab.attach(model).model, tokenizer=tok, source=f"tiny random {kind}")
+
+
+def save_causal_checkpoint(folder: Path, **overrides: Any) -> Path:
+    """Save a random 2-layer GPT-2 (``overrides`` of its config) with the word-piece tokenizer beside it,
+    as a user's checkpoint directory."""
+    tok = _transformers().PreTrainedTokenizerFast(tokenizer_object=fake_tokenizer(), pad_token="[PAD]",
+                                                  eos_token="[SEP]", bos_token="[CLS]")
+    build("gpt2", vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+          pad_token_id=tok.pad_token_id, **overrides).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

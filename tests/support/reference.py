@@ -1,16 +1,22 @@
-"""An independent float64 reference for MultiHeadAttention, written head by head.
+"""References the tests compare headlab with, each computed apart from the code under test.
 
-It reads only the layer's per-head weight views and config, and re-derives the mask
-semantics (nn.MultiheadAttention's, with its add_bias_kv / add_zero_attn positions appended
-after the keys and always allowed) and rotary (as complex rotation) without headlab code.
+- ``layer_reference``: MultiHeadAttention written head by head in float64. It reads only the
+  layer's per-head weight views and config, and re-derives the mask semantics (nn.MultiheadAttention's,
+  with its add_bias_kv / add_zero_attn positions appended after the keys and always allowed) and
+  rotary (``rotate``, as complex rotation) without headlab code.
+- ``model_reference``: an attached model's per-head patterns, z and results for one text, from
+  transformers' ``output_attentions`` and a hook on the output projection, in float64.
+- ``captured_patterns``: float patterns straight from a capture, to check what the viewer encodes
+  and the browser shows.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def rotate(x: Tensor, positions: Tensor, rotary_dim: int, base: float) -> Tensor:
@@ -22,7 +28,7 @@ def rotate(x: Tensor, positions: Tensor, rotary_dim: int, base: float) -> Tensor
     return torch.cat((pairs.real, pairs.imag, x[:, rotary_dim:]), dim=1)
 
 
-def reference(
+def layer_reference(
     layer,
     query: Tensor,
     key: Tensor | None = None,
@@ -56,8 +62,9 @@ def reference(
 
     # Talking heads (Shazeer et al. 2020): logits and weights mixed across heads; identity otherwise.
     core = getattr(layer, "core", None)
-    P_logit = core.logit_mixing.detach().double() if hasattr(core, "logit_mixing") else torch.eye(H, dtype=torch.float64)
-    P_weight = core.weight_mixing.detach().double() if hasattr(core, "weight_mixing") else torch.eye(H, dtype=torch.float64)
+    eye = torch.eye(H, dtype=torch.float64)
+    P_logit = core.logit_mixing.detach().double() if hasattr(core, "logit_mixing") else eye
+    P_weight = core.weight_mixing.detach().double() if hasattr(core, "weight_mixing") else eye
 
     extra = getattr(layer, "extra_kv", None)
     bias_k = bias_v = None
@@ -124,3 +131,53 @@ def _mask_entries(key_padding_mask, attn_mask, b, h, i, j, H):
             yield attn_mask[b * H + h, i, j]
         else:
             yield attn_mask[b if attn_mask.shape[0] > 1 else 0, h if attn_mask.shape[1] > 1 else 0, i, j]
+
+
+def model_reference(model: nn.Module, ids: list[int]) -> list[dict[str, Tensor]]:
+    """One unpadded item, layer by layer: every head's pattern, result and z, in float64.
+
+    Computed apart from taps: the patterns are transformers' ``output_attentions`` of a float64
+    copy, z is what its output projections receive (a pre-hook), each head's result z_h W_O[h].
+    """
+    from headlab.models import headed
+
+    twin = copy.deepcopy(model).double()
+    sites = headed(twin).sites
+    z: dict[int, Tensor] = {}
+    hooks = [site.out_proj.module.register_forward_pre_hook(
+        lambda module, args, layer=site.layer: z.__setitem__(layer, args[0][0])) for site in sites]
+    try:
+        with torch.no_grad():
+            out = twin(input_ids=torch.tensor([ids]), output_attentions=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    layers = []
+    for site in sites:
+        per_head = z[site.layer].view(len(ids), site.n_heads, site.d_head_v).transpose(0, 1)  # (head, pos, d_head_v)
+        result = torch.einsum("hqd,hdm->hqm", per_head, site.W_O.double())
+        layers.append({"pattern": out.attentions[site.layer][0].float(), "z": per_head.float(),
+                       "result": result.float()})
+    return layers
+
+
+class _Keep:
+    def __init__(self) -> None:
+        self.patterns: dict[int, torch.Tensor] = {}
+        self.units: torch.Tensor | None = None
+
+    def update(self, batch) -> None:
+        n = int(batch.lengths[0])
+        units, _ = batch.word_units()
+        self.units = units[0, :n].clone()
+        for layer, taken in batch.layers.items():
+            self.patterns[layer] = taken.pattern[0, :, :n, :n].float().clone()
+
+
+def captured_patterns(model, text: str) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """``({layer: (head, n, n) float32 patterns}, units (n,))`` of one text, every head."""
+    from headlab.capture import capture
+
+    keep = _Keep()
+    capture(model, corpus=[text], consumers=[keep], progress=False)
+    return keep.patterns, keep.units
