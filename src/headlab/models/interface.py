@@ -13,7 +13,10 @@ Registered as ``"headlab"``, this function sees every head of every such model:
 - gates (mask, scale, zero/mean ablation, importance gates) act on z before the output
   projection, whichever path ran;
 - windowed heads (``headlab.heads.windowed``: sink and recent keys only) get their dropped keys
-  added to the call's mask, one mask per head, which every path then reads.
+  added to the call's mask, one mask per head, which every path then reads;
+- an observer set in this context (``observing``: the probe of ``headlab.attach``) is told of each
+  call. The registration itself never changes, and what one call leaves for the next (the last mask
+  made) is kept per thread: threads running models side by side see only their own calls.
 
 Axis legend (transformers' layout):
     query           (batch, n_heads, query_pos, d_head)
