@@ -33,7 +33,8 @@ __all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "model_m
 
 @runtime_checkable
 class Consumer(Protocol):
-    """Anything with ``update(batch)``; the analysis accumulators add ``merge`` and ``result``."""
+    """Anything with ``update(batch)``: what capture hands each batch to. Accumulators (``headlab.analysis.accumulator
+    .Accumulator``) add ``merge`` and ``result``, so that a corpus can be split and their results joined."""
 
     def update(self, batch: CaptureBatch) -> None: ...
 
