@@ -28,6 +28,7 @@ from headlab.analysis.retrieval import CopyCase
 from headlab.capture import CaptureBatch, MeanZ, capture
 from headlab.heads import HeadTable
 from tests.support.minilm import minilm
+from tests.support.text import ENGLISH
 
 # class → the type its result() returns
 ACCUMULATORS = {SurfaceStats: HeadTable, TaxonomyStats: HeadTable, HeadSimilarity: SimilarityResult,
@@ -38,16 +39,7 @@ BASES = {HeadSums, PerHeadMeans}  # shared state of the per-head accumulators, n
 STRUCTURES = {PassAccumulators}  # accumulators held by name
 PROTOCOLS = {Accumulator, Mergeable}
 
-TEXTS = [
-    "The cat sat on the mat, and the dog watched it.",
-    "Attention heads learn different things when their weights start apart.",
-    "She said that the report, which was long, would be finished by Monday.",
-    "Numbers like 42 and 3.14 appear in technical text.",
-    "Why do some heads attend to the separator token?",
-    "A short one.",
-    "The report was finished on Monday, as she said it would be.",
-    "Some heads attend to the previous word; others to the next.",
-]
+TEXTS = ENGLISH
 
 
 def _classes_with(method: str) -> set[type]:

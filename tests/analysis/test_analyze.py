@@ -19,17 +19,10 @@ from headlab.heads import Heads, HeadTable
 from headlab.models import HeadedModel
 from tests.support.analysis import hand_result, relation
 from tests.support.minilm import minilm
-from tests.support.text import fake_tokenizer
+from tests.support.text import ENGLISH, fake_tokenizer
 from tests.support.tiny import build
 
-TEXTS = [
-    "The cat sat on the mat, and the dog watched it.",
-    "Attention heads learn different things when their weights start apart.",
-    "She said that the report, which was long, would be finished by Monday.",
-    "Numbers like 42 and 3.14 appear in technical text.",
-    "Why do some heads attend to the separator token?",
-    "A short one.",
-]
+TEXTS = ENGLISH[:6]
 
 
 def test_minilm_rows_files_and_summary_agree(tmp_path):

@@ -26,6 +26,18 @@ TEXTS = [
     "a cat, a dog, a mat",
 ]
 
+# English sentences of varied length and punctuation for MiniLM's analyses (the first six: analyze's tests).
+ENGLISH = [
+    "The cat sat on the mat, and the dog watched it.",
+    "Attention heads learn different things when their weights start apart.",
+    "She said that the report, which was long, would be finished by Monday.",
+    "Numbers like 42 and 3.14 appear in technical text.",
+    "Why do some heads attend to the separator token?",
+    "A short one.",
+    "The report was finished on Monday, as she said it would be.",
+    "Some heads attend to the previous word; others to the next.",
+]
+
 # The byte-level BPE's training text; the dependency-syntax tests parse it too.
 SENTENCES = [
     "The cat sat on the mat.",

@@ -16,23 +16,13 @@
 transformers is imported when a model is loaded or attached, not on import.
 """
 
-import warnings
-from typing import Any
-
 from headlab.layer.taps import TAKE, Tap, TapOutput
 from headlab.models.attach import attach, attention_sites, detach
 from headlab.models.handle import HeadedModel, headed, model_max_length
-from headlab.models.loading import default_model_path, load
+from headlab.models.loading import __getattr__, default_model_path, load  # __getattr__: the renamed LoadedModel
 from headlab.models.native import LayerSite
 from headlab.models.site import AttentionSite
 
 __all__ = ["TAKE", "AttentionSite", "HeadedModel", "LayerSite", "Tap", "TapOutput", "attach", "attention_sites",
            "default_model_path", "detach", "headed", "load", "model_max_length"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "LoadedModel":  # renamed: one release with a warning
-        warnings.warn("headlab.models.LoadedModel is deprecated: it is headlab.HeadedModel (what headlab.load and "
-                      "headlab.attach return)", DeprecationWarning, stacklevel=2)
-        return HeadedModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -248,8 +248,9 @@ def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "LoadedModel":  # renamed: one release with a warning
+    """``LoadedModel``, renamed ``HeadedModel``: one release with a warning (here and in ``headlab.models``)."""
+    if name == "LoadedModel":
         warnings.warn("headlab.models.LoadedModel is deprecated: it is headlab.HeadedModel (what headlab.load and "
                       "headlab.attach return)", DeprecationWarning, stacklevel=2)
         return HeadedModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"module 'headlab.models' has no attribute {name!r}")

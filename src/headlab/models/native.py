@@ -17,7 +17,6 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from headlab.layer import MultiHeadAttention
-from headlab.layer.gates import check_affine, identity_affine
 from headlab.models.site import AttentionSite
 
 
@@ -57,19 +56,8 @@ class LayerSite(AttentionSite):
     def shift(self, value: Tensor | None) -> None:
         self.set_affine(self.scale, value)
 
-    def set_affine(self, scale: Tensor | None, shift: Tensor | None) -> None:
-        """Set the layer's persistent affine (``MultiHeadAttention.set_head_affine``); None is the identity.
-
-        Raises:
-            ValueError: a tensor has the wrong shape.
-            TypeError: a tensor is not floating point.
-        """
-        try:
-            check_affine(scale, shift, n_heads=self.n_heads, d_head_v=self.d_head_v)
-        except ValueError as err:
-            raise ValueError(f"layer {self.layer}: {err}") from None
-        if identity_affine(scale, shift):
-            scale = shift = None
+    def _keep_affine(self, scale: Tensor | None, shift: Tensor | None) -> None:
+        """Hold a checked affine in the layer's buffers (``MultiHeadAttention.set_head_affine``)."""
         self.layer_module.set_head_affine(scale, shift)
 
     @property

@@ -212,6 +212,10 @@ class AttentionSite:
             check_affine(scale, shift, n_heads=self.n_heads, d_head_v=self.d_head_v)
         except ValueError as err:
             raise ValueError(f"layer {self.layer}: {err}") from None
+        self._keep_affine(scale, shift)
+
+    def _keep_affine(self, scale: Tensor | None, shift: Tensor | None) -> None:
+        """Hold a checked affine: on the site (a layer of headlab's own holds it in its buffers instead)."""
         # An untouched site runs the fused kernel: identity parts are left unset.
         self._scale = None if scale is None or bool((scale == 1).all()) else scale.detach().clone()
         self._shift = None if shift is None or not bool(shift.any()) else shift.detach().clone()
