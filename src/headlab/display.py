@@ -6,6 +6,7 @@ use it. Every piece of text that reaches the HTML passes through ``escape``; mar
 and wrapped in ``Html`` to say it is already safe. An output carries no stylesheet of ours, so each table
 brings a few rules scoped to ``.headlab-repr`` and each heatmap cell its colour inline.
 
+    Shown                             a result's __repr__ and _repr_html_ from its _title, _facts and _parts
     summary(title, facts)             the text form: a title line, then ``  label: value`` lines
     card(title, facts, *parts)        the HTML form: the same title and facts, then tables
     table(headers, rows)              a compact table, every cell escaped
@@ -19,7 +20,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Html", "abbreviate", "card", "escape", "heat_table", "runs", "shape", "short",
+__all__ = ["Html", "Shown", "abbreviate", "card", "escape", "heat_table", "runs", "shape", "short",
            "summary", "table"]
 
 Facts = Sequence[tuple[str, object]]
@@ -109,6 +110,27 @@ def runs(numbers: Iterable[int]) -> str:
             start = n
         previous = n
     return ", ".join(parts)
+
+
+class Shown:
+    """A result that shows itself from its ``_title()`` and ``_facts()``: ``repr`` as ``summary``, a notebook's
+    HTML as ``card``, with ``_parts()`` (tables, heatmaps) after the facts. A dataclass using it is declared
+    with ``repr=False``, or the ``__repr__`` the dataclass writes would take its place."""
+
+    def _title(self) -> str:
+        raise NotImplementedError
+
+    def _facts(self) -> Facts:
+        return ()
+
+    def _parts(self) -> Sequence[str]:
+        return ()
+
+    def __repr__(self) -> str:
+        return summary(self._title(), self._facts())
+
+    def _repr_html_(self) -> str:
+        return card(self._title(), self._facts(), *self._parts())
 
 
 def summary(title: str, facts: Facts = ()) -> str:

@@ -47,8 +47,8 @@ LM_MAX_LENGTH = 128  # pieces per text of the next-token task
 FLAT = 0.01  # a pruning curve that never moves more than this share of its unpruned value is flat
 
 
-@dataclass
-class ImportanceResult:
+@dataclass(repr=False)
+class ImportanceResult(display.Shown):
     """One score per head.
 
     Attributes:
@@ -74,11 +74,8 @@ class ImportanceResult:
         return {"method": self.method, "normalized": self.normalized, "batches": self.batches,
                 "seconds": self.seconds, **self.table.to_dict()}
 
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
-        return display.card(self._title(), self._facts(), display.Html(self.table.html(["score"])))
+    def _parts(self) -> list[str]:
+        return [display.Html(self.table.html(["score"]))]
 
     def _title(self) -> str:
         return f"ImportanceResult: {self.method} importance of {len(self.table)} heads"
@@ -199,8 +196,8 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-@dataclass
-class PruningCurve:
+@dataclass(repr=False)
+class PruningCurve(display.Shown):
     """A metric as heads are removed, least important first.
 
     Attributes:
@@ -222,13 +219,10 @@ class PruningCurve:
     def to_dict(self) -> dict[str, Any]:
         return {"fractions": self.fractions, "removed": self.removed, "values": self.values, "flat": self.flat()}
 
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
+    def _parts(self) -> list[str]:
         rows = [[removed, f"{fraction:.0%}", value] for removed, fraction, value in
                 zip(self.removed, self.fractions, self.values)]
-        return display.card(self._title(), self._facts(), display.table(["heads removed", "share", "metric"], rows))
+        return [display.table(["heads removed", "share", "metric"], rows)]
 
     def _title(self) -> str:
         removed = max(self.fractions, default=0)

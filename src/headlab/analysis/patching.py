@@ -42,8 +42,8 @@ __all__ = ["Metric", "PatchingResult", "activation_patching", "attribution_patch
            "logit_difference", "plot_patching"]
 
 
-@dataclass
-class PatchingResult:
+@dataclass(repr=False)
+class PatchingResult(display.Shown):
     """Per-head patching effects.
 
     Attributes:
@@ -68,11 +68,8 @@ class PatchingResult:
                 "forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds,
                 "heads": self.table.to_dict()}
 
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
-        return display.card(self._title(), self._facts(), display.Html(self.table.html(["effect"])))
+    def _parts(self) -> list[str]:
+        return [display.Html(self.table.html(["effect"]))]
 
     def _title(self) -> str:
         return f"PatchingResult: {self.method} patching of {len(self.table)} heads"

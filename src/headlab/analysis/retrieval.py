@@ -86,8 +86,8 @@ class CopyCase:
         return queries, targets, allowed
 
 
-@dataclass
-class RetrievalResult:
+@dataclass(repr=False)
+class RetrievalResult(display.Shown):
     """Retrieval scores per head over a set of needles.
 
     Attributes:
@@ -124,11 +124,8 @@ class RetrievalResult:
                 "retrieval_heads": [list(h) for h in self.retrieval_heads()], "seconds": self.seconds,
                 **self.table.to_dict()}
 
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
-        return display.card(self._title(), self._facts(), display.Html(self.table.html(["score"])))
+    def _parts(self) -> list[str]:
+        return [display.Html(self.table.html(["score"]))]
 
     def _title(self) -> str:
         return f"RetrievalResult: retrieval scores of {len(self.table)} heads over {self.needles} needles"

@@ -73,8 +73,8 @@ def label_heads(result: HeadTable) -> dict[tuple[int, int], tuple[str, ...]]:
     return {(layer, head): role_labels(result, layer, head) for layer, head in result.heads}
 
 
-@dataclass
-class ProbeScores:
+@dataclass(repr=False)
+class ProbeScores(display.Shown):
     """One probe's score per head.
 
     Attributes:
@@ -100,11 +100,8 @@ class ProbeScores:
         return {"name": self.name, "threshold": self.threshold, "n_seqs": self.n_seqs, "length": self.length,
                 "seed": self.seed, "heads": [list(h) for h in self.heads_above()], "rows": self.table.rows()}
 
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
-        return display.card(self._title(), self._facts(), display.Html(self.table.html([self.name])))
+    def _parts(self) -> list[str]:
+        return [display.Html(self.table.html([self.name]))]
 
     def _title(self) -> str:
         return f"ProbeScores: {self.name} scores of {len(self.table)} heads"

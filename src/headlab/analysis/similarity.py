@@ -61,8 +61,8 @@ def _entropy(p: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(-1)
 
 
-@dataclass
-class SimilarityResult:
+@dataclass(repr=False)
+class SimilarityResult(display.Shown):
     """Mean JS distance between every pair of captured heads.
 
     Attributes:
@@ -80,12 +80,6 @@ class SimilarityResult:
     def to_dict(self) -> dict[str, Any]:
         return {"heads": [list(h) for h in self.heads], "distances": self.distances.tolist(), "rows": self.rows,
                 "sampled": self.sampled}
-
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
-        return display.card(self._title(), self._facts())
 
     def _title(self) -> str:
         return f"SimilarityResult: Jensen–Shannon distances between {len(self.heads)} heads"

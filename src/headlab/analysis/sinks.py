@@ -50,8 +50,8 @@ SINK_HEAD_SHARE = 0.5  # a sink head sends at least half of a query's attention 
 DEFAULT_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # bins double in width
 
 
-@dataclass(frozen=True)
-class SinkResult:
+@dataclass(frozen=True, repr=False)
+class SinkResult(display.Shown):
     """Sink share per head, overall and by query position.
 
     Attributes:
@@ -106,12 +106,9 @@ class SinkResult:
                 "bins": [labels[b] for b in filled], "counts": self.counts[:, filled].tolist(),
                 "raw": rows(self.raw), "weighted": rows(self.weighted)}
 
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
+    def _parts(self) -> list[str]:
         shares = ["raw_share"] + (["weighted_share"] if "weighted_share" in self.table.columns else [])
-        return display.card(self._title(), self._facts(), display.Html(self.table.html(shares)))
+        return [display.Html(self.table.html(shares))]
 
     def _title(self) -> str:
         return f"SinkResult: attention on the first {self.n_sink} tokens, {len(self.heads)} heads"

@@ -94,8 +94,8 @@ class Conversion:
                 "limit_share": self.limit_share}
 
 
-@dataclass
-class StreamingResult:
+@dataclass(repr=False)
+class StreamingResult(display.Shown):
     """Per head and window: z change, loss change and whether the conversion made it streaming.
 
     Attributes:
@@ -141,12 +141,9 @@ class StreamingResult:
                 "conversions": [c.to_dict() for c in self.conversions], "texts": self.texts, "length": self.length,
                 "seconds": self.seconds, **self.table.to_dict()}
 
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
+    def _parts(self) -> list[str]:
         grids = [f"loss_change_w{w}" for w in self.windows if f"loss_change_w{w}" in self.table.columns][:3]
-        return display.card(self._title(), self._facts(), display.Html(self.table.html(grids)))
+        return [display.Html(self.table.html(grids))]
 
     def _title(self) -> str:
         return (f"StreamingResult: {len(self.table)} heads of a {self.kind} model restricted to {self.sinks} sinks "

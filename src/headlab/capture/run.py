@@ -43,8 +43,8 @@ class TruncationWarning(UserWarning):
     """Items were cut to ``max_length``; ``CaptureResult.truncated`` lists them."""
 
 
-@dataclass
-class CaptureResult:
+@dataclass(repr=False)
+class CaptureResult(display.Shown):
     """What a capture did (its data went to the consumers).
 
     Attributes:
@@ -92,12 +92,6 @@ class CaptureResult:
             "take": list(self.take), "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
             "corpus": dict(self.corpus),
         }
-
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
-        return display.card(self._title(), self._facts())
 
     def _title(self) -> str:
         return f"CaptureResult: {self.items:,} items, {self.tokens:,} tokens in {self.batches:,} batches"

@@ -40,7 +40,7 @@ HANDLE_ATTRIBUTE = "headlab_handle"  # on an attached model: the handle ``attach
 Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor  # what ``HeadedModel.inputs`` takes
 
 
-class HeadedModel:
+class HeadedModel(display.Shown):
     """A model with headlab's attention attached, its tokenizer and its attention sites.
 
     Args:
@@ -229,15 +229,11 @@ class HeadedModel:
         """The model's forward."""
         return self.model(*args, **kwargs)
 
-    # --- how it shows ---
-    def __repr__(self) -> str:
-        return display.summary(self._title(), self._facts())
-
-    def _repr_html_(self) -> str:
+    # --- how it shows (display.Shown: repr and a notebook's HTML) ---
+    def _parts(self) -> list[str]:
         rows = [[site.layer, site.name or "(the layer)", site.n_heads, site.n_kv_heads, site.d_head,
                  "yes" if site.causal else "no", _interventions(site)] for site in self._sites]
-        return display.card(self._title(), self._facts(), display.table(
-            ["layer", "module", "heads", "kv heads", "d_head", "causal", "interventions"], rows))
+        return [display.table(["layer", "module", "heads", "kv heads", "d_head", "causal", "interventions"], rows)]
 
     def _title(self) -> str:
         heads = [site.n_heads for site in self._sites]
