@@ -291,20 +291,21 @@ def headed(model: HeadedModel | nn.Module) -> HeadedModel:
     return handle if isinstance(handle, HeadedModel) else HeadedModel(model)
 
 
-def given_tokenizer(model: HeadedModel | nn.Module, tokenizer: Any, where: str) -> HeadedModel:
+def given_tokenizer(model: HeadedModel | nn.Module, tokenizer: Any, where: str, *, depth: int = 1) -> HeadedModel:
     """``headed(model)``, with the tokenizer a caller still passes on its own (deprecated: the handle holds it).
 
     Args:
         model: as ``headed`` takes it.
         tokenizer: what the caller passed as ``tokenizer=``, or None.
         where: the caller's name, for the warning.
+        depth: calls between the user's call and this one's caller (the warning names the user's line).
     """
     handle = headed(model)
     if tokenizer is None or tokenizer is handle.tokenizer:
         return handle
     warnings.warn(f"{where}(tokenizer=...) is deprecated: the model's handle holds its tokenizer "
                   "(headlab.attach(model, tokenizer=...)); the argument goes in the next release",
-                  DeprecationWarning, stacklevel=3)
+                  DeprecationWarning, stacklevel=2 + depth)
     copy = HeadedModel(handle.model, tokenizer=tokenizer, source=handle.source)
     return copy
 
