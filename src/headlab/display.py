@@ -99,7 +99,7 @@ def abbreviate(items: Sequence[object], *, head: int = 8, tail: int = 2, sep: st
 
 def runs(numbers: Iterable[int]) -> str:
     """``0–5, 7, 9–10``: sorted integers with consecutive runs joined."""
-    values = sorted(set(int(n) for n in numbers))
+    values = sorted({int(n) for n in numbers})
     parts: list[str] = []
     start = previous = None
     for n in [*values, None]:

@@ -90,7 +90,7 @@ def causal_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_causal_checkpoint_gets_an_induction_pair_and_a_logit_difference(causal_checkpoint: Path,
                                                                           tmp_path: Path) -> None:
     body, document = _build(tmp_path, str(causal_checkpoint))
-    exact, attribution = _check_measured(body, document)
+    exact, _attribution = _check_measured(body, document)
     assert len(exact.table) == 8 and exact.forwards == 10
     clean, corrupted = document["clean_ids"], document["corrupted_ids"]
     bos, run = clean[0], clean[1: 1 + RUN]

@@ -27,15 +27,29 @@ from torch import nn
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION, AnalysisAccumulators, PassAccumulators
 from headlab.analysis.context_heads import context_heads
 from headlab.analysis.importance import (
-    LM_MAX_LENGTH, MAX_LENGTH, ablation_importance, causal_lm_loss, fidelity_metric, gradient_importance, lm_batches,
-    pair_batches, paraphrase_loss, pruning_curve, retrieval_metric, spearman,
+    LM_MAX_LENGTH,
+    MAX_LENGTH,
+    ablation_importance,
+    causal_lm_loss,
+    fidelity_metric,
+    gradient_importance,
+    lm_batches,
+    pair_batches,
+    paraphrase_loss,
+    pruning_curve,
+    retrieval_metric,
+    spearman,
 )
 from headlab.analysis.norms import out_projections
 from headlab.analysis.plots import plot_heatmaps
 from headlab.analysis.result import AnalysisResult
 from headlab.analysis.roles import duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.sentences import (
-    FIDELITY_METRIC, LM_METRIC, METRIC_FORMATS, RETRIEVAL_METRIC, TABLE_RELATIONS,
+    FIDELITY_METRIC,
+    LM_METRIC,
+    METRIC_FORMATS,
+    RETRIEVAL_METRIC,
+    TABLE_RELATIONS,
 )
 from headlab.analysis.similarity import mds
 from headlab.analysis.surface import is_causal

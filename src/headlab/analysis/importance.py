@@ -3,8 +3,9 @@
 Michel, Levy & Neubig 2019 ("Are Sixteen Heads Really Better than One?") score head h by
 ``I_h = Σ_batches |∂L/∂ξ_h|`` where ``ξ_h`` is a gate on the head's output held at 1, normalise
 the scores per layer by their ℓ2 norm, and prune heads least important first. Here the gate is
-each attention site's ``head_mask`` (``headlab.models.AttentionSite``); exact single-head ablation (the loss increase when one head
-is masked) is the slow reference the gradient approximates to first order.
+each attention site's ``head_mask`` (``headlab.models.AttentionSite``); exact single-head ablation
+(the loss increase when one head is masked) is the slow reference the gradient approximates to
+first order.
 
 Conventions:
     heads     ``(layer, head)`` pairs, layers in order, heads in each layer's current numbering.

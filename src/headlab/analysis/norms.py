@@ -78,7 +78,7 @@ def out_projections(model: HeadedModel | nn.Module) -> dict[int, Tensor]:
             for site in headed(model).sites}
 
 
-def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa: N803
+def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:
     """A ``(n_heads, d_head_v, d_head_v)`` stand-in for each layer's W_O that gives every norm W_O gives.
 
     From the QR factorisation ``W_O[h]ᵀ = Q R`` (Q with orthonormal columns), ``W_O[h] = Rᵀ Qᵀ``, so
@@ -107,7 +107,7 @@ class ValueProjections:
         ValueError: a W_O that is not 3-D.
     """
 
-    def __init__(self, W_O: Mapping[int, Tensor]) -> None:  # noqa: N803
+    def __init__(self, W_O: Mapping[int, Tensor]) -> None:
         for layer, w in W_O.items():
             if w.dim() != 3:
                 raise ValueError(f"W_O of layer {layer} has shape {tuple(w.shape)}; "
@@ -127,7 +127,7 @@ class ValueProjections:
         return self.__dict__ | {"_placed": {}}
 
     @classmethod
-    def of(cls, W_O: Mapping[int, Tensor] | ValueProjections) -> ValueProjections:  # noqa: N803
+    def of(cls, W_O: Mapping[int, Tensor] | ValueProjections) -> ValueProjections:
         """``W_O`` itself when it is already a ``ValueProjections``, else its ``ValueProjections``."""
         return W_O if isinstance(W_O, ValueProjections) else cls(W_O)
 
@@ -166,7 +166,7 @@ class ValueProjections:
         return norms.view(len(taken), n_heads, batch, n_keys).transpose(1, 2)
 
 
-def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
+def value_norms(v: Tensor, W_O: Tensor) -> Tensor:
     """``‖v_j W_O[h]‖``, in the wider of v's and W_O's dtypes (at least float32).
 
     Args:
@@ -183,7 +183,7 @@ def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
     return _product_norms(per_head, W_O.to(device=v.device, dtype=dtype)).view(heads, batch, n_keys).transpose(0, 1)
 
 
-def _product_norms(per_head: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
+def _product_norms(per_head: Tensor, W_O: Tensor) -> Tensor:
     """``(head, row)``: ``‖x W_O[h]‖`` of each head's rows ``per_head`` ``(head, row, d_head_v)``, W_O ``(head,
     d_head_v, width)`` in the same dtype: one (row × d_head_v) product per head (a broadcast matmul would run a
     small one per item and head)."""
@@ -290,7 +290,7 @@ class ValueWeighted(HeadSums):
 
     FIX = "capture with take=('pattern', 'v')"
 
-    def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:  # noqa: N803
+    def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:
         super().__init__()
         self.projections = ValueProjections.of(W_O)
 
@@ -317,7 +317,8 @@ class ValueWeighted(HeadSums):
             n_weighted = defined.double().sum((1, 3, 4))  # (layer, head)
             n_heads = len(rows.heads)
             counts = {"queries": n_queries.expand(n_heads),
-                      **{f"keys_{name}": n_keys[k].expand(n_heads) for k, name in enumerate(("first", "special", "other"))}}
+                      **{f"keys_{name}": n_keys[k].expand(n_heads)
+                         for k, name in enumerate(("first", "special", "other"))}}
             for i, layer in enumerate(rows.layers):
                 sums = {"raw_first": raw[i, :, 0], "raw_special": raw[i, :, 1], "weighted_first": shares[i, :, 0],
                         "weighted_special": shares[i, :, 1], "norm_first": norms[i, :, 0],

@@ -51,7 +51,8 @@ __all__ = [
 # The key columns of ``StackReductions.masses``, in order; segment s of ``segments`` is column
 # ``len(COLUMNS) + s`` (its content tokens only).
 COLUMNS = ("first_special", "other_special", "punctuation", "special")
-_BLOCK = 1 << 18  # elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
+# elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
+_BLOCK = 1 << 18
 _GPU_BLOCK = 1 << 26  # on a GPU, where a block costs its launches: a whole group at once as a rule
 _GPU_STACK_BYTES = 1 << 30  # on a GPU, the most pattern bytes stacked into one copy
 _SENTENCE_ENDS = frozenset({".", "!", "?"})

@@ -211,7 +211,8 @@ def induction_scores(model: HeadedModel | nn.Module, tokenizer: Any = None, *, n
 
 
 def _probe(name, score, threshold, model, tokenizer, n_seqs, length, seed) -> ProbeScores:
-    handle = _causal(given_tokenizer(model, tokenizer, f"{name}_scores", depth=2))  # a bidirectional model: refused first
+    # a bidirectional model: refused first
+    handle = _causal(given_tokenizer(model, tokenizer, f"{name}_scores", depth=2))
     tokenizer = handle.tokenizer
     config = getattr(handle.model, "config", None)
     bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None

@@ -264,7 +264,7 @@ def mds(
     upper = np.triu_indices(n, 1)
     old = np.inf
     iterations = 0
-    for iterations in range(1, max_iter + 1):
+    for iterations in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
         d = _pairwise(X)
         raw = ((d - D)[upper] ** 2).sum()
         if old - raw < tol * max(old, 1e-300) and np.isfinite(old):

@@ -35,7 +35,7 @@ def _resolved(target: Callable[..., Any], namespace: dict[str, Any]) -> dict[str
     function = target.__init__ if isinstance(target, type) else target
     try:
         return typing.get_type_hints(function, globalns=namespace)
-    except Exception:  # an annotation that cannot be resolved: take the resolvable ones one by one
+    except Exception:  # noqa: BLE001 - a user's annotation may raise anything: take the resolvable ones one by one
         raw = getattr(function, "__annotations__", {})
         return {k: namespace.get(v, v) if isinstance(v, str) else v for k, v in raw.items()}
 

@@ -260,7 +260,8 @@ def _wrong_arity(err: AuditError) -> bool:
     """The call itself did not fit the forward's parameters (a wrong convention, not a wrong width)."""
     cause = err.__cause__
     return isinstance(cause, TypeError) and any(
-        words in str(cause) for words in ("positional argument", "unexpected keyword argument", "keyword-only argument"))
+        words in str(cause)
+        for words in ("positional argument", "unexpected keyword argument", "keyword-only argument"))
 
 
 def _rank(err: AuditError) -> float:

@@ -19,7 +19,14 @@ from headlab.audit.equivalence import Recovered, build_equivalent, verify
 from headlab.audit.errors import AuditError
 from headlab.audit.probes import Prober, QKForms, ValueMaps
 from headlab.audit.structure import (
-    Reads, basis, classify_reads, kv_groups, max_relative_difference, own_rows, read_dims, spectrum,
+    Reads,
+    basis,
+    classify_reads,
+    kv_groups,
+    max_relative_difference,
+    own_rows,
+    read_dims,
+    spectrum,
 )
 from headlab.audit.verdict import AuditResult, Equivalence, Evidence, ForwardOptions, HeadEvidence, Parameters
 from headlab.layer import AttentionConfig
@@ -209,7 +216,8 @@ def _parameters(module: nn.Module, d_model: int, n_heads: int, d_head: int, vari
                 equivalence: Equivalence) -> Parameters:
     standard = AttentionConfig(d_model=d_model, n_heads=n_heads, d_head=None if d_model % n_heads == 0 else d_head)
     if equivalence.verified:
-        matching = AttentionConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in equivalence.config.items()})
+        matching = AttentionConfig(**{k: (tuple(v) if isinstance(v, list) else v)
+                                      for k, v in equivalence.config.items()})
     else:
         try:
             matching = preset_config(variant, d_model=d_model, n_heads=n_heads)

@@ -156,7 +156,7 @@ class AttentionInterceptor(TorchFunctionMode):
         self._tracked: list[Tensor] = []  # the last softmax pattern and its same-shape successors
         self._consumer_of: AttentionCall | None = None
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 — torch's protocol
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _SOFTMAX:
             return self._softmax(func, args, kwargs)

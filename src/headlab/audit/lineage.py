@@ -95,9 +95,9 @@ class Lineage:
         """Record ``t`` as input-dependent with ``steps`` (the inputs themselves: none)."""
         key = id(t)
         self._steps[key] = (weakref.ref(t, lambda _, key=key: self._steps.pop(key, None)), steps)
-        if t.is_floating_point() or t.is_complex():
-            if self.coarsest is None or torch.finfo(t.dtype).eps > torch.finfo(self.coarsest).eps:
-                self.coarsest = t.dtype
+        if (t.is_floating_point() or t.is_complex()) and (
+                self.coarsest is None or torch.finfo(t.dtype).eps > torch.finfo(self.coarsest).eps):
+            self.coarsest = t.dtype
 
     def steps(self, t: object) -> frozenset[str] | None:
         """The steps behind ``t``, or None when it does not depend on the inputs."""

@@ -34,7 +34,8 @@ _NAMES = itertools.count()  # each load gets a fresh module name: two files call
 
 
 class LoadError(ValueError):
-    """The spec, the file, the class, the factory or the constructor arguments are not usable (the message says which)."""
+    """The spec, the file, the class, the factory or the constructor arguments are not usable (the message says
+    which)."""
 
 
 def parse_spec(spec: str) -> tuple[Path, str]:

@@ -83,7 +83,8 @@ class MaskForm:
 
 
 def _candidates(convention: str) -> list[MaskForm]:
-    places: list[tuple[str | None, tuple[str, str]]] = [(None, ("query×key", "batch×key"))] if convention == "vkq" else []
+    places: list[tuple[str | None, tuple[str, str]]] = (
+        [(None, ("query×key", "batch×key"))] if convention == "vkq" else [])
     for keyword in MASK_KEYWORDS:
         by_key = "padding" in keyword or keyword == "attention_mask"
         places.append((keyword, ("batch×key", "query×key") if by_key else ("query×key", "batch×key")))
@@ -188,6 +189,7 @@ def _with_weights(prober: Prober, x: Tensor, flag: str, options: dict[str, objec
             continue
         if _tensors_returned(with_weights) > _tensors_returned(without):  # it really returns weights
             return CausalFlag(flag=flag, mask=mask, causal=_causal(prober, x, rtol, **options, **{keyword: False}),
-                              weights=keyword, causal_with_weights=_causal(prober, x, rtol, **options, **{keyword: True}))
+                              weights=keyword,
+                              causal_with_weights=_causal(prober, x, rtol, **options, **{keyword: True}))
     return CausalFlag(flag=flag, mask=mask, causal=_causal(prober, x, rtol, **options), weights=None,
                       causal_with_weights=None)

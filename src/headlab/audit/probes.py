@@ -355,7 +355,7 @@ def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
     diagonal = r.diagonal().abs()
     if n == 0 or float(diagonal.min()) <= torch.finfo(prober.dtype).eps * d * float(diagonal.max()):
         return None  # z does not determine a map to the output
-    W_O = torch.linalg.solve_triangular(r, q.T @ output, upper=True)  # (n, d_model)  # noqa: N806
+    W_O = torch.linalg.solve_triangular(r, q.T @ output, upper=True)  # (n, d_model)
     tolerance = torch.finfo(prober.dtype).eps ** 0.5 * max(float(output.abs().max()), 1.0)
     if float((z @ W_O - output).abs().max()) > tolerance:
         return None

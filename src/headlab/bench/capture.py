@@ -58,7 +58,13 @@ def bench_capture(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lamb
     from transformers import AutoModel
 
     from headlab.capture import (
-        capture, collate, load_corpus, naive_batches, padding_stats, plan_batches, tokenize_corpus,
+        capture,
+        collate,
+        load_corpus,
+        naive_batches,
+        padding_stats,
+        plan_batches,
+        tokenize_corpus,
     )
     texts = list(load_corpus().texts)[: plan.corpus_items]
     tokenizer, device = loaded.tokenizer, plan.device

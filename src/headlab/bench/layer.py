@@ -16,6 +16,7 @@ transformers models is measured in ``headlab.bench.models``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -152,7 +153,7 @@ def bench_layer(plan: Plan, *, tick: Callable[[str], None] = lambda _: None) -> 
         x = torch.randn(batch, pos, plan.d_model, device=plan.device, dtype=plan.torch_dtype)
         with torch.inference_mode():
             check_same(case, {"headlab": grouped(x), "raw floor": floor(x)}, plan.torch_dtype)
-            t = time_interleaved({"headlab": lambda: grouped(x), "floor": lambda: floor(x)},
+            t = time_interleaved({"headlab": partial(grouped, x), "floor": partial(floor, x)},
                                  rounds=plan.rounds, min_block_s=plan.min_block_s, device=plan.device)
         label = "multi-query" if n_kv == 1 else "grouped-query"
         area.rows.append(Comparison(case, f"headlab {label} forward", f"raw {label} floor (SDPA enable_gqa)",

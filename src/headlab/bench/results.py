@@ -167,7 +167,7 @@ def to_markdown(runs: dict[str, SuiteResult]) -> str:
              "contender is faster.", ""]
     for device in DEVICES:
         if device in runs:
-            lines += _run_markdown(runs[device]) + [""]
+            lines += [*_run_markdown(runs[device]), ""]
             continue
         lines += [f"## {DEVICES[device]}", ""]
         other = [r for r in runs.values() if r.plan.device != device]

@@ -30,6 +30,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -103,7 +104,7 @@ def plan_shards(lengths: Sequence[int], *, shards: int, batch_tokens: int | None
     return [Shard(index=k, count=n, items=tuple(sorted(i for b in batches[lo:hi] for i in b)), first_batch=lo,
                   batches=hi - lo, tokens=sum(lengths[i] for b in batches[lo:hi] for i in b),
                   padded_tokens=sum(padded[lo:hi]))
-            for k, (lo, hi) in enumerate(zip(cuts, cuts[1:]))]
+            for k, (lo, hi) in enumerate(pairwise(cuts))]
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from headlab.capture._shards import Shard, merges_itself, pack, plan_shards, unpack
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.run import CaptureResult, Consumer, RateProgress, warn_truncated
-from headlab.capture._shards import Shard, merges_itself, pack, plan_shards, unpack
 from headlab.capture.taps import renamed_take
 from headlab.layer.selection import HeadSelection, resolve
 

@@ -78,7 +78,8 @@ def audit(
 
     import torch
 
-    from headlab.audit import AuditError, LoadError, audit as run_audit, load_module
+    from headlab.audit import AuditError, LoadError, load_module
+    from headlab.audit import audit as run_audit
     from headlab.audit.loading import parse_factory, parse_init, parse_spec
 
     try:
@@ -123,7 +124,7 @@ def audit(
               "that returns", 1, as_json)
     except ValueError as exc:  # d_model could not be inferred
         _stop("bad-argument", f"Invalid value for --d-model: {exc}", 2, as_json)
-    except Exception as exc:  # a bug in headlab: still one line, never a traceback
+    except Exception as exc:  # noqa: BLE001 - a bug in headlab: still one line, never a traceback
         _stop("internal", f"the audit stopped on {type(exc).__name__}: {exc}; this is a bug in headlab, please "
               f"report it with the module audited ({target})", 1, as_json)
 

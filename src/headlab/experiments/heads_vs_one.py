@@ -234,7 +234,7 @@ class HeadsVsOneResult:
         changes = min(t["random"].values()) >= COINCIDE
         constant = max(t["constant"].values())
         out.append(
-            f"Thread 001: with the same fused weights, the output "
+            "Thread 001: with the same fused weights, the output "
             + ("changes" if changes else "does not always change")
             + f" with the number of heads for random weights (relative difference from 1 head: "
             f"{', '.join(f'{d:.0%}' for d in t['random'].values())} for {', '.join(map(str, t['random']))} heads)"

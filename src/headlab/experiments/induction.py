@@ -23,15 +23,20 @@ from typing import Any
 import torch
 
 from headlab.analysis.roles import (
-    INDUCTION, PREVIOUS_TOKEN, duplicate_token_score, induction_score, previous_token_score, repeated_tokens,
+    INDUCTION,
+    PREVIOUS_TOKEN,
+    duplicate_token_score,
+    induction_score,
+    previous_token_score,
+    repeated_tokens,
 )
 from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.model import TinyTransformer, build_model
 from headlab.experiments.progress import StepBar
 from headlab.experiments.tasks import RepeatTask
-from headlab.heads import head_label
 from headlab.experiments.train import History, train
+from headlab.heads import head_label
 from headlab.layer import AttentionConfig
 from headlab.models.handle import evaluating
 

@@ -207,7 +207,7 @@ def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False
     tasks: list[Task] = [MixTask()] if quick else [RecallTask(), MixTask()]
     configs = {(budget, name): config_for(name, budget) for budget in BUDGETS for name in NAMES}
     unique = {}  # a config two budgets share (e.g. wide) is trained once
-    for (budget, name), config in configs.items():
+    for (_, name), config in configs.items():
         unique.setdefault(config, name)
     summaries, runs = [], []
     with StepBar(enabled=progress, total=len(tasks) * len(unique) * len(seeds) * steps, description="variants") as bar:

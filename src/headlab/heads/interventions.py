@@ -12,12 +12,9 @@ Heads are addressed as (layer, head) with the layer's current head numbering (se
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
-from torch import Tensor
-
-from torch import nn
+from torch import Tensor, nn
 
 from headlab.heads.selection import HeadSelection
 from headlab.models import AttentionSite, HeadedModel, headed

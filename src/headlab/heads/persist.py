@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
 from torch import nn
 
 from headlab.heads.interventions import summary

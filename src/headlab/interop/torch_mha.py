@@ -65,7 +65,8 @@ def from_torch(mha: nn.MultiheadAttention) -> MultiHeadAttention:
     layer = MultiHeadAttention(config).to(device=weight.device, dtype=weight.dtype)
     state = mha.state_dict()
     # torch's (1, 1, n_heads·d_head), heads contiguous, as headlab's (n_heads, d_head)
-    extra = {name: state.pop(name).view(config.n_heads, config.d_head) for name in ("bias_k", "bias_v") if name in state}
+    extra = {name: state.pop(name).view(config.n_heads, config.d_head)
+             for name in ("bias_k", "bias_v") if name in state}
     layer.projection.load_state_dict(state)  # same names, strict: nothing left out
     if extra:
         layer.extra_kv.load_state_dict(extra)
@@ -233,7 +234,8 @@ def parity_suite(*, seed: int = 0, quick: bool = False) -> list[ParityCase]:
         ("self-attention · per-head float attn_mask · float key padding",
          dict(d_model=40, n_heads=5, attn="float3d", padding="float")),
         ("self-attention · (batch, heads, q, k) bool attn_mask", dict(d_model=24, n_heads=3, attn="bool4d")),
-        ("cross-attention kdim=24 vdim=40 · key padding", dict(d_model=32, n_heads=4, kdim=24, vdim=40, padding="bool")),
+        ("cross-attention kdim=24 vdim=40 · key padding",
+         dict(d_model=32, n_heads=4, kdim=24, vdim=40, padding="bool")),
         ("cross-attention, equal widths · batch_first=False", dict(d_model=32, n_heads=2, batch_first=False)),
         ("self-attention · a fully padded sequence (torch: NaN, headlab: 0)",
          dict(d_model=32, n_heads=4, padding="dead")),

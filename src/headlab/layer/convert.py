@@ -66,7 +66,8 @@ def to_bilinear(layer: MultiHeadAttention) -> MultiHeadAttention:
         raise ValueError("rotary=True: a bilinear layer's W_QK cannot carry rotary positions")
     if c.add_bias_kv or c.add_zero_attn:
         raise ValueError(f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}: a bilinear layer drops the "
-                         "score term (x W_Q + b_Q)·b_K, which is the same for every real key but not for the extra positions")
+                         "score term (x W_Q + b_Q)·b_K, which is the same for every real key but not for the extra "
+                         "positions")
     config = _derived(c, projection="bilinear", n_kv_heads=c.n_heads, kv_head_of=None)
     target = _like(layer, config)
     kv = torch.tensor(c.kv_head_of, device=layer.W_O.device)  # key/value head of each query head
@@ -100,7 +101,8 @@ def to_grouped(layer: MultiHeadAttention, n_kv_heads: int) -> MultiHeadAttention
     if c.projection != "wide":
         raise ValueError(f"projection={c.projection!r}: to_grouped pools a 'wide' layer's key/value heads")
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or c.n_kv_heads % n_kv_heads:
-        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing the layer's n_kv_heads={c.n_kv_heads}")
+        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing the layer's "
+                         f"n_kv_heads={c.n_kv_heads}")
     if not c.uniform_groups:
         raise ValueError(f"kv_head_of={c.kv_head_of}: to_grouped pools consecutive, equal groups of key/value heads")
     target = _like(layer, _derived(c, n_kv_heads=n_kv_heads, kv_head_of=None))

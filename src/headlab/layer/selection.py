@@ -105,7 +105,7 @@ def resolve(selection: HeadSelection, n_heads: Sequence[int]) -> dict[int, list[
     if isinstance(selection, Heads):
         layers = range(n_layers) if selection.layers is None else indices("layers", selection.layers, n_layers,
                                                                            what="layer")
-        chosen: dict[int, Iterable[int] | None] = {layer: selection.heads for layer in layers}
+        chosen: dict[int, Iterable[int] | None] = dict.fromkeys(layers, selection.heads)
     elif isinstance(selection, Mapping):
         if not selection:
             raise ValueError("the head selection is empty: it selects no layer")

@@ -53,7 +53,8 @@ class HeadedModel(display.Shown):
         ValueError: ``model`` is not attached.
     """
 
-    def __init__(self, model: nn.Module, *, tokenizer: Any = None, source: str | os.PathLike[str] = "in memory") -> None:
+    def __init__(self, model: nn.Module, *, tokenizer: Any = None,
+                 source: str | os.PathLike[str] = "in memory") -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected a torch module with headlab's attention attached, got {type(model).__name__}")
         self.model = model

@@ -40,7 +40,13 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer.functional import (
-    additive_bias, copy_heads, expand_kv, fused_attention_with_lse, has_lse_kernel, key_softmax, select_heads,
+    additive_bias,
+    copy_heads,
+    expand_kv,
+    fused_attention_with_lse,
+    has_lse_kernel,
+    key_softmax,
+    select_heads,
     softmax_from_lse,
 )
 from headlab.layer.taps import SITE_ATTRIBUTE, TapOutput

@@ -74,7 +74,7 @@ class Layout:
         """
         found = sorted(((s.head, p, s) for p in self.projections for s in p.segments if s.role == role),
                        key=lambda item: item[0])
-        W = torch.stack([p.rows(p.module.weight, s).t() for _, p, s in found])  # noqa: N806
+        W = torch.stack([p.rows(p.module.weight, s).t() for _, p, s in found])
         biases = [getattr(p.module, "bias", None) for _, p, _ in found]
         if any(b is None for b in biases):
             return W, None

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headlab.models.layout import Layout, Projection, Segment
+from headlab.models.layout import Layout, Segment
 from headlab.models.site import AttentionSite
 
 # Attributes an attention module's forward may read, by what they count. Only those whose value
@@ -44,7 +44,8 @@ def check_prunable(site: AttentionSite, removed: Sequence[int]) -> None:
     if len(set(removed)) >= site.n_heads:
         raise ValueError(f"pruning every head of {where} would leave no attention; mask them instead")
     if site.layout is None:
-        raise ValueError(f"{where}: its q/k/v projections are not in a layout headlab can slice ({site.layout_problem})")
+        raise ValueError(f"{where}: its q/k/v projections are not in a layout headlab can slice "
+                         f"({site.layout_problem})")
     if site.out_proj is None:
         raise ValueError(f"{where}: no output projection takes the heads' z directly, so heads cannot be cut out")
     sliced = {id(t) for m in [p.module for p in site.layout.projections] + [site.out_proj.module]

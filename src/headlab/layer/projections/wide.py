@@ -1,9 +1,10 @@
 """The standard ("wide") projection of Vaswani et al. 2017: every head reads all of the input.
 
 Weights are stored as nn.MultiheadAttention stores them, under the same state_dict names
-(so torch layers convert by ``load_state_dict``), which is also the fastest layout to multiply: when the query, key and value inputs have the same width, one fused
-``in_proj_weight`` ``(n_heads·d_head + n_kv_heads·d_head + n_kv_heads·d_head_v, d_model)``
-whose rows are [W_Q; W_K; W_V] with heads contiguous; otherwise one weight per input.
+(so torch layers convert by ``load_state_dict``), which is also the fastest layout to multiply:
+when the query, key and value inputs have the same width, one fused ``in_proj_weight``
+``(n_heads·d_head + n_kv_heads·d_head + n_kv_heads·d_head_v, d_model)`` whose rows are
+[W_Q; W_K; W_V] with heads contiguous; otherwise one weight per input.
 Self-attention then costs one matrix multiply for q, k and v together.
 """
 
@@ -88,31 +89,31 @@ class WideProjection(Projection):
         return q, k, v
 
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         c = self.config
         return self.q_weight.view(c.n_heads, c.d_head, c.d_model).transpose(1, 2)
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         c = self.config
         return self.k_weight.view(c.n_kv_heads, c.d_head, c.kdim).transpose(1, 2)
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
+    def W_V(self) -> Tensor:
         c = self.config
         return self.v_weight.view(c.n_kv_heads, c.d_head_v, c.vdim).transpose(1, 2)
 
     @property
-    def b_Q(self) -> Tensor | None:  # noqa: N802
+    def b_Q(self) -> Tensor | None:
         bias = self._bias(0)
         return None if bias is None else bias.view(self.config.n_heads, self.config.d_head)
 
     @property
-    def b_K(self) -> Tensor | None:  # noqa: N802
+    def b_K(self) -> Tensor | None:
         bias = self._bias(1)
         return None if bias is None else bias.view(self.config.n_kv_heads, self.config.d_head)
 
     @property
-    def b_V(self) -> Tensor | None:  # noqa: N802
+    def b_V(self) -> Tensor | None:
         bias = self._bias(2)
         return None if bias is None else bias.view(self.config.n_kv_heads, self.config.d_head_v)

@@ -46,7 +46,7 @@ def _yes(value: bool | None) -> str:
 
 
 def _side_by_side(results: tuple[AuditResult, AuditResult]) -> Html:
-    def row(name: str, get) -> list[str]:  # noqa: ANN001 — a field reader
+    def row(name: str, get) -> list[str]:
         return [name, *(get(r) for r in results)]
 
     rows = [

@@ -287,7 +287,8 @@ def render(ctx: ReportContext) -> str:
     e, a = exact.table["effect"], attribution.table["effect"]
     document = {"model": loaded.source, "clean": texts[0], "corrupted": texts[1],
                 "clean_ids": pair.clean[0].tolist(), "corrupted_ids": pair.corrupted[0].tolist(),
-                "metric": pair.definition, "metric_kind": pair.name, "results": [exact.to_dict(), attribution.to_dict()],
+                "metric": pair.definition, "metric_kind": pair.name,
+                "results": [exact.to_dict(), attribution.to_dict()],
                 "spearman": spearman(e, a), "spearman_abs": spearman(np.abs(e), np.abs(a))}
     json_href = ctx.write_file(f"{ASSET_DIR}/patching.json", json.dumps(document, indent=1) + "\n")
     return render_patching(texts, pair.why, exact, attribution, name=model_name(loaded.source),

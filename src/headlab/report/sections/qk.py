@@ -143,8 +143,8 @@ def render_qk(spectra: QKSpectra, *, name: str, plot_href: str | None = None) ->
             f"rounding, not structure. Kept as two factors a head's W_QK costs {_cost(spectra, factored)}; as one "
             f"full bilinear form per head it would cost {d * d:,}, {d * d / factored:.1f}× as many, for scores of "
             f"rank up to {d} instead of {d_head}. Within the bound the spectrum decays: keeping {ENERGY:.0%} of "
-            f"‖W_QK‖² takes {int(np.median(flat_effective))} singular values for the median head (from {int(flat_effective.min())} "
-            f"to {int(flat_effective.max())}).")
+            f"‖W_QK‖² takes {int(np.median(flat_effective))} singular values for the median head "
+            f"(from {int(flat_effective.min())} to {int(flat_effective.max())}).")
     rows = [[f"{i}", len(r), f"{int(r.min())}–{int(r.max())}" if r.min() != r.max() else str(int(r.min())),
              spectra.d_head[i], float(np.median(e)), float(np.median(s[:, 0]))]
             for i, (r, e, s) in enumerate(zip(spectra.ranks, effective, spectra.singular))]

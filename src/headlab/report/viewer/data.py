@@ -182,8 +182,8 @@ class ViewerData:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns: the page's payload (the format ``static/viewer.js`` reads)."""
-        return {"format": 1, "name": self.name, "source": self.source, "architecture": self.architecture, "causal": self.causal,
-                "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
+        return {"format": 1, "name": self.name, "source": self.source, "architecture": self.architecture,
+                "causal": self.causal, "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
                 "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
                 "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length}
 
@@ -274,9 +274,9 @@ def view_data(
                         pieces=collector.levels[k][0], words=collector.levels[k][1]) for k in range(len(texts))]
     notes = [f"text {k} has {it.full_length} pieces; only the first {it.pieces.n} (the model's limit) are shown"
              for k, it in enumerate(items) if it.truncated]
-    return ViewerData(name=model_name(model.source), source=model.source, architecture=model.architecture, causal=causal,
-                      n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length, notes=notes,
-                      flow_max_length=flow_max_length)
+    return ViewerData(name=model_name(model.source), source=model.source, architecture=model.architecture,
+                      causal=causal, n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length,
+                      notes=notes, flow_max_length=flow_max_length)
 
 
 class _Collector:
@@ -299,7 +299,8 @@ class _Collector:
             offsets = batch.offsets[row, :n].tolist()
             special = batch.special_tokens_mask[row, :n].bool().tolist()
             # every head of each layer, averaged: rollout and flow read nothing else
-            means = [layers[layer].pattern[row, :, :n, :n].float().mean(0, keepdim=True).cpu() for layer in sorted(layers)]
+            means = [layers[layer].pattern[row, :, :n, :n].float().mean(0, keepdim=True).cpu()
+                     for layer in sorted(layers)]
             paths = {"rollout": rollout(means)}
             if n <= self.flow_max_length:
                 paths["flow"] = attention_flow(means, max_length=self.flow_max_length)
@@ -320,7 +321,7 @@ def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offs
     spans: list[list[int] | None] = [None] * n
     is_special = [True] * n
     counts = [0] * n
-    for (start, end), sp, unit, token in zip(offsets, special, units, tokens):
+    for (start, end), sp, unit in zip(offsets, special, units):
         counts[unit] += 1
         if sp:
             continue

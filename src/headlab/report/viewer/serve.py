@@ -74,10 +74,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "headlab"
     sys_version = ""
 
-    def do_GET(self) -> None:  # noqa: N802 — the http.server naming
+    def do_GET(self) -> None:
         self._answer(body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(body=False)
 
     def _answer(self, *, body: bool) -> None:
@@ -98,7 +98,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(data)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — the http.server signature
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
         pass  # the command prints the address; per-request lines would bury it
 
 
