@@ -21,9 +21,9 @@ if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers (`import x a
     from headlab.layer import KVCache as KVCache
     from headlab.layer import MultiHeadAttention as MultiHeadAttention
     from headlab.models import HeadedModel as HeadedModel
-    from headlab.models import attach as attach
     from headlab.models import detach as detach
     from headlab.models import load as load
+    from headlab.models.attach import attach as attach  # its module: mypy took headlab.models.attach for it
     from headlab.report.viewer import show as show
 
 try:

@@ -175,6 +175,18 @@ def test_texts_of_different_lengths_swap_one_token() -> None:
         choose_pair(loaded, clean="the cat", corrupted="The  CAT")  # lower-cased, split on spaces: the same tokens
 
 
+def test_an_attached_model_is_taken_through_its_handle() -> None:
+    import headlab
+    from tests.support.text import word_piece_tokenizer
+    from tests.support.tiny import build
+
+    tok = word_piece_tokenizer()
+    net = headlab.attach(build("bert", num_hidden_layers=1, num_attention_heads=2, vocab_size=len(tok),
+                               pad_token_id=tok.pad_token_id, attn_implementation="sdpa"), tokenizer=tok).model
+    pair = choose_pair(net, clean="the cat sat", corrupted="the qzx sat")  # the module: its handle holds the tokenizer
+    assert pair.name == "similarity" and (pair.clean != pair.corrupted).nonzero().tolist() == [[0, 2]]
+
+
 def test_a_causal_model_without_logits_falls_back_to_similarity() -> None:
     import transformers
 

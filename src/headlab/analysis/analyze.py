@@ -19,6 +19,7 @@ the window), pruning.png. Its sentences are made by ``headlab.analysis.sentences
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -222,7 +223,7 @@ def analyze(
     return result
 
 
-def _importance(model: HeadedModel, texts: list[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
+def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
     """Gradient and ablation importance on the model's task, their correlation, and pruning curves."""
     tokenizer = model.tokenizer
     limit = model.max_length
@@ -237,7 +238,7 @@ def _importance(model: HeadedModel, texts: list[str], result: AnalysisResult, *,
             with torch.no_grad():
                 return float(np.mean([causal_lm_loss(loaded.model, b).item() for b in batches]))
 
-        metrics = {LM_METRIC: loss}
+        metrics: dict[str, Callable[[Any], float]] = {LM_METRIC: loss}
     else:
         from headlab.data.pairs import load_pairs
 

@@ -156,6 +156,7 @@ def ablation_importance(
             base = float(loss_fn(net, batch))
             for site, total in zip(sites, totals):
                 ones = site.head_mask
+                assert ones is not None  # the gate of ones set above
                 for h in range(len(total)):
                     site.head_mask = ones.index_fill(0, torch.tensor([h], device=ones.device), 0.0)
                     total[h] += float(loss_fn(net, batch)) - base
@@ -263,7 +264,7 @@ def pruning_curve(
     """
     if not 0 < step <= 1:
         raise ValueError(f"step={step!r} must be in (0, 1]")
-    heads = order.order() if isinstance(order, ImportanceResult) else [tuple(h) for h in order]
+    heads = order.order() if isinstance(order, ImportanceResult) else [(layer, h) for layer, h in order]
     handle = headed(model)
     sites = handle.sites
     n_total = sum(site.n_heads for site in sites)

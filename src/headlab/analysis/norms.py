@@ -139,29 +139,31 @@ class ValueProjections:
             ValueError: a layer was captured without v (the message ends with ``fix``), has no W_O here, or
                 holds a head beyond it.
         """
+        values: list[Tensor] = []
         for layer in taken:
             if layer.v is None:
                 raise ValueError(f"layer {layer.layer} was captured without v; {fix}")
             if layer.layer not in self.factors:
                 raise ValueError(f"layer {layer.layer} has no W_O here; expected one of the layers "
                                  f"{sorted(self.factors)}")
-        heads, device = tuple(taken[0].heads), taken[0].v.device
+            values.append(layer.v)
+        heads, device = tuple(taken[0].heads), values[0].device
         key = (tuple(layer.layer for layer in taken), heads, device)
         if key not in self._placed:  # once per stack, heads and device: not a copy to the GPU per batch
             index = torch.tensor(heads)
-            factors = []
+            parts = []
             for layer in taken:
                 factor = self.factors[layer.layer]
                 if int(index.max()) >= len(factor):
                     raise ValueError(f"layer {layer.layer}: head {int(index.max())} is beyond W_O's "
                                      f"{len(factor)} heads")
-                factors.append(factor.index_select(0, index))
-            self._placed[key] = torch.cat(factors).to(device)  # (layer · head, d_head_v, width)
+                parts.append(factor.index_select(0, index))
+            self._placed[key] = torch.cat(parts).to(device)  # (layer · head, d_head_v, width)
         factors = self._placed[key]
-        batch, n_heads, n_keys, d_head = taken[0].v.shape
-        dtype = torch.promote_types(torch.promote_types(taken[0].v.dtype, factors.dtype), torch.float32)
+        batch, n_heads, n_keys, d_head = values[0].shape
+        dtype = torch.promote_types(torch.promote_types(values[0].dtype, factors.dtype), torch.float32)
         # every head's (batch · key_pos, d_head_v) values, heads of every layer in a row: one copy
-        per_head = torch.stack([layer.v.transpose(0, 1) for layer in taken]).to(dtype)  # (l, h, b, k, d)
+        per_head = torch.stack([v.transpose(0, 1) for v in values]).to(dtype)  # (l, h, b, k, d)
         norms = _product_norms(per_head.view(len(taken) * n_heads, batch * n_keys, d_head), factors)
         return norms.view(len(taken), n_heads, batch, n_keys).transpose(1, 2)
 

@@ -178,7 +178,7 @@ class HeadSimilarity:
 
     def merge(self, other: HeadSimilarity) -> HeadSimilarity:
         """Fold another accumulator's sums into this one; returns self."""
-        if other.heads is None:
+        if other.heads is None or other.sums is None or other.counts is None:  # it has seen no batch
             return self
         self._check_heads(other.heads)
         self._add(other.sums, other.counts)
@@ -191,7 +191,7 @@ class HeadSimilarity:
         Raises:
             ValueError: nothing was accumulated.
         """
-        if self.heads is None or self.sums is None:
+        if self.heads is None or self.sums is None or self.counts is None:
             raise ValueError("HeadSimilarity has seen no batch")
         distances = np.divide(self.sums, self.counts, out=np.zeros_like(self.sums), where=self.counts > 0)
         return SimilarityResult(distances=distances, heads=list(self.heads), rows=int(self.counts.max()),

@@ -187,7 +187,7 @@ class SinkShare(HeadSums):
             shares = {"raw": (real[:, None, :], raw,
                               raw_held.expand(len(rows.layers), len(rows.heads), -1))}
             if self.projections is not None:
-                valid, share = self._weighted(batch, rows, s)
+                valid, share = self._weighted(batch, rows, s, self.projections)
                 shares["weighted"] = (valid, share, torch.einsum("lbhq,bqf->lhf", valid.double(), features))
             totals = {}
             for kind, (valid, share, held) in shares.items():
@@ -203,11 +203,12 @@ class SinkShare(HeadSums):
                         added[:, :n_bins], added[:, n_bins], added[:, n_bins + 1])
                 self._add(layer, rows.heads, sums, counts)
 
-    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int) -> tuple[Tensor, Tensor]:
+    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int,
+                  projections: ValueProjections) -> tuple[Tensor, Tensor]:
         """``(valid, share)`` of the value-weighted rows, ``(layer, batch, head, query)``: valid where the row's
         weighted total is > 0."""
         fix = "capture with take=('pattern', 'v') or pass W_O=None"
-        shared = value_reductions(batch, self.projections)  # the norms and totals ValueWeighted reads too
+        shared = value_reductions(batch, projections)  # the norms and totals ValueWeighted reads too
         total = shared.total(rows, fix=fix)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
         norms = shared.norms(rows, fix=fix)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
         # Σ_{j < s} α_ij n_j, of the patterns (layer, batch, head, query, key)
@@ -258,10 +259,9 @@ def _sink_mass(pattern: Tensor, n_sink: int, weights: Tensor | None = None) -> T
     if launch_bound(pattern.device):
         sink = pattern[..., :n_sink]
         return (sink if weights is None else sink * weights).sum(-1)
-    total = None
-    for j in range(n_sink):
-        column = pattern[..., j] if weights is None else pattern[..., j] * weights[..., j]
-        total = column if total is None else total + column
+    total = pattern[..., 0] if weights is None else pattern[..., 0] * weights[..., 0]
+    for j in range(1, n_sink):
+        total = total + (pattern[..., j] if weights is None else pattern[..., j] * weights[..., j])
     return total
 
 
@@ -296,7 +296,7 @@ def plot_sink_share(result: SinkResult, path: str | os.PathLike[str], *, top: in
     labels = [result.bin_labels()[b] for b in filled]
     xs = np.arange(len(filled))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    lines = [("mean of all heads", None, "black")]
+    lines: list[tuple[str, int | None, Any]] = [("mean of all heads", None, "black")]  # name, row, colour
     colours = plt.get_cmap("tab10")
     lines += [(f"{head_label(*h)}", result.heads.index(h), colours(k))
               for k, h in enumerate(result.table.top("raw_share", top))]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -73,7 +74,7 @@ class MaskForm:
         axes = "(query_pos, key_pos)" if self.shape == "query×key" else "(batch, key_pos)"
         return f"{self.place} {axes}, {self.form}"
 
-    def options(self, hidden: Tensor, dtype: torch.dtype) -> dict[str, Tensor]:
+    def options(self, hidden: Tensor, dtype: torch.dtype) -> dict[str, Any]:
         """The call options hiding ``hidden`` ``(query_pos, key_pos)``; a ``(batch, key_pos)`` mask hides
         the keys hidden from every query."""
         if self.shape == "batch×key":
@@ -170,7 +171,7 @@ def causal_flag(prober: Prober, mask: MaskForm | None, *, rtol: float) -> Causal
                 if err.kind == "unsupported":
                     raise
                 continue
-            return _with_weights(prober, x, flag, options, mask.place if extra else None, rtol)
+            return _with_weights(prober, x, flag, options, mask.place if extra and mask is not None else None, rtol)
     return None
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,7 @@ from headlab.bench.timing import time_interleaved
 from headlab.interop import from_torch
 from headlab.layer import AttentionConfig, MultiHeadAttention
 from headlab.layer.accounting import account
+from headlab.layer.projections import WideProjection
 
 __all__ = ["bench_layer", "bound_note", "case_name", "check_same", "layer_flops", "raw_floor", "standard_pair"]
 
@@ -47,7 +49,12 @@ def layer_flops(config: AttentionConfig, *, batch: int, pos: int) -> int:
     return batch * account(config, seq_len=pos).total_flops
 
 
-def raw_floor(layer: MultiHeadAttention, *, pattern_head: int | None = None) -> Callable[[Tensor], Tensor]:
+@overload
+def raw_floor(layer: MultiHeadAttention, *, pattern_head: None = None) -> Callable[[Tensor], Tensor]: ...
+@overload
+def raw_floor(layer: MultiHeadAttention, *, pattern_head: int) -> Callable[[Tensor], tuple[Tensor, Tensor]]: ...
+def raw_floor(layer: MultiHeadAttention, *,
+              pattern_head: int | None = None) -> Callable[[Tensor], Tensor | tuple[Tensor, Tensor]]:
     """Fused linear + ``scaled_dot_product_attention`` + linear, reading ``layer``'s (wide) weights.
 
     Args:
@@ -60,14 +67,15 @@ def raw_floor(layer: MultiHeadAttention, *, pattern_head: int | None = None) -> 
         ``forward(x) -> (output, pattern (batch, 1, pos, pos))``.
     """
     c, p = layer.config, layer.projection
-    if c.projection != "wide" or p.in_proj_weight is None:
+    if c.projection != "wide" or not isinstance(p, WideProjection) or p.in_proj_weight is None:
         raise ValueError(f"the raw floor reads fused wide weights; got projection={c.projection!r}")
+    in_proj_weight = p.in_proj_weight
     sizes = [c.n_heads * c.d_head, c.n_kv_heads * c.d_head, c.n_kv_heads * c.d_head_v]
-    gqa = {"enable_gqa": True} if c.n_kv_heads != c.n_heads else {}
+    gqa: dict[str, Any] = {"enable_gqa": True} if c.n_kv_heads != c.n_heads else {}
 
     def forward(x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         batch, pos, _ = x.shape
-        q, k, v = F.linear(x, p.in_proj_weight, p.in_proj_bias).split(sizes, dim=-1)
+        q, k, v = F.linear(x, in_proj_weight, p.in_proj_bias).split(sizes, dim=-1)
         q = q.view(batch, pos, c.n_heads, c.d_head).transpose(1, 2)  # (batch, n_heads, pos, d_head)
         k = k.view(batch, pos, c.n_kv_heads, c.d_head).transpose(1, 2)  # (batch, n_kv_heads, pos, d_head)
         v = v.view(batch, pos, c.n_kv_heads, c.d_head_v).transpose(1, 2)

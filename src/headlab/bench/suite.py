@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -178,6 +179,7 @@ class _Bar:
         if self.enabled:
             self.bar.advance(self.task)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if self.enabled:
-            self.bar.__exit__(*exc)
+            self.bar.__exit__(kind, error, traceback)

@@ -221,11 +221,13 @@ class ShardWorker:
 
     def _factory(self, ref: Any) -> Callable[[Any], Iterable[Any]]:
         """The consumer factory behind ``ref``, unpacked on its first shard and kept for the rest of its run."""
-        if self._factory_ref != ref.hex():
+        factory = self._factory_of_run
+        if self._factory_ref != ref.hex() or factory is None:  # both are set together
             import ray
 
-            self._factory_ref, self._factory_of_run = ref.hex(), unpack(ray.get(ref))
-        return self._factory_of_run
+            factory = unpack(ray.get(ref))
+            self._factory_ref, self._factory_of_run = ref.hex(), factory
+        return factory
 
     def loaded(self) -> Any:
         """The model, loaded on first use (a bad source fails the call that needs it, with the loader's error)."""

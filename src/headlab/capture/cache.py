@@ -72,7 +72,7 @@ class Cache:
 
     def __contains__(self, key: object) -> bool:
         try:
-            self[key]  # type: ignore[index]
+            self[key]  # type: ignore[index]  # any object may be asked about: a wrong key raises, caught below
         except (KeyError, TypeError):
             return False
         return True

@@ -10,12 +10,15 @@ also gets a JSON error object. The JSON documents are described in docs/audit.md
 from __future__ import annotations
 
 import re
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from headlab.cli.errors import fail
 from headlab.cli.options import check_seed
+
+if TYPE_CHECKING:
+    from headlab.audit import AuditResult
 
 _CALLS = ("self", "qkv", "vkq")
 MAX_D_MODEL = 65_536  # wider than any published model: a larger --d-model is a typo, and the probes would not fit
@@ -139,7 +142,7 @@ def audit(
 _NUMBER = re.compile(r"[-+\[(]*\d[\d.,:e+\-\])]*")  # 1.2e-03, 16,640, [24:32): never broken across lines
 
 
-def _print(result: object, target: str) -> None:
+def _print(result: AuditResult, target: str) -> None:
     """The verdict lines, then the evidence tables; a column is never narrower than its longest number."""
     from rich.console import Console
     from rich.markup import escape

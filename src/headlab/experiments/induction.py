@@ -17,6 +17,7 @@ with the thresholds ``PREVIOUS_TOKEN`` and ``INDUCTION`` of the analysis of real
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -76,7 +77,7 @@ def _above(scores: list[list[float]], threshold: float) -> list[list[int]]:
     return [[layer, head] for layer, row in enumerate(scores) for head, s in enumerate(row) if s > threshold]
 
 
-def _first_step(steps: list[int], values: list[float], test) -> int | None:
+def _first_step(steps: list[int], values: list[float], test: Callable[[float], bool]) -> int | None:
     return next((s for s, v in zip(steps, values) if test(v)), None)
 
 

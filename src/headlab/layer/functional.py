@@ -27,7 +27,7 @@ from torch import Tensor
 
 from headlab.layer.masks import AttentionMask
 
-_SDPA_HAS_GQA = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=...) arrived in 2.5
+_SDPA_HAS_GQA = torch.__version__ >= "2.5"  # scaled_dot_product_attention(enable_gqa=...) arrived in 2.5
 # The dtypes of torch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``), the one that
 # scaled_dot_product_attention runs on CPU for these inputs; it also returns each row's log-sum-exp.
 _LSE_KERNEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

@@ -68,6 +68,12 @@ class MultiHeadAttention(nn.Module):
         ValueError: its projection variant cannot use its sizes (the message names them).
     """
 
+    # Buffers (registered in __init__): the key/value head of each query head where the groups are not
+    # equal and consecutive, and the persistent per-head affine on z.
+    kv_index: Tensor | None
+    head_scale: Tensor
+    head_shift: Tensor
+
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__()
         if not isinstance(config, AttentionConfig):
@@ -193,7 +199,7 @@ class MultiHeadAttention(nn.Module):
             z = site.gate(z)
             if tap is not None:
                 self._tap(site, tap, q, k, v, z, patterns, computed)
-                patterns = None if pattern_heads is None else patterns[:, : len(pattern_heads)]
+                patterns = None if pattern_heads is None or patterns is None else patterns[:, : len(pattern_heads)]
         output = self.projection.merge(z)
         if pattern_heads is None and result_heads is None and z_heads is None:
             return output
@@ -241,8 +247,14 @@ class MultiHeadAttention(nn.Module):
         c = self.config
         check_affine(scale, shift, n_heads=c.n_heads, d_head_v=c.d_head_v)
         with torch.no_grad():
-            self.head_scale.copy_(1.0 if scale is None else scale.detach())
-            self.head_shift.copy_(0.0 if shift is None else shift.detach())
+            if scale is None:
+                self.head_scale.fill_(1.0)
+            else:
+                self.head_scale.copy_(scale.detach())
+            if shift is None:
+                self.head_shift.fill_(0.0)
+            else:
+                self.head_shift.copy_(shift.detach())
         self._note_affine()
 
     def _note_affine(self) -> None:

@@ -14,6 +14,8 @@ they are registered; a ``TinyTransformer`` runs them in that order).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 
 from headlab.layer import MultiHeadAttention
@@ -80,7 +82,7 @@ class LayerSite(AttentionSite):
         """``(n_heads, d_head_v, d_model)``."""
         return self.layer_module.W_O
 
-    def result(self, z: Tensor, heads: list[int] | tuple[int, ...]) -> Tensor:
+    def result(self, z: Tensor, heads: Sequence[int]) -> Tensor:
         """Each of ``heads``' contribution to the layer's output (its output bias in none).
 
         Returns:

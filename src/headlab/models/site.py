@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -65,7 +65,7 @@ class OutProjection:
     @property
     def weight(self) -> Tensor:
         """``(d_model, n_heads · d_head_v)`` in Linear layout (a view for a Conv1D)."""
-        weight = self.module.weight
+        weight = cast(Tensor, self.module.weight)  # a Linear's or a Conv1D's
         return weight.t() if self.transposed else weight
 
 

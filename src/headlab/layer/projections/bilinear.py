@@ -25,6 +25,8 @@ from headlab.layer.projections.values import PerHeadValues
 class BilinearProjection(PerHeadValues):
     """A full query-key bilinear form per head: ``qk_weight (n_heads, d_model, kdim)``."""
 
+    q_bias: nn.Parameter | None  # registered (None without bias)
+
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
         c = config

@@ -26,6 +26,9 @@ from headlab.layer.projections.values import PerHeadValues
 class CollaborativeProjection(PerHeadValues):
     """Shared ``q_weight (d_head, d_model)``, ``k_weight (d_head, kdim)`` and per-head ``mixing (n_heads, d_head)``."""
 
+    q_bias: nn.Parameter | None  # registered (None without bias)
+    k_bias: nn.Parameter | None
+
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
         c = config

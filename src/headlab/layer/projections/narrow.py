@@ -26,6 +26,9 @@ class NarrowProjection(Projection):
     """
 
     name = "narrow"
+    q_bias: nn.Parameter | None  # registered (None without bias)
+    k_bias: nn.Parameter | None
+    v_bias: nn.Parameter | None
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)

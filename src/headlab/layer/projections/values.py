@@ -17,6 +17,9 @@ from headlab.layer.projections.base import Projection
 class PerHeadValues(Projection):
     """A projection whose values are n_heads standard value heads."""
 
+    v_weight: nn.Parameter
+    v_bias: nn.Parameter | None  # registered (None without bias)
+
     def register_values(self, config: AttentionConfig) -> None:
         """Create ``v_weight`` and (with bias) ``v_bias``; the subclass initialises them."""
         self.v_weight = nn.Parameter(torch.empty(config.n_heads * config.d_head_v, config.vdim))

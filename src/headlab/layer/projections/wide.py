@@ -21,6 +21,14 @@ from headlab.layer.projections.base import Projection
 class WideProjection(Projection):
     """Standard multi-head projections (grouped-query when n_kv_heads < n_heads)."""
 
+    # Registered parameters, as nn.MultiheadAttention names them: the fused weight when the three inputs
+    # have one width, else the three separate ones; the bias with bias=True.
+    in_proj_weight: nn.Parameter | None
+    q_proj_weight: nn.Parameter | None
+    k_proj_weight: nn.Parameter | None
+    v_proj_weight: nn.Parameter | None
+    in_proj_bias: nn.Parameter | None
+
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
         c = config
@@ -50,13 +58,17 @@ class WideProjection(Projection):
     @property
     def q_weight(self) -> Tensor:
         """``(n_heads·d_head, d_model)``: rows of W_Q, head-major."""
-        return self.in_proj_weight[: self.sizes[0]] if self.in_proj_weight is not None else self.q_proj_weight
+        if self.in_proj_weight is not None:
+            return self.in_proj_weight[: self.sizes[0]]
+        assert self.q_proj_weight is not None  # the separate weights exist where the fused one does not
+        return self.q_proj_weight
 
     @property
     def k_weight(self) -> Tensor:
         """``(n_kv_heads·d_head, kdim)``."""
         if self.in_proj_weight is not None:
             return self.in_proj_weight[self.sizes[0] : self.sizes[0] + self.sizes[1]]
+        assert self.k_proj_weight is not None
         return self.k_proj_weight
 
     @property
@@ -64,6 +76,7 @@ class WideProjection(Projection):
         """``(n_kv_heads·d_head_v, vdim)``."""
         if self.in_proj_weight is not None:
             return self.in_proj_weight[self.sizes[0] + self.sizes[1] :]
+        assert self.v_proj_weight is not None
         return self.v_proj_weight
 
     def _bias(self, part: int) -> Tensor | None:

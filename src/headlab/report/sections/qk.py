@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from headlab.report.html import Html, escape, table
 from headlab.report.section import ReportContext, Section
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from headlab.models import HeadedModel
 
 __all__ = ["ENERGY", "PLOT_NAME", "SECTION", "QKSpectra", "measure", "plot_spectra", "render_qk"]
 
@@ -62,7 +68,7 @@ class QKSpectra:
         return out
 
 
-def measure(model: object) -> QKSpectra:
+def measure(model: HeadedModel | nn.Module) -> QKSpectra:
     """Read every head's factored W_QK from a loaded model.
 
     Args:

@@ -30,7 +30,7 @@ from headlab.analysis.flow import FLOW_MAX_LENGTH, attention_flow, rollout
 from headlab.analysis.roles import label_heads
 from headlab.analysis.surface import FIXED_WHEN_CAUSAL, STATISTICS, SurfaceStats, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, classify
-from headlab.capture import CaptureBatch, capture, pattern_to_words, tokenize_corpus
+from headlab.capture import CaptureBatch, LayerCapture, capture, pattern_to_words, tokenize_corpus
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.report.provenance import model_name
@@ -289,17 +289,18 @@ class _Collector:
 
     def update(self, batch: CaptureBatch) -> None:
         units, n_units = batch.word_units()
+        patterns = {layer: _pattern(taken) for layer, taken in batch.layers.items()}
         for row in range(len(batch)):
             n = int(batch.lengths[row])
             index = int(batch.corpus_indices[row])
             layers = batch.layers
-            stack = torch.stack([layers[layer].pattern[row, layers[layer].heads.index(head), :n, :n]
+            stack = torch.stack([patterns[layer][row, layers[layer].heads.index(head), :n, :n]
                                  for layer, head in self.shown]).float().cpu()  # (head, n, n)
             text, tokens = batch.texts[row], batch.tokens[row]
             offsets = batch.offsets[row, :n].tolist()
             special = batch.special_tokens_mask[row, :n].bool().tolist()
             # every head of each layer, averaged: rollout and flow read nothing else
-            means = [layers[layer].pattern[row, :, :n, :n].float().mean(0, keepdim=True).cpu()
+            means = [patterns[layer][row, :, :n, :n].float().mean(0, keepdim=True).cpu()
                      for layer in sorted(layers)]
             paths = {"rollout": rollout(means)}
             if n <= self.flow_max_length:
@@ -312,6 +313,12 @@ class _Collector:
                 words = _level("words", pattern_to_words(stack.double(), item_units).float(), text, tokens, offsets,
                                special, item_units.tolist(), pooled)
             self.levels[index] = (pieces, words)
+
+
+def _pattern(taken: LayerCapture) -> torch.Tensor:
+    """A captured layer's patterns: the viewer captures them (take=("pattern",))."""
+    assert taken.pattern is not None
+    return taken.pattern
 
 
 def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offsets: list[list[int]],

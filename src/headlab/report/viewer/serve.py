@@ -37,6 +37,7 @@ class LocalServer(ThreadingHTTPServer):
     def url(self) -> str:
         """The address to open: the file, or the folder's ``index.html``."""
         host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, (bytes, bytearray)) else host  # socketserver allows bytes
         name = self.single.name if self.single is not None else "index.html"
         return f"http://{host}:{port}/{name}"
 
