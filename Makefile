@@ -11,13 +11,14 @@ TORCH  := torch==2.13.0
 GPU_PYTHON ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help install report report-full test test-all bench gpu-kit readme docs clean distclean
+.PHONY: help install report report-full lint test test-all bench gpu-kit readme docs clean distclean
 
 help:
 	@echo "make report    build the HTML report into report/index.html (reduced budgets: a few minutes)"
 	@echo "make report-full  the same with full experiment and analysis budgets (much longer)"
-	@echo "make test      run the test suite (without tests marked slow)"
-	@echo "make test-all  run every test, slow ones included"
+	@echo "make lint      ruff over src and tests, then mypy over the package (make test runs it first)"
+	@echo "make test      lint, then the test suite (without tests marked slow)"
+	@echo "make test-all  lint, then every test, slow ones included"
 	@echo "make bench     run the benchmark suite and regenerate benchmarks/RESULTS.md and docs/scaling.md's numbers"
 	@echo "make gpu-kit   write .gpu/: the default model in bfloat16 and pytest, for headlab bench and the CUDA tests on a GPU machine (docs/benchmarks.md)"
 	@echo "make readme    regenerate the README sentences written by the analysis"
@@ -42,10 +43,15 @@ report: $(STAMP)
 report-full: $(STAMP)
 	$(BIN)/headlab report
 
-test: $(STAMP)
+# Settings in pyproject.toml ([tool.ruff], [tool.mypy]); both tools come with the test extra.
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest
 
-test-all: $(STAMP)
+test-all: lint
 	$(BIN)/python -m pytest -m ""
 
 bench: $(STAMP)
@@ -66,7 +72,7 @@ docs: $(STAMP)
 	$(BIN)/python -m tests.support.regenerate models
 
 clean:
-	rm -rf report/ test-artifacts/ build/ dist/ .pytest_cache/ .hypothesis/ .gpu/
+	rm -rf report/ test-artifacts/ build/ dist/ .pytest_cache/ .hypothesis/ .gpu/ .mypy_cache/ .ruff_cache/
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print \
 		| xargs rm -rf
 

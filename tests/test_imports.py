@@ -15,8 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # DESIGN's order (cli → report → (circuits, analysis, audit, experiments, bench) → (capture, heads) → models →
 # interop → layer), made total where rooms of one group use each other: capture reads the heads' interventions,
 # and experiments, the benchmarks and circuits use analysis. A room may import rooms of a lower rank only.
-RANK = {"data": 0, "display": 0, "layer": 0, "interop": 1, "models": 2, "heads": 3, "capture": 4, "analysis": 5, "audit": 5,
-        "bench": 6, "circuits": 6, "experiments": 6, "report": 7, "cli": 8}
+RANK = {"data": 0, "display": 0, "layer": 0, "interop": 1, "models": 2, "heads": 3, "capture": 4, "analysis": 5,
+        "audit": 5, "bench": 6, "circuits": 6, "experiments": 6, "report": 7, "cli": 8}
 
 
 def modules() -> dict[str, Path]:
@@ -60,7 +60,7 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return [*path[path.index(nxt):], nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         state[node] = 2

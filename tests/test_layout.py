@@ -37,8 +37,8 @@ def imported(source: str, module: str, *, is_package: bool = False) -> list[tupl
             found += [(node.lineno, f"{base}.{alias.name}" if alias.name != "*" else base) for alias in node.names]
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
-              and (isinstance(node.func, ast.Name) and node.func.id in ("__import__", "import_module")
-                   or isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")):
+              and ((isinstance(node.func, ast.Name) and node.func.id in ("__import__", "import_module"))
+                   or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"))):
             found.append((node.lineno, node.args[0].value))
     return sorted(found)
 

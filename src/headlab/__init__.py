@@ -11,11 +11,20 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from headlab.interop import from_torch, to_torch
-    from headlab.capture import run_with_cache
-    from headlab.models import HeadedModel, attach, detach, load
-    from headlab.layer import AttentionConfig, AttentionOutput, FactoredMatrix, KVCache, MultiHeadAttention
+if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers (`import x as x`: re-exported)
+    from headlab.capture import run_with_cache as run_with_cache
+    from headlab.interop import from_torch as from_torch
+    from headlab.interop import to_torch as to_torch
+    from headlab.layer import AttentionConfig as AttentionConfig
+    from headlab.layer import AttentionOutput as AttentionOutput
+    from headlab.layer import FactoredMatrix as FactoredMatrix
+    from headlab.layer import KVCache as KVCache
+    from headlab.layer import MultiHeadAttention as MultiHeadAttention
+    from headlab.models import HeadedModel as HeadedModel
+    from headlab.models import detach as detach
+    from headlab.models import load as load
+    from headlab.models.attach import attach as attach  # its module: mypy took headlab.models.attach for it
+    from headlab.report.viewer import show as show
 
 try:
     __version__ = version("headlab")

@@ -99,11 +99,11 @@ def abbreviate(items: Sequence[object], *, head: int = 8, tail: int = 2, sep: st
 
 def runs(numbers: Iterable[int]) -> str:
     """``0–5, 7, 9–10``: sorted integers with consecutive runs joined."""
-    values = sorted(set(int(n) for n in numbers))
+    values = sorted({int(n) for n in numbers})
     parts: list[str] = []
     start = previous = None
     for n in [*values, None]:
-        if start is not None and (n is None or n != previous + 1):
+        if start is not None and (n is None or previous is None or n != previous + 1):
             parts.append(str(start) if start == previous else f"{start}–{previous}")
             start = None
         if n is not None and start is None:
@@ -185,7 +185,7 @@ def table(headers: Sequence[object], rows: Iterable[Sequence[object]], *, captio
     return _wrap(f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>", caption)
 
 
-def heat_table(values: Sequence[Sequence[float]], *, rows: Sequence[object], columns: Sequence[object],
+def heat_table(values: Iterable[Iterable[float]], *, rows: Sequence[object], columns: Sequence[object],
                caption: str | None = None, names: Sequence[Sequence[str]] | None = None) -> Html:
     """A grid of numbers, each cell shaded by its value: blue for positive, red for negative, strength
     ``|value| / max |value|``; NaN cells stay blank.

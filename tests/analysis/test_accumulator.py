@@ -18,9 +18,23 @@ import torch
 import headlab.analysis
 import headlab.capture
 from headlab.analysis import (
-    Accumulator, AnalysisAccumulators, HeadSimilarity, Mergeable, PassAccumulators, RetrievalResult,
-    RetrievalScores, SimilarityResult, SinkResult, SinkShare, StreamingChanges, StreamingStats, SurfaceStats,
-    SyntaxAccuracy, SyntaxResult, TaxonomyStats, ValueWeighted,
+    Accumulator,
+    AnalysisAccumulators,
+    HeadSimilarity,
+    Mergeable,
+    PassAccumulators,
+    RetrievalResult,
+    RetrievalScores,
+    SimilarityResult,
+    SinkResult,
+    SinkShare,
+    StreamingChanges,
+    StreamingStats,
+    SurfaceStats,
+    SyntaxAccuracy,
+    SyntaxResult,
+    TaxonomyStats,
+    ValueWeighted,
 )
 from headlab.analysis.norms import out_projections
 from headlab.analysis.per_head import HeadSums, PerHeadMeans
@@ -188,7 +202,7 @@ def test_two_halves_merged_give_one_pass_for_every_accumulator():
 
 
 def test_a_pass_refuses_to_merge_one_of_other_parts():
-    W_O = {0: torch.randn(2, 3, 6)}  # noqa: N806
+    W_O = {0: torch.randn(2, 3, 6)}
     with pytest.raises(ValueError, match="cannot merge a pass of surface, taxonomy, similarity into one of surface, "
                                          "taxonomy, similarity, value_weighted, sinks"):
         AnalysisAccumulators(causal=False, W_O=W_O)().merge(AnalysisAccumulators(causal=False)())

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
-import re
 import json
+import re
 
 import pytest
 import torch
@@ -13,7 +13,12 @@ import transformers
 import headlab
 from headlab.analysis import STATISTICS, ImportanceResult, ProbeScores
 from headlab.analysis.analyze import (
-    FIDELITY_METRIC, LM_METRIC, RETRIEVAL_METRIC, TABLE_RELATIONS, AnalysisResult, analyze,
+    FIDELITY_METRIC,
+    LM_METRIC,
+    RETRIEVAL_METRIC,
+    TABLE_RELATIONS,
+    AnalysisResult,
+    analyze,
 )
 from headlab.heads import Heads, HeadTable
 from headlab.models import HeadedModel
@@ -28,7 +33,8 @@ TEXTS = ENGLISH[:6]
 def test_minilm_rows_files_and_summary_agree(tmp_path):
     result = analyze(minilm(), TEXTS, quick=True, streaming=False, progress=False)
     rows = result.rows()
-    assert len(rows) == 72 and {(r["layer"], r["head"]) for r in rows} == {(l, h) for l in range(6) for h in range(12)}
+    assert len(rows) == 72
+    assert {(r["layer"], r["head"]) for r in rows} == {(layer, h) for layer in range(6) for h in range(12)}
     summary = result.summary()
     assert summary["items"] == len(TEXTS)
     assert sum(summary["class_shares"].values()) == pytest.approx(1.0)
@@ -41,7 +47,7 @@ def test_minilm_rows_files_and_summary_agree(tmp_path):
     assert rows[17]["sink_raw_share"] == sinks.table.value("raw_share", 1, 5)
     assert float((vw["raw_first"] - vw["weighted_first"]).mean()) > 0.1  # [CLS] carries little (Kobayashi et al.)
     gradient = result.importance["gradient"].table
-    assert gradient.heads == [(l, h) for l in range(6) for h in range(12)]
+    assert gradient.heads == [(layer, h) for layer in range(6) for h in range(12)]
     assert [r["importance_gradient"] for r in rows] == [gradient.value("score", r["layer"], r["head"]) for r in rows]
     assert rows[17]["entropy"] == result.surface.value("entropy", 1, 5) and rows[17]["n_queries"] == int(
         result.surface.value("n_queries", 1, 5))
@@ -64,8 +70,8 @@ def test_minilm_rows_files_and_summary_agree(tmp_path):
 
 
 def test_minilm_selected_layers_and_heads_only():
-    result = analyze(minilm(), TEXTS[:3], heads=Heads(layers=[0, 5], heads=[1, 2]), quick=True, importance=False, syntax=False,
-                     streaming=True, progress=False)
+    result = analyze(minilm(), TEXTS[:3], heads=Heads(layers=[0, 5], heads=[1, 2]), quick=True, importance=False,
+                     syntax=False, streaming=True, progress=False)
     assert {(r["layer"], r["head"]) for r in result.rows()} == {(0, 1), (0, 2), (5, 1), (5, 2)}
     assert result.similarity.distances.shape == (4, 4)
     assert result.skipped["importance"] == "not asked for" and result.skipped["syntax"] == "not asked for"
@@ -76,7 +82,8 @@ def test_minilm_selected_layers_and_heads_only():
 
 def test_a_layer_the_model_lacks_is_a_clear_error():
     with pytest.raises(ValueError, match="7"):
-        analyze(minilm(), TEXTS[:2], heads=Heads(layers=[7]), quick=True, importance=False, syntax=False, progress=False)
+        analyze(minilm(), TEXTS[:2], heads=Heads(layers=[7]), quick=True, importance=False, syntax=False,
+                progress=False)
 
 
 def test_tiny_causal_model_gets_probes_and_next_token_importance():
@@ -201,7 +208,7 @@ def test_the_accumulators_pickle_and_take_a_shards_offsets():
     assert whole.similarity.batches_seen == 0 and whole.syntax.parses == ["p0", "p1", "p2"]
     assert AnalysisAccumulators(causal=False)(_Shard()).names() == ["surface", "taxonomy", "similarity"]
     assert AnalysisAccumulators(causal=False).take == ("pattern",)
-    W_O = {0: torch.randn(2, 3, 6)}  # noqa: N806
+    W_O = {0: torch.randn(2, 3, 6)}
     with_values = pickle.loads(pickle.dumps(AnalysisAccumulators(causal=False, W_O=W_O)))
     assert with_values.take == ("pattern", "v")
     made = pickle.loads(pickle.dumps(with_values(_Shard())))  # a pass's accumulators travel back from Ray workers

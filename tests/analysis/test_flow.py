@@ -107,7 +107,8 @@ def test_attention_to_oneself_only_passes_each_token_to_its_own_position():
 
 def test_long_texts_and_bad_patterns_are_refused_with_the_limit_named():
     n = FLOW_MAX_LENGTH + 1
-    with pytest.raises(ValueError, match=f"attention flow is limited to {FLOW_MAX_LENGTH} positions .* this text has {n}"):
+    with pytest.raises(ValueError,
+                       match=f"attention flow is limited to {FLOW_MAX_LENGTH} positions .* this text has {n}"):
         attention_flow([torch.full((1, n, n), 1.0 / n)])
     with pytest.raises(ValueError, match=r"layer 1: pattern has shape \(2, 3, 4\); expected \(head, 3, 3\)"):
         rollout([torch.ones(2, 3, 3) / 3, torch.ones(2, 3, 4) / 4])

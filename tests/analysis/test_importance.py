@@ -4,18 +4,29 @@ import numpy as np
 import pytest
 import torch
 
+import headlab
 from headlab.analysis.importance import (
-    ImportanceResult, ablation_importance, causal_lm_loss, embed, fidelity_metric, gradient_importance, lm_batches,
-    pair_batches, paraphrase_loss, plot_pruning_curve, pruning_curve, retrieval_metric, spearman,
+    ImportanceResult,
+    ablation_importance,
+    causal_lm_loss,
+    embed,
+    fidelity_metric,
+    gradient_importance,
+    lm_batches,
+    pair_batches,
+    paraphrase_loss,
+    plot_pruning_curve,
+    pruning_curve,
+    retrieval_metric,
+    spearman,
 )
 from headlab.heads import HeadTable, mask, restore, scale, summary
-import headlab
 from headlab.models import Tap, headed
 from tests.support.minilm import minilm
+from tests.support.tiny import batch as random_batch
+from tests.support.tiny import build
 
 transformers = pytest.importorskip("transformers")
-from tests.support.tiny import batch as random_batch  # noqa: E402
-from tests.support.tiny import build  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +142,10 @@ def test_pruning_curve_starts_unpruned_and_restores(tiny):
     scale(tiny, [(1, 0)], 0.5)  # an intervention that must survive the curve
     try:
         before = summary(tiny)
-        metric = lambda net: readout_loss(net, batches(1)[0]).detach().item()  # noqa: E731
+
+        def metric(net):
+            return readout_loss(net, batches(1)[0]).detach().item()
+
         unpruned = metric(tiny)
         order = [(layer, h) for layer in (1, 0) for h in range(4)]
         curve = pruning_curve(tiny, order, metric)

@@ -13,7 +13,7 @@ from headlab.capture import CaptureBatch, capture
 from tests.support.analysis import hand_batch, w_o
 
 
-def reference(batches: list[CaptureBatch], W_O: dict[int, torch.Tensor]) -> dict[tuple[int, int], dict[str, float]]:  # noqa: N803
+def reference(batches: list[CaptureBatch], W_O: dict[int, torch.Tensor]) -> dict[tuple[int, int], dict[str, float]]:
     """Every column of ``ValueWeighted.result`` by explicit loops in float64."""
     acc: dict[tuple[int, int], dict[str, list[float]]] = {}
     for batch in batches:
@@ -51,12 +51,13 @@ def _check(table, expected) -> None:
     for key, columns in expected.items():
         for name, value in columns.items():
             got = table.value(name, *key)
-            assert (math.isnan(got) and math.isnan(value)) or got == pytest.approx(value, rel=1e-5, abs=1e-6), (key, name)
+            assert (math.isnan(got) and math.isnan(value)) or got == pytest.approx(value, rel=1e-5, abs=1e-6), (
+                key, name)
 
 
 def test_hand_built_batches_equal_the_loop_and_halves_merge_into_the_whole():
     heads = {0: (0, 1, 2), 2: (1, 3)}
-    W_O = w_o({0: 3, 2: 4})  # noqa: N806
+    W_O = w_o({0: 3, 2: 4})
     batches = [hand_batch([5, 3, 4], heads=heads, seed=0), hand_batch([6, 6], heads=heads, seed=1),
                hand_batch([2], heads=heads, seed=2, special_last=False)]
     whole = ValueWeighted(W_O)
@@ -83,7 +84,8 @@ def test_a_short_first_value_moves_weight_off_the_first_token():
     table = acc.result()
     assert table.value("raw_first", 0, 0) == pytest.approx(0.8)
     assert table.value("weighted_first", 0, 0) == pytest.approx(0.008 / 0.208)
-    assert table.value("norm_first", 0, 0) == pytest.approx(0.01) and table.value("norm_other", 0, 0) == pytest.approx(1)
+    assert table.value("norm_first", 0, 0) == pytest.approx(0.01)
+    assert table.value("norm_other", 0, 0) == pytest.approx(1)
 
 
 def test_norms_and_weighted_pattern_match_their_definitions():
@@ -116,7 +118,7 @@ def test_tiny_model_equals_the_loop_and_v_through_W_O_gives_the_heads_result(kin
 
     acc = ValueWeighted.from_model(model)
     capture(model, corpus=texts, take=("pattern", "v", "result"), consumers=[acc, Keep()], progress=False)
-    W_O = acc_w(model)  # noqa: N806
+    W_O = acc_w(model)
     _check(acc.result(), reference(kept, W_O))
     for batch in kept:  # f_h(x_j) is what the head adds: Σ_j α_ij v_j W_O[h] is its captured result
         for layer, taken in batch.layers.items():
@@ -136,7 +138,7 @@ def test_compact_projections_give_every_norm_w_o_gives():
     """The stand-in shipped to Ray workers: d_head wide, the same ‖v W_O[h]‖ for any v, and a W_O no wider
     than its heads kept as it is."""
     torch.manual_seed(0)
-    W_O = {0: torch.randn(3, 4, 16), 2: torch.randn(3, 4, 16, dtype=torch.float64)}  # noqa: N806
+    W_O = {0: torch.randn(3, 4, 16), 2: torch.randn(3, 4, 16, dtype=torch.float64)}
     compact = compact_projections(W_O)
     v = torch.randn(5, 3, 4, dtype=torch.float64)  # (tokens, head, d_head)
     for layer, w in W_O.items():

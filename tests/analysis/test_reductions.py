@@ -12,7 +12,12 @@ import torch
 
 from headlab.analysis import HeadSimilarity, SurfaceStats, TaxonomyStats
 from headlab.analysis.reductions import (
-    COLUMNS, BatchReductions, StackReductions, column_masses, reductions, stack_layers,
+    COLUMNS,
+    BatchReductions,
+    StackReductions,
+    column_masses,
+    reductions,
+    stack_layers,
 )
 from headlab.capture import LayerCapture
 from tests.support.analysis import make_batch, sentence
@@ -61,7 +66,7 @@ def test_each_reduction_equals_its_formula(group_cost, monkeypatch):
         n = p.shape[-1]
         i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
 
-        def close(got, want):
+        def close(got, want, ok=ok):  # this layer's query rows, bound now
             torch.testing.assert_close(got[ok], want[ok], atol=1e-12, rtol=0)
 
         first = torch.zeros_like(special)
@@ -152,7 +157,7 @@ def test_a_layer_without_patterns_is_named():
     batch = _random_batch()
     batch.layers[0].pattern = None
     with pytest.raises(ValueError, match="layer 0 was captured without patterns"):
-        reductions(batch).stacks
+        _ = reductions(batch).stacks
     with pytest.raises(ValueError, match=r"layer 5 was not captured; the batch holds the layers \[0, 2\]"):
         reductions(_random_batch()).stack(5)
 
@@ -191,7 +196,9 @@ def test_sharing_leaves_every_result_as_it_is_alone():
                 accumulator.update(batch if shared else _random_batch(seed=seed, dtype=torch.float32))
         return [a.result() for a in accumulators]
 
-    make = lambda: [SurfaceStats(), TaxonomyStats(), HeadSimilarity()]  # noqa: E731
+    def make():
+        return [SurfaceStats(), TaxonomyStats(), HeadSimilarity()]
+
     got = run(make(), shared=True)
     alone = [run([a], shared=False)[0] for a in make()]
     for g, a in zip(got, alone):

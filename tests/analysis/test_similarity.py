@@ -15,7 +15,10 @@ from tests.support.minilm import minilm
 def js_reference(p, q) -> float:
     """sqrt(½ KL(p‖m) + ½ KL(q‖m)) by a plain loop, natural log."""
     m = [(a + b) / 2 for a, b in zip(p, q)]
-    kl = lambda x: sum(a * math.log(a / c) for a, c in zip(x, m) if a > 0)  # noqa: E731
+
+    def kl(x):
+        return sum(a * math.log(a / c) for a, c in zip(x, m) if a > 0)
+
     return math.sqrt(max(0.5 * kl(p) + 0.5 * kl(q), 0.0))
 
 
@@ -124,7 +127,8 @@ def test_minilm_patterns_match_slow_loop():
             kept.append(batch)
 
     similarity = HeadSimilarity()
-    capture(loaded, corpus=texts, heads=Heads(layers=[0, 5], heads=[0, 3, 7]), consumers=[similarity, Keep()], progress=False)
+    capture(loaded, corpus=texts, heads=Heads(layers=[0, 5], heads=[0, 3, 7]), consumers=[similarity, Keep()],
+            progress=False)
     result = similarity.result()
     assert len(result.heads) == 6
     np.testing.assert_allclose(result.distances, slow_matrix(kept), rtol=1e-4, atol=1e-6)

@@ -15,7 +15,7 @@ HEADS = {0: (0, 1), 1: (2,)}
 EDGES = (0, 1, 2, 4, 8)
 
 
-def reference(batches, n_sink: int, W_O=None):  # noqa: N803
+def reference(batches, n_sink: int, W_O=None):
     """{(layer, head): {"raw": ({bin: [shares]}, [(x, share)] past n_sink), "weighted": ...}} by loops."""
     out = {}
     for batch in batches:
@@ -44,7 +44,7 @@ def reference(batches, n_sink: int, W_O=None):  # noqa: N803
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_hand_built_batches_equal_the_loop_and_halves_merge(causal):
-    W_O = w_o({0: 2, 1: 3})  # noqa: N806
+    W_O = w_o({0: 2, 1: 3})
     batches = [hand_batch([9, 4, 6], heads=HEADS, seed=0, causal=causal),
                hand_batch([12, 2], heads=HEADS, seed=1, causal=causal)]
     whole = SinkShare(n_sink=2, edges=EDGES, W_O=W_O)
@@ -63,7 +63,8 @@ def test_hand_built_batches_equal_the_loop_and_halves_merge(causal):
                     assert math.isnan(values[row, b])
             x, y = np.array(past).T
             assert result.table.value(f"{kind}_share", *key) == pytest.approx(y.mean(), rel=1e-6)
-            assert result.table.value(f"{kind}_growth", *key) == pytest.approx(np.polyfit(x, y, 1)[0], rel=1e-5, abs=1e-9)
+            slope = np.polyfit(x, y, 1)[0]
+            assert result.table.value(f"{kind}_growth", *key) == pytest.approx(slope, rel=1e-5, abs=1e-9)
         assert result.table.value("n_queries", *key) == len(expected[key]["raw"][1])
         assert result.table.value("sink_head", *key) == float(result.table.value("raw_share", *key) >= 0.5)
     first, second = SinkShare(n_sink=2, edges=EDGES, W_O=W_O), SinkShare(n_sink=2, edges=EDGES, W_O=W_O)
@@ -79,8 +80,11 @@ def test_hand_built_batches_equal_the_loop_and_halves_merge(causal):
 def test_value_weighted_and_sink_share_read_each_batchs_values_once_and_equal_their_runs_alone(monkeypatch):
     from headlab.analysis.norms import ValueProjections, ValueWeighted, value_reductions
 
-    W_O = w_o({0: 2, 1: 3})  # noqa: N806
-    make = lambda: [ValueWeighted(W_O), SinkShare(n_sink=1, edges=EDGES, W_O=W_O)]  # noqa: E731
+    W_O = w_o({0: 2, 1: 3})
+
+    def make():
+        return [ValueWeighted(W_O), SinkShare(n_sink=1, edges=EDGES, W_O=W_O)]
+
     alone = []
     for accumulator in make():
         accumulator.update(hand_batch([9, 4, 6], heads=HEADS, seed=0))

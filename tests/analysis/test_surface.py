@@ -204,7 +204,8 @@ def test_matches_slow_loops_on_minilm():
             kept.append(batch)
 
     stats = SurfaceStats()
-    capture(loaded, corpus=texts, heads=Heads(layers=[0, 5], heads=[0, 3, 7]), consumers=[stats, Keep()], progress=False)
+    capture(loaded, corpus=texts, heads=Heads(layers=[0, 5], heads=[0, 3, 7]), consumers=[stats, Keep()],
+            progress=False)
     r = stats.result()
     assert r.heads == [(layer, h) for layer in (0, 5) for h in (0, 3, 7)]
     for name in STATISTICS:

@@ -9,7 +9,13 @@ from headlab.audit import AuditError, audit
 from headlab.audit.calling import Caller, candidate_widths, detect
 from headlab.audit.examples import EinsumHeadsAttention, SeparateProjectionAttention, SliceSharedAttention
 from tests.support.layers import (
-    Float32Only, NoSoftmax, Parameterless, Raises, SelfOnlyQKV, TwoAttentions, WrongShape,
+    Float32Only,
+    NoSoftmax,
+    Parameterless,
+    Raises,
+    SelfOnlyQKV,
+    TwoAttentions,
+    WrongShape,
 )
 
 
@@ -102,7 +108,7 @@ def test_a_module_that_only_runs_in_float32_is_audited_in_float32() -> None:
 def test_bad_arguments(kwargs: dict, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         audit(NoSoftmax(), **kwargs)
-    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"must be a torch\.nn\.Module"):
         audit(lambda x: x)
 
 

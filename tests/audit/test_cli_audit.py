@@ -169,7 +169,8 @@ def test_per_head_numbers_are_never_broken_at_80_columns() -> None:
     ([f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--init", "{heads: 2}"], ["--init", "is not valid JSON"]),
     ([f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--init", '{"bogus": 1}'],
      ["--init", "unexpected keyword argument 'bogus'"]),
-    ([f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--call", "kvq"], ["--call", "'kvq' is not one of self, qkv, vkq"]),
+    ([f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--call", "kvq"],
+     ["--call", "'kvq' is not one of self, qkv, vkq"]),
     ([f"{LAYERS}:Parameterless"], ["--d-model", "cannot infer d_model"]),
     ([f"{LAYERS}:Parameterless", "--d-model", "0"], ["--d-model"]),
 ])

@@ -36,7 +36,8 @@ def test_each_worked_example_is_what_the_command_prints(command: str, block: str
 
 def test_the_documented_thresholds_lengths_and_keywords_are_the_codes() -> None:
     f64, f32 = run._PRECISION.values()
-    assert f"`rtol` is {f64.rtol:.0e} when probing in float64 and {f32.rtol:.0e} in float32".replace("e-0", "e-") in DOCS
+    said = f"`rtol` is {f64.rtol:.0e} when probing in float64 and {f32.rtol:.0e} in float32"
+    assert said.replace("e-0", "e-") in DOCS
     assert f"at most {f64.output:.0e} (float64; {f32.output:.0e} in float32)".replace("e-0", "e-") in DOCS
     assert f"with {calling._QUERY_LEN} queries and {calling._KEY_LEN} keys" in DOCS
     assert "over {} and {} positions".format(*probes._LAYOUT_LENGTHS) in DOCS

@@ -52,7 +52,7 @@ def test_missing_file_and_class(tmp_path: Path) -> None:
     with pytest.raises(LoadError, match=r"defines no 'Missing'; nn.Module classes in it: .*SliceSharedAttention"):
         load_module(f"{EXAMPLES / 'thread_000.py'}:Missing")
     (tmp_path / "f.py").write_text("NOT_A_CLASS = 3\n")
-    with pytest.raises(LoadError, match="NOT_A_CLASS in .* is a int, not a torch.nn.Module subclass"):
+    with pytest.raises(LoadError, match=r"NOT_A_CLASS in .* is a int, not a torch\.nn\.Module subclass"):
         load_module(f"{tmp_path / 'f.py'}:NOT_A_CLASS")
 
 
@@ -63,7 +63,7 @@ def test_constructor_refusing_the_arguments_is_a_load_error() -> None:
 
 def test_user_code_raising_is_an_audit_error(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("raise RuntimeError('import-time failure')\n")
-    with pytest.raises(AuditError, match="executing .*bad.py raised RuntimeError: import-time failure") as info:
+    with pytest.raises(AuditError, match=r"executing .*bad\.py raised RuntimeError: import-time failure") as info:
         load_module(f"{tmp_path / 'bad.py'}:X")
     assert info.value.kind == "raised"
 

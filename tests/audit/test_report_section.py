@@ -22,7 +22,8 @@ def test_section_renders_both_audits_with_their_evidence(tmp_path: Path) -> None
             assert line in text
     assert "<td>heads share W_QK</td><td>yes</td><td>no</td>" in fragment
     assert "<td>each head reads</td><td>narrow</td><td>wide</td>" in fragment
-    assert f"<td>parameters</td><td>{tutorial.parameters.module:,}</td><td>{standard.parameters.module:,}</td>" in fragment
+    assert (f"<td>parameters</td><td>{tutorial.parameters.module:,}</td><td>{standard.parameters.module:,}</td>"
+            in fragment)
     assert "SliceSharedAttention: per head" in text and "MultiheadAttention: per head" in text
     doc = json.loads((tmp_path / JSON_NAME).read_text())
     assert [d["module"] for d in doc] == ["SliceSharedAttention", "MultiheadAttention"]

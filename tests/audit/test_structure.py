@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from headlab.audit.structure import (
-    Reads, basis, classify_reads, kv_groups, max_relative_difference, own_rows, read_dims, same_subspace, spectrum,
+    Reads,
+    basis,
+    classify_reads,
+    kv_groups,
+    max_relative_difference,
+    own_rows,
+    read_dims,
+    same_subspace,
+    spectrum,
 )
 
 

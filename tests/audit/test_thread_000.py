@@ -40,7 +40,7 @@ def test_recovered_output_value_circuits_use_the_one_value_projection(pair) -> N
 
 
 def test_evidence_of_sharing(pair) -> None:
-    _, tutorial, standard = pair
+    _, tutorial, _standard = pair
     assert tutorial.shared and tutorial.shared_qk and tutorial.shared_v and tutorial.reads == "narrow"
     assert [h.qk_difference for h in tutorial.heads] == [0.0] * 4
     assert [h.value_difference for h in tutorial.heads] == [0.0] * 4
@@ -65,5 +65,6 @@ def test_the_standard_layer_shares_nothing(pair) -> None:
     assert standard.reads == "wide" and standard.standard and standard.layout == "standard"
     assert min(h.qk_difference for h in standard.heads[1:]) > 0.1
     assert standard.evidence.same_slice_spread > 0.01
-    assert standard.verdict[0] == "4 heads of size 8; each head reads all 32 input dimensions (queries, keys and values)"
+    assert standard.verdict[0] == ("4 heads of size 8; each head reads all 32 input dimensions "
+                                   "(queries, keys and values)")
     assert standard.parameters.module == standard.parameters.standard == 4 * 32 * 32 + 4 * 32

@@ -8,7 +8,6 @@ import torch
 
 import headlab
 from headlab.audit import audit
-from headlab.models import headed
 from tests.support.tiny import build
 
 # Attention modules that take the hidden states alone. Rotary ones also take the model's position

@@ -15,6 +15,7 @@ from headlab.bench import Plan, SuiteResult, read_results
 from headlab.bench.capture import FIXED_COST
 from headlab.cli import app
 
+
 def _flat(output: str) -> str:
     """Rich's error box without its frame and line breaks."""
     return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
@@ -85,9 +86,11 @@ def test_the_single_process_goals_of_issue_17_are_rows_measured_against_their_pe
                 if area == "inspection" and contender == "forward + one head's pattern" and peer == "headlab forward"]
     assert one_head == [1.10] * len(ran[0]["plan"]["layer_shapes"])  # every position count
     same = [g for (area, contender, peer, _), g in goal.items()
-            if area == "capture" and contender.startswith("capture, all") and peer.startswith("HF forward (sdpa), same")]
+            if area == "capture" and contender.startswith("capture, all")
+            and peer.startswith("HF forward (sdpa), same")]
     assert same == [1.03]
-    analysis = [g for (area, contender, peer, _), g in goal.items() if area == "analysis" and contender.startswith("all")]
+    analysis = [g for (area, contender, _, _), g in goal.items()
+                if area == "analysis" and contender.startswith("all")]
     assert analysis == [1.30] and {r["peer"] for r in rows["analysis"]} == {"capture only"}
 
 

@@ -11,7 +11,13 @@ import torch
 
 from headlab.bench import Area, Plan, plan_for
 from headlab.bench.models import (
-    ATTACHED_GOAL, EVERY_PATTERN_GOAL, ONE_HEAD_GOAL, bench_models, check_models, running, tiny_causal_model,
+    ATTACHED_GOAL,
+    EVERY_PATTERN_GOAL,
+    ONE_HEAD_GOAL,
+    bench_models,
+    check_models,
+    running,
+    tiny_causal_model,
 )
 
 pytest.importorskip("transformers")
@@ -90,7 +96,7 @@ def test_peers_are_the_same_model_under_transformers_own_attention(causal: tuple
         with running(attached, implementation) as peer:
             assert peer is attached and peer.config._attn_implementation == implementation
             with pytest.raises(ValueError, match=f"runs attn_implementation='{implementation}' now"):
-                headed(attached).sites  # headlab's taps and gates would not run
+                _ = headed(attached).sites  # headlab's taps and gates would not run
         assert attached.config._attn_implementation == "headlab" and headed(attached).sites
     with pytest.raises(RuntimeError, match="inside"), running(attached, "sdpa"):
         raise RuntimeError("inside")
@@ -106,7 +112,7 @@ def test_check_passes_equal_models_and_names_the_ones_that_differ(causal: tuple)
         check_models("tiny", attached, batch, dtype=torch.float32)
     masked = copy.deepcopy(attached)
     heads.mask(masked, {1: [3]})  # headlab's attention now computes another model: timings would not compare
-    with torch.inference_mode(), pytest.raises(RuntimeError, match="tiny: .* disagree, so their timings"):
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"tiny: .* disagree, so their timings"):
         check_models("tiny", masked, batch, dtype=torch.float32)
 
 

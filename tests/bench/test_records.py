@@ -42,6 +42,10 @@ def test_ceiling_goal_needs_the_ceiling_and_combines_with_the_ratio_goal() -> No
     assert comparison(2.0, 1.0, flops=10**12, goal=1.05, ceiling_goal=0.5).met(1e12) is False
 
 
+def test_a_ceiling_goal_without_flops_is_not_met() -> None:
+    assert comparison(1.0, 1.0, ceiling_goal=0.5).met(1e12) is False  # no FLOP count: no fraction of the ceiling
+
+
 def test_ceilings_rates() -> None:
     c = suite_result().ceilings
     assert c.matmul_flops_per_s == pytest.approx(2 * 100**3 / 1.5e-3)

@@ -69,7 +69,7 @@ def test_every_site_equals_an_explicit_float64_computation(pair):
 
 def test_only_the_asked_heads_are_kept(pair):
     _, attached = pair
-    ids, mask = batch(padding="none")
+    ids, _mask = batch(padding="none")
     cache = run_with_cache(attached, ids, take=("pattern", "z"), heads=[(1, 3), (0, 2), (1, 0)])
     assert cache.keys() == ["blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.1.attn.pattern", "blocks.1.attn.z"]
     assert cache.heads("z", 1) == [0, 3] and cache["z", 1, 3].shape[0] == ids.shape[0]
@@ -105,7 +105,7 @@ def test_text_inputs_and_tokens():
 
 def test_gradients_flow_when_asked():
     model = headlab.attach(built("bert")).model
-    ids, mask = batch(padding="none")
+    ids, _mask = batch(padding="none")
     cache = run_with_cache(model, ids, take="z", heads={0: [0]}, grad=True)
     assert cache["z", 0, 0].requires_grad
     cache.output.last_hidden_state.sum().backward()

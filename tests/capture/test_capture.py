@@ -92,7 +92,8 @@ def test_selected_heads_are_the_right_heads(model, tokenizer, texts):
     ("kwargs", "error", "match"),
     [
         ({"heads": Heads(layers=[3])}, ValueError, r"layers has layer 3, which does not exist: expected layers 0..2"),
-        ({"heads": {2: [2]}}, ValueError, r"the heads of layer 2 has head 2, which does not exist: expected heads 0..1"),
+        ({"heads": {2: [2]}}, ValueError,
+         r"the heads of layer 2 has head 2, which does not exist: expected heads 0..1"),
         ({"heads": Heads(layers=[])}, ValueError, "layers is empty: it selects no layer"),
         ({"heads": {}}, ValueError, "the head selection is empty"),
         ({"heads": Heads(heads=["a"])}, TypeError, "has 'a'; expected int head indices"),
@@ -173,7 +174,8 @@ def test_consumers_get_per_batch_data_only(model, tokenizer, texts):
             refs.extend(weakref.ref(t) for t in (batch.layers[0].pattern, batch.layers[2].pattern, batch.input_ids))
             refs.append(weakref.ref(batch))
 
-    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Watch()], batch_tokens=30, progress=False)
+    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Watch()], batch_tokens=30,
+                     progress=False)
     assert result.batches > 2
     gc.collect()
     assert refs and all(r() is None for r in refs)
@@ -196,12 +198,14 @@ def test_patterns_a_consumer_keeps_are_never_overwritten_by_reused_memory(model,
         def update(self, batch):
             pass
 
-    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Keep()], batch_tokens=30, progress=False)
+    result = capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Keep()], batch_tokens=30,
+                     progress=False)
     assert result.batches > 2 and made
     assert all(torch.equal(a, b) for a, b in zip(kept, copies, strict=True))
     assert getattr(interface._pattern_memory, "pool", None) is None  # released after the capture
     made.clear()
-    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Discard()], batch_tokens=30, progress=False)
+    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, consumers=[Discard()], batch_tokens=30,
+            progress=False)
     assert max(made) < len(headed(model).sites) * result.batches  # what no one keeps is reused
 
 
@@ -244,7 +248,7 @@ def test_inference_mode_and_no_graph(model, tokenizer, texts):
 
 def test_the_old_keywords_still_work_for_a_release(model, tokenizer, texts):
     # capture(model, tokenizer, corpus, what=...) was the signature before the handle held the tokenizer.
-    with pytest.warns(DeprecationWarning) as caught:
+    with pytest.warns(DeprecationWarning, match="is deprecated") as caught:
         result = capture(model, tokenizer, texts[:2], what=("z",), progress=False)
     said = " ".join(str(w.message) for w in caught)
     assert "capture(what=...) is deprecated: it is take=" in said and "capture(tokenizer=...) is deprecated" in said

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from headlab.capture import (
-    TruncationWarning, capture, load_corpus, naive_batches, padding_stats, pattern_to_words, tokenize_corpus,
+    TruncationWarning,
+    capture,
+    load_corpus,
+    naive_batches,
+    padding_stats,
+    pattern_to_words,
+    tokenize_corpus,
 )
 from headlab.heads import Heads
 from tests.support.minilm import minilm

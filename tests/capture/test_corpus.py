@@ -51,7 +51,7 @@ def test_bad_input_errors(source, error, match):
 
 
 def test_bad_files(tmp_path: Path):
-    with pytest.raises(FileNotFoundError, match="missing.txt' does not exist; expected a UTF-8 text file"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.txt' does not exist; expected a UTF-8 text file"):
         load_corpus(tmp_path / "missing.txt")
     with pytest.raises(ValueError, match="is a directory; expected a UTF-8 text file"):
         load_corpus(tmp_path)
@@ -70,7 +70,7 @@ def test_bad_files(tmp_path: Path):
 def test_a_file_that_is_not_utf8_text_is_named_with_its_line_and_column(tmp_path: Path, data: bytes, where: str):
     path = tmp_path / "data.bin"
     path.write_bytes(data)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="is not UTF-8 text") as err:
         load_corpus(path)
     assert str(err.value) == f"{str(path)!r} is not UTF-8 text: {where}; expected a UTF-8 text file"
 

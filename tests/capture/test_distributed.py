@@ -86,6 +86,35 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
         RayEngine()
 
 
+class _TaskError(Exception):  # Ray's RayTaskError: the worker's exception is its cause
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@pytest.mark.parametrize("version", [(3, 10, 14), (3, 11, 0)])
+def test_a_workers_setup_error_is_raised_as_itself(monkeypatch, version):
+    # Exception.add_note is Python 3.11's: on 3.10 the worker's own exception still goes up, without the note.
+    import types
+
+    import headlab.capture.distributed as distributed
+
+    monkeypatch.setattr(distributed, "sys", types.SimpleNamespace(version_info=version))
+    cause = ValueError("not a checkpoint")
+
+    def get(refs):
+        raise _TaskError(cause)
+
+    engine = object.__new__(RayEngine)  # the engine's setup path alone: no Ray started
+    engine.ray = types.SimpleNamespace(get=get, exceptions=types.SimpleNamespace(RayTaskError=_TaskError))
+    engine.source = "my/model"
+    with pytest.raises(ValueError, match="not a checkpoint") as info:
+        engine._get([])
+    assert info.value is cause
+    assert getattr(cause, "__notes__", []) == (
+        ["(raised on a Ray worker loading the model 'my/model')"] if version >= (3, 11) else [])
+
+
 def test_a_structure_that_merges_itself_is_merged_whole_and_a_list_one_by_one():
     from headlab.capture._shards import merges_itself
     from headlab.capture.distributed import _merge

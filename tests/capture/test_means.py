@@ -49,7 +49,8 @@ def test_merge_of_halves_equals_the_whole(model, tokenizer, texts):
             self.seen += 1
 
     split = Split()
-    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, take=("z",), consumers=[split], progress=False, batch_tokens=40)
+    capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, take=("z",), consumers=[split], progress=False,
+            batch_tokens=40)
     assert split.seen > 2
     merged = first.merge(second).result()
     for layer, mean in whole.result().items():
@@ -58,7 +59,8 @@ def test_merge_of_halves_equals_the_whole(model, tokenizer, texts):
 
 def test_mean_z_needs_z(model, tokenizer, texts):
     with pytest.raises(ValueError, match="captured without z"):
-        capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, take=("pattern",), consumers=[MeanZ()], progress=False)
+        capture(headlab.attach(model, tokenizer=tokenizer), corpus=texts, take=("pattern",), consumers=[MeanZ()],
+                progress=False)
 
 
 def test_mean_ablation_of_minilm_with_corpus_means():

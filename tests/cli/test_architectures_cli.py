@@ -17,10 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from headlab.cli import app
+from tests.support.tiny import ARCHITECTURES, build
 
 transformers = pytest.importorskip("transformers")
-
-from tests.support.tiny import ARCHITECTURES, build  # noqa: E402
 
 DEFAULT = ("gpt2", "llama", "gemma2", "gpt_bigcode", "bert", "distilbert")
 CASES = [pytest.param(name, marks=() if name in DEFAULT else pytest.mark.slow) for name in ARCHITECTURES]

@@ -81,10 +81,10 @@ def test_a_staged_folder_interrupted_or_failing_leaves_the_old_one_as_it_was(pla
                                                                              capsys: pytest.CaptureFixture,
                                                                              stop: type[BaseException]) -> None:
     before = _tree(place)
-    with pytest.raises(typer.Exit if stop is KeyboardInterrupt else stop) as err:
-        with staged_folder(Path("old")) as work:
-            (work / "report.json").write_text("half")
-            raise stop()
+    with (pytest.raises(typer.Exit if stop is KeyboardInterrupt else stop) as err,  # noqa: PT012 - a stop mid-write
+          staged_folder(Path("old")) as work):
+        (work / "report.json").write_text("half")
+        raise stop()
     assert _tree(place) == before and sorted(p.name for p in place.iterdir()) == ["afile", "empty", "mine", "old"]
     if stop is KeyboardInterrupt:
         assert err.value.exit_code == 1
@@ -103,10 +103,9 @@ def test_staged_files_are_added_to_the_folder_and_the_rest_is_left_alone(place: 
 
 def test_staged_files_interrupted_leave_the_folder_as_it_was(place: Path, capsys: pytest.CaptureFixture) -> None:
     before = _tree(place)
-    with pytest.raises(typer.Exit):
-        with staged_files(place, shown=Path("view.html")) as work:
-            (work / "view.html").write_text("half")
-            raise KeyboardInterrupt
+    with pytest.raises(typer.Exit), staged_files(place, shown=Path("view.html")) as work:  # noqa: PT012 - a stop mid-write
+        (work / "view.html").write_text("half")
+        raise KeyboardInterrupt
     assert _tree(place) == before and not (place / "view.html").exists()
     assert capsys.readouterr().err == "interrupted; view.html left as it was\n"
 

@@ -48,12 +48,14 @@ def test_table_has_a_row_per_variant_and_heads_with_the_accounted_numbers() -> N
 
 
 def test_json_is_one_document_matching_account() -> None:
-    result = runner.invoke(app, ["params", "--d-model", "64", "--n-heads", "2,8", "--variants", "wide,bilinear", "--json"])
+    result = runner.invoke(app, ["params", "--d-model", "64", "--n-heads", "2,8", "--variants", "wide,bilinear",
+                                 "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # the whole of stdout is the document
     assert (doc["d_model"], doc["seq_len"], doc["skipped"]) == (64, 128, [])
     assert "explanations" not in doc
-    assert [(r["variant"], r["n_heads"]) for r in doc["rows"]] == [("wide", 2), ("wide", 8), ("bilinear", 2), ("bilinear", 8)]
+    assert [(r["variant"], r["n_heads"]) for r in doc["rows"]] == [("wide", 2), ("wide", 8), ("bilinear", 2),
+                                                                    ("bilinear", 8)]
     for row in doc["rows"]:
         acc = account(preset_config(row["variant"], d_model=64, n_heads=row["n_heads"]), seq_len=128)
         assert row["parameters"] == acc.parameters
@@ -92,7 +94,8 @@ def test_default_run_skips_unusable_pairs_and_reports_them() -> None:
     assert result.exit_code == 0, result.output
     assert set(_table_rows(result.stdout)) == {(v, 2) for v in PRESETS}
     for variant in PRESETS:
-        assert re.search(rf"skipped {re.escape(variant)} at n_heads=16: .*n_heads=16 does not divide d_model=24", result.stdout)
+        assert re.search(rf"skipped {re.escape(variant)} at n_heads=16: .*n_heads=16 does not divide d_model=24",
+                         result.stdout)
     as_json = runner.invoke(app, ["params", "--d-model", "24", "--n-heads", "2,16", "--json"])
     doc = json.loads(as_json.stdout)
     assert [(s["variant"], s["n_heads"]) for s in doc["skipped"]] == [(v, 16) for v in PRESETS]
@@ -119,7 +122,8 @@ def _usage_error(args: list[str]) -> str:
         (["--seq", "0"], ["--seq"]),
         (["--d-model", "0"], ["--d-model"]),
         (["--variants", "narrow,wide", "--n-heads", "4,3"],
-         ["variant 'narrow' cannot use n_heads=3", "variant 'wide' cannot use n_heads=3", "does not divide d_model=512"]),
+         ["variant 'narrow' cannot use n_heads=3", "variant 'wide' cannot use n_heads=3",
+          "does not divide d_model=512"]),
         (["--variants", "grouped-query", "--d-model", "72", "--n-heads", "9"],
          ["variant 'grouped-query' cannot use n_heads=9", "n_kv_heads=2 does not divide n_heads=9"]),
         (["--d-model", "7", "--n-heads", "2"], ["no variant can use n_heads 2 at d_model=7"]),
@@ -135,7 +139,7 @@ def test_bad_input_exits_2_with_a_message(args: list[str], fragments: list[str])
 
 @pytest.mark.parametrize("text", ["wide,bogus,nope", "wide,wide", "nope"])
 def test_variant_errors_are_the_librarys_check(text: str) -> None:
-    with pytest.raises(ValueError) as library:
+    with pytest.raises(ValueError, match="variant") as library:
         check_presets(text.split(","))
     assert " ".join(str(library.value).split()) in _usage_error(["--variants", text])
 
@@ -166,7 +170,8 @@ def test_json_counts_the_layer_the_config_builds(variant: str) -> None:
 
 def test_collaborative_row_is_the_layer_the_issue_builds() -> None:
     # d_model 64, 4 heads: AttentionConfig(projection="collaborative") shares a width D = d_head = 16.
-    result = runner.invoke(app, ["params", "--d-model", "64", "--n-heads", "4", "--variants", "collaborative", "--json"])
+    result = runner.invoke(app, ["params", "--d-model", "64", "--n-heads", "4", "--variants", "collaborative",
+                                 "--json"])
     (row,) = json.loads(result.stdout)["rows"]
     assert (row["total_parameters"], row["d_head"], row["qk_dim"]) == (10_464, 16, 16)
 
@@ -194,4 +199,5 @@ def test_a_narrow_terminal_never_truncates_a_number() -> None:
     assert "…" not in result.stdout
     rows = _table_rows(result.stdout)
     acc = account(preset_config("bilinear", d_model=512, n_heads=16))
-    assert rows[("bilinear", 16)][2:5] == [f"{acc.total_parameters:,}", f"{acc.parameters_per_head:,.0f}", f"{acc.total_flops:,}"]
+    assert rows[("bilinear", 16)][2:5] == [f"{acc.total_parameters:,}", f"{acc.parameters_per_head:,.0f}",
+                                           f"{acc.total_flops:,}"]

@@ -35,7 +35,8 @@ def test_report_quick_with_default_sections_exits_0_and_writes_index(tmp_path: P
     assert "index.html" in result.output and "ok" in result.output
 
 
-def test_report_summarises_sections_and_exits_0_when_all_render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_summarises_sections_and_exits_0_when_all_render(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[int, bool]] = []
 
     def render(ctx: ReportContext) -> str:

@@ -103,7 +103,8 @@ def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:
 
 
 def test_a_layer_the_model_lacks_is_a_clear_error(checkpoint: Path, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["view", str(checkpoint), "the cat", "--layers", "7", "--out", str(tmp_path / "v.html")])
+    result = runner.invoke(app, ["view", str(checkpoint), "the cat", "--layers", "7", "--out",
+                                 str(tmp_path / "v.html")])
     assert result.exit_code == 2 and "7" in result.output and "error" in result.output
 
 

@@ -1,11 +1,11 @@
 """The bundled corpus (headlab/data/corpus.txt): size, variety, cleanliness, packaging."""
 
 import string
-import tomllib
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from headlab.data import corpus_lines, corpus_path
 

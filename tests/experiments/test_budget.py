@@ -23,7 +23,7 @@ def test_bad_steps(bad):
 def test_seeds():
     assert check_seed(0) == 0 and check_seed(2**63 - 1) == 2**63 - 1
     for bad in (-1, 2**63, "1", False):
-        with pytest.raises(ValueError, match="seed=.* must be an int in \\[0, 2\\*\\*63\\)"):
+        with pytest.raises(ValueError, match=r"seed=.* must be an int in \[0, 2\*\*63\)"):
             check_seed(bad)
 
 

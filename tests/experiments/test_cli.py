@@ -15,7 +15,7 @@ runner = CliRunner()
 
 
 def test_help_lists_every_experiment():
-    assert NAMES == tuple(EXPERIMENTS)
+    assert tuple(EXPERIMENTS) == NAMES
     result = runner.invoke(app, ["experiment", "--help"])
     assert result.exit_code == 0
     text = " ".join(result.stdout.split())

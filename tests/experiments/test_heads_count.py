@@ -7,7 +7,13 @@ import json
 import pytest
 
 from headlab.experiments.heads_count import (
-    D_HEAD, D_MODEL, HEADS, SETTINGS, config_for, plot_heads_count, run_heads_count,
+    D_HEAD,
+    D_MODEL,
+    HEADS,
+    SETTINGS,
+    config_for,
+    plot_heads_count,
+    run_heads_count,
 )
 from headlab.layer.accounting import account
 

@@ -65,7 +65,7 @@ def test_reproducible_table_sentences_plot(result):
     again = run_heads_vs_one(seed=0, steps=9)
     assert json.dumps(again.to_dict(), allow_nan=False) == json.dumps(result.to_dict(), allow_nan=False)
     assert result.points == 10 and len(result.sweeps["uniform"]) == 10
-    headers, rows = result.table()
+    _headers, rows = result.table()
     assert any("float32" in row[0] and row[1] == "True" for row in rows)
     text = " ".join(result.sentences())
     assert "torch.equal in float32 returns True" in text and "the views coincide (difference < 1e-06) from" in text

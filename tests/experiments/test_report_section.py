@@ -8,8 +8,8 @@ import pytest
 
 from headlab.experiments import EXPERIMENTS
 from headlab.report import build_report
-from headlab.report.sections.experiments import HEADS_VS_ONE, SECTIONS, render_experiment
 from headlab.report.section import ReportContext
+from headlab.report.sections.experiments import HEADS_VS_ONE, SECTIONS, render_experiment
 
 
 def test_one_section_per_experiment():

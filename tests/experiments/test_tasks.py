@@ -18,7 +18,7 @@ def test_recall_targets_are_the_values_of_the_matching_keys():
     assert b.inputs.shape == (16, 9, 2) and b.targets.shape == b.scored.shape == (16, 9)
     assert b.scored[:, 5:].all() and not b.scored[:, :5].any()
     for row, targets in zip(b.inputs.tolist(), b.targets.tolist()):
-        context = {k: v for k, v in row[:5]}
+        context = dict(row[:5])
         assert len(context) == 5  # distinct keys
         for (key, value), target in zip(row[5:], targets[5:]):
             assert value == task.n_values and target == context[key]  # empty value field, the key's value
@@ -30,7 +30,7 @@ def test_mix_targets_pair_the_matched_value_with_the_previous_value():
     b = draw(task)
     n = task.n_pairs
     for row, targets in zip(b.inputs.tolist(), b.targets.tolist()):
-        context = {k: v for k, v in row[:n]}
+        context = dict(row[:n])
         for t in range(n, task.seq_len):
             matched, previous = divmod(targets[t], task.n_values)
             assert matched == context[row[t][0]] and previous == row[t - 1][1]

@@ -10,7 +10,15 @@ from headlab.experiments.model import build_model
 from headlab.experiments.tasks import MixTask
 from headlab.experiments.train import train_config
 from headlab.experiments.variants import (
-    BUDGETS, D_MODEL, N_HEADS, NAMES, WIDTHS, config_for, plot_variants, run_variants, variant_at,
+    BUDGETS,
+    D_MODEL,
+    N_HEADS,
+    NAMES,
+    WIDTHS,
+    config_for,
+    plot_variants,
+    run_variants,
+    variant_at,
 )
 from headlab.layer.accounting import account
 

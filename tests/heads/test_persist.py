@@ -21,7 +21,8 @@ def _run(model):
 
 
 def _loaded(kind):
-    return HeadedModel(model=headlab.attach(built(kind, attn_implementation="sdpa")).model, tokenizer=None, source="tiny")
+    return HeadedModel(model=headlab.attach(built(kind, attn_implementation="sdpa")).model, tokenizer=None,
+                       source="tiny")
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])

@@ -73,7 +73,7 @@ def test_a_scope_acts_like_the_persistent_form_and_restores_exactly(model, scope
 def test_a_scope_restores_on_exception(model, scope):
     enter, _ = _scopes(model)[scope]
     before, outputs = _state(model), _run(model)
-    with pytest.raises(RuntimeError, match="inside"), enter():
+    with pytest.raises(RuntimeError, match="inside"), enter():  # noqa: PT012 - a run, then a raise inside the scope
         _run(model)
         raise RuntimeError("inside")
     _assert_same_state(before, _state(model))
@@ -92,7 +92,7 @@ def test_patching_a_head_with_its_own_z_changes_nothing(model):
 
 
 def test_patching_moves_the_output_toward_the_source_run(model):
-    clean_ids, mask = batch(padding="none", seed=1)
+    clean_ids, _mask = batch(padding="none", seed=1)
     corrupt_ids, _ = batch(padding="none", seed=2)
     clean = headlab.run_with_cache(model, clean_ids, take="z")
     with torch.no_grad():
@@ -105,11 +105,10 @@ def test_patching_moves_the_output_toward_the_source_run(model):
     # The last layer's heads now carry the clean run's z: the output moves toward the clean one.
     clean_out = first_output(clean.output)
     assert float((patched - clean_out).norm()) < float((corrupt - clean_out).norm())
-    with heads.patched(model, {0: [1]}, {0: clean["z", 0]}):  # a plain {layer: z} source serves too
-        with torch.no_grad():
-            model(input_ids=corrupt_ids)
+    with heads.patched(model, {0: [1]}, {0: clean["z", 0]}), torch.no_grad():  # a plain {layer: z} source serves too
+        model(input_ids=corrupt_ids)
     with pytest.raises(KeyError, match="no z for layer 1"), heads.patched(model, {1: [0]}, {0: clean["z", 0]}):
         pass
-    with pytest.raises(ValueError, match=r"the replacement z has shape .* patch between inputs of the same shape"):
-        with heads.patched(model, {0: [1]}, clean), torch.no_grad():
-            model(input_ids=corrupt_ids[:, :5])
+    with (pytest.raises(ValueError, match=r"the replacement z has shape .* patch between inputs of the same shape"),
+          heads.patched(model, {0: [1]}, clean), torch.no_grad()):
+        model(input_ids=corrupt_ids[:, :5])

@@ -28,7 +28,8 @@ def _torch_layer(d_model, n_heads, *, bias=True, kdim=None, vdim=None, batch_fir
                                 dtype=dtype, device=device).eval()
     with torch.no_grad():
         for name, p in mha.named_parameters():
-            if "bias" in name and name not in ("bias_k", "bias_v"):  # torch starts these at zero; bias_k, bias_v are random
+            # torch starts these at zero; bias_k, bias_v are random
+            if "bias" in name and name not in ("bias_k", "bias_v"):
                 p.normal_(0, 0.2)
     return mha
 

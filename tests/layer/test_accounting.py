@@ -187,7 +187,8 @@ def test_stages_add_up_to_the_counted_forward(config: AttentionConfig, seq_len: 
 def test_flop_stages_and_their_formulas() -> None:
     c = AttentionConfig(d_model=32, n_heads=4, d_head=6, d_head_v=5, talking_heads=True)
     acc = account(c, seq_len=10)
-    assert list(acc.flops) == ["q, k, v projections", "scores", "talking-heads mixing", "weighted sum", "output projection"]
+    assert list(acc.flops) == ["q, k, v projections", "scores", "talking-heads mixing", "weighted sum",
+                               "output projection"]
     assert acc.flops["scores"] == 2 * 4 * 10 * 10 * 6
     assert acc.flops["weighted sum"] == 2 * 4 * 10 * 10 * 5
     assert acc.flops["output projection"] == 2 * 10 * 4 * 5 * 32

@@ -86,7 +86,8 @@ def _case(name: str) -> dict[str, Any]:
     if name == "dead rows":  # item 2's first three queries see only padding keys; item 0 is all padding
         dead = padding.clone()
         dead[0] = True
-        return dict(args=dict(causal=True, key_padding_mask=dead), bias=_blocked(causal_square | dead[:, None, None, :]))
+        return dict(args=dict(causal=True, key_padding_mask=dead),
+                    bias=_blocked(causal_square | dead[:, None, None, :]))
     raise AssertionError(name)
 
 
@@ -99,7 +100,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: dict[str, A
     mask = build_mask(key_padding_mask=args.get("key_padding_mask"), attn_mask=args.get("attn_mask"),
                       causal=args.get("causal", False), batch=B, n_heads=H, q_len=q.shape[2], k_len=k.shape[2],
                       dtype=q.dtype, device=q.device)
-    z, patterns = attend(q, k, v, mask, scale=SCALE, dropout_p=dropout_p, pattern_heads=HEADS if heads is None else heads)
+    z, patterns = attend(q, k, v, mask, scale=SCALE, dropout_p=dropout_p,
+                         pattern_heads=HEADS if heads is None else heads)
     assert patterns is not None
     return z, patterns
 
@@ -187,7 +189,7 @@ def test_subsets_in_any_order_equal_the_explicit_path(heads, lse_calls):
     torch.testing.assert_close(some, every[:, heads], atol=1e-12, rtol=0)
 
 
-# --- where the kernel is not available ---------------------------------------------------------------------------------
+# --- where the kernel is not available ----------------------------------------------------------------------------
 
 def test_dropout_falls_back_and_patterns_are_before_dropout(lse_calls):
     case = _case("key padding (bool)")

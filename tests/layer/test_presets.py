@@ -93,7 +93,8 @@ def test_preset_config_errors_name_the_preset_and_sizes() -> None:
     for name in PRESETS:
         with pytest.raises(ValueError, match=re.escape(f"variant {name!r} with d_model=8, n_heads=0: n_heads=0 must")):
             preset_config(name, d_model=8, n_heads=0)
-    with pytest.raises(ValueError, match=r"'grouped-query' with d_model=72, n_heads=9: n_kv_heads=2 does not divide n_heads=9"):
+    with pytest.raises(ValueError,
+                       match=r"'grouped-query' with d_model=72, n_heads=9: n_kv_heads=2 does not divide n_heads=9"):
         preset_config("grouped-query", d_model=72, n_heads=9)
 
 

@@ -52,7 +52,10 @@ def make_layer(kwargs, **extra) -> MultiHeadAttention:
 def inputs(layer: MultiHeadAttention, batch: int = 2, q_len: int = 3, k_len: int = 4):
     c = layer.config
     g = torch.Generator().manual_seed(1)
-    randn = lambda *s: torch.randn(s, generator=g, dtype=torch.float64)  # noqa: E731
+
+    def randn(*s):
+        return torch.randn(s, generator=g, dtype=torch.float64)
+
     return randn(batch, q_len, c.d_model), randn(batch, k_len, c.kdim), randn(batch, k_len, c.vdim)
 
 

@@ -200,7 +200,7 @@ def test_tapped_heads_equal_a_float64_reference(name, which, reference_calls):
         assert out.pattern.shape == (b, len(hs), q, q) and out.pattern.dtype == torch.float64
         assert float((out.pattern - pattern[:, hs]).abs().masked_fill(~keys, 0).max()) < tolerance
         assert float((out.z - z[:, hs]).abs().masked_fill(~rows, 0).max()) < tolerance
-        W_O = _head_columns(reference.get_submodule(site.out_proj.name), hs, dv)  # noqa: N806
+        W_O = _head_columns(reference.get_submodule(site.out_proj.name), hs, dv)
         result = torch.einsum("bhqd,hdm->bhqm", z[:, hs], W_O)
         assert out.result.shape == result.shape
         assert float((out.result - result).abs().masked_fill(~rows, 0).max()) < tolerance
@@ -283,8 +283,8 @@ def test_a_pruned_models_tapped_heads_equal_the_masked_models(name, which):
     what = ("pattern", "z", "k", "v")
     taken: dict[str, dict] = {"masked": {}, "pruned": {}}
     with torch.no_grad():
-        for label, model, selection in (("masked", masked, {l: [kept[l][i] for i in c] for l, c in chosen.items()}),
-                                        ("pruned", pruned, chosen)):
+        in_masked = {layer: [kept[layer][i] for i in c] for layer, c in chosen.items()}
+        for label, model, selection in (("masked", masked, in_masked), ("pruned", pruned, chosen)):
             with tapped(headed(model).sites, selection, what, taken[label].__setitem__):
                 model(input_ids=ids, attention_mask=mask)
     assert not sites[0].uniform_groups  # layer 0 keeps half a group

@@ -46,12 +46,12 @@ def test_detach_restores_the_previous_implementation_and_removes_the_sites(previ
 
 def test_attention_sites_of_a_model_not_attached_or_switched_away():
     model = built("bert")
-    with pytest.raises(ValueError, match="BertModel has no headlab attention.*headlab.attach"):
-        headed(model).sites
+    with pytest.raises(ValueError, match=r"BertModel has no headlab attention.*headlab\.attach"):
+        _ = headed(model).sites
     headlab.attach(model)
     model.set_attn_implementation("sdpa")  # taps and gates would silently do nothing now
     with pytest.raises(ValueError, match="runs attn_implementation='sdpa' now, not headlab's"):
-        headed(model).sites
+        _ = headed(model).sites
     headlab.attach(model)  # attaching again serves it
     assert len(headed(model).sites) == 2
 
@@ -107,7 +107,7 @@ def test_a_pruning_that_would_differ_from_masking_is_refused_and_undone():
     site.layout = Layout(tuple(dataclasses.replace(p, segments=tuple(
         dataclasses.replace(s, head=swapped.get(s.head, s.head)) if s.role == "q" else s for s in p.segments))
         for p in site.layout.projections))
-    state = {k: v for k, v in vars(site).items()}
+    state = dict(vars(site))
     shapes, before = _shapes(model), _outputs(model, ids, mask)
     with pytest.raises(ValueError, match=r"pruning layers \[0\] of LlamaForCausalLM does not reproduce the masked"):
         heads.prune(model, [(0, 1)])
@@ -125,7 +125,7 @@ def test_an_unrecognised_layout_still_serves_patterns_and_z():
     site = headed(model).sites[0]
     assert (site.n_heads, site.d_head, site.d_head_v) == (4, 12, 6) and site.layout is None
     with pytest.raises(ValueError, match=r"layout, which was not recognised \(the projection 'q_a_proj' has 16"):
-        site.W_Q
+        _ = site.W_Q
     with pytest.raises(ValueError, match="not in a layout headlab can slice"):
         heads.prune(model, [(0, 1)])
 

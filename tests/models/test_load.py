@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import headlab
+from headlab.models import HeadedModel, default_model_path, headed
+from tests.support.tiny import batch, build, max_diff_on_tokens
 
-import headlab  # noqa: E402
-from headlab.models import HeadedModel, default_model_path, headed  # noqa: E402
-from tests.support.tiny import batch, build, max_diff_on_tokens  # noqa: E402
+transformers = pytest.importorskip("transformers")
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -175,10 +175,10 @@ def test_hub_id_offline_is_a_clear_error(monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ValueError, match="'no-such-org/no-such-model' is not a local directory.*HF_HUB_OFFLINE"):
+    with pytest.raises(ValueError, match=r"'no-such-org/no-such-model' is not a local directory.*HF_HUB_OFFLINE"):
         headlab.load("no-such-org/no-such-model")
 
 
 def test_attention_sites_refuse_a_model_that_is_not_attached():
     with pytest.raises(ValueError, match="has no headlab attention"):
-        headed(build("bert")).sites
+        _ = headed(build("bert")).sites

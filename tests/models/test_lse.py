@@ -40,7 +40,8 @@ def lse_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _patterns(model: Any, ids: torch.Tensor, mask: torch.Tensor | None, *, grad: bool = False) -> dict[int, torch.Tensor]:
+def _patterns(model: Any, ids: torch.Tensor, mask: torch.Tensor | None, *,
+              grad: bool = False) -> dict[int, torch.Tensor]:
     """The tapped patterns of heads (layer % 2, layer % 2 + 2) in every layer."""
     sites = headed(model).sites
     selection = {s.layer: [s.layer % 2, s.layer % 2 + 2] for s in sites}
@@ -102,7 +103,8 @@ def test_a_wanted_gradient_takes_the_explicit_path(lse_calls, monkeypatch):
 
 
 def test_dropout_in_training_takes_the_explicit_path(lse_calls):
-    model = headlab.attach(build("bert", attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0).double()).model.train()
+    model = headlab.attach(build("bert", attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0).double())
+    model = model.model.train()
     ids, mask = batch(padding="right")
     with torch.no_grad():
         got = _patterns(model, ids, mask)

@@ -147,7 +147,7 @@ def test_activation_and_attribution_patching_agree_exactly_on_a_linear_metric():
 
 def test_native_models_refuse_pruning_and_saving_with_the_way_to_do_it():
     handle = headlab.attach(tiny())
-    with pytest.raises(ValueError, match="headlab.heads.mask"):
+    with pytest.raises(ValueError, match=r"headlab\.heads\.mask"):
         heads.prune(handle, {0: [1]})
     with pytest.raises(ValueError, match="state_dict"):
         heads.save(handle, "unused")

@@ -14,7 +14,15 @@ from headlab.layer.accounting import Accounting, account, sweep
 from headlab.layer.presets import PRESETS, preset_config
 from headlab.report import Part, build_report
 from headlab.report.sections.params import (
-    D_MODEL, HEADS, JSON_NAME, PLOT_NAME, SECTION, SEQ_LEN, explain, make_params_section, params_document,
+    D_MODEL,
+    HEADS,
+    JSON_NAME,
+    PLOT_NAME,
+    SECTION,
+    SEQ_LEN,
+    explain,
+    make_params_section,
+    params_document,
     render_params,
 )
 

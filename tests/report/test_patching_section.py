@@ -90,7 +90,7 @@ def causal_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_causal_checkpoint_gets_an_induction_pair_and_a_logit_difference(causal_checkpoint: Path,
                                                                           tmp_path: Path) -> None:
     body, document = _build(tmp_path, str(causal_checkpoint))
-    exact, attribution = _check_measured(body, document)
+    exact, _attribution = _check_measured(body, document)
     assert len(exact.table) == 8 and exact.forwards == 10
     clean, corrupted = document["clean_ids"], document["corrupted_ids"]
     bos, run = clean[0], clean[1: 1 + RUN]
@@ -173,6 +173,18 @@ def test_texts_of_different_lengths_swap_one_token() -> None:
     assert "tokenize to different lengths, so the corrupted input is the clean one with token 2 swapped" in pair.why
     with pytest.raises(ValueError, match="'The  CAT' tokenizes as 'the cat' does, or as a prefix or extension"):
         choose_pair(loaded, clean="the cat", corrupted="The  CAT")  # lower-cased, split on spaces: the same tokens
+
+
+def test_an_attached_model_is_taken_through_its_handle() -> None:
+    import headlab
+    from tests.support.text import word_piece_tokenizer
+    from tests.support.tiny import build
+
+    tok = word_piece_tokenizer()
+    net = headlab.attach(build("bert", num_hidden_layers=1, num_attention_heads=2, vocab_size=len(tok),
+                               pad_token_id=tok.pad_token_id, attn_implementation="sdpa"), tokenizer=tok).model
+    pair = choose_pair(net, clean="the cat sat", corrupted="the qzx sat")  # the module: its handle holds the tokenizer
+    assert pair.name == "similarity" and (pair.clean != pair.corrupted).nonzero().tolist() == [[0, 2]]
 
 
 def test_a_causal_model_without_logits_falls_back_to_similarity() -> None:

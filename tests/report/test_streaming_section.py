@@ -19,7 +19,10 @@ from headlab.analysis.streaming import Conversion, StreamingResult
 from headlab.heads import HeadTable
 from headlab.report import build_report
 from headlab.report.sections.streaming import (
-    SECTION, render_streaming, retrieval_sentences, streaming_sentences,
+    SECTION,
+    render_streaming,
+    retrieval_sentences,
+    streaming_sentences,
 )
 
 pytest.importorskip("transformers")
@@ -150,8 +153,8 @@ def test_retrieval_sentences_follow_the_numbers():
     found = retrieval_sentences(_retrieval_result([0.5, 0.2, 0.05, 0.0], [0.6, 0.3, 0.1, 0.0]), name="m",
                                 needle_length=6, haystack_length=40)
     assert found[0] == ("Over 2 needles of 6 tokens, each hidden at a random depth in 40 tokens of corpus text and "
-                        "then copied (teacher-forced), the model's top prediction was the needle's next token at 3 of 10 "
-                        "copy steps (30%).")
+                        "then copied (teacher-forced), the model's top prediction was the needle's next token at 3 "
+                        "of 10 copy steps (30%).")
     assert found[1] == ("2 of 4 heads (50%) score above 0.1, Wu et al.'s threshold for a retrieval head; the highest "
                         "is L0 H0 at 0.50: its most-attended key was the token being copied at 60% of the steps.")
     none = retrieval_sentences(_retrieval_result([0.05, 0.0, 0.0, 0.01], [0.5, 0.0, 0.0, 0.1]), name="m")

@@ -15,8 +15,17 @@ from headlab.analysis.sinks import SinkResult
 from headlab.analysis.syntax import RelationAccuracy, SyntaxResult
 from headlab.heads import HeadTable
 from headlab.report.tables import (
-    TOP_HEADS, Column, DisplayTable, classes_table, relations_table, retrieval_table, roles_table, sinks_table,
-    streaming_table, to_html, to_rich,
+    TOP_HEADS,
+    Column,
+    DisplayTable,
+    classes_table,
+    relations_table,
+    retrieval_table,
+    roles_table,
+    sinks_table,
+    streaming_table,
+    to_html,
+    to_rich,
 )
 
 HEADS = [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -42,6 +42,6 @@ def test_corpus_rows_of_the_analysis_are_shown_when_it_ran(tmp_path: Path) -> No
     ctx = _ctx(tmp_path)
     ctx.memo("analysis", Analysis)
     fragment = viewer.render(ctx)
-    corpus = {tuple([i["layer"], i["head"]]): i["corpus"] for i in _payload(fragment)["info"]}
+    corpus = {(i["layer"], i["head"]): i["corpus"] for i in _payload(fragment)["info"]}
     assert corpus[(0, 1)]["roles"] == "previous_token" and corpus[(0, 0)] is None
     assert "on the corpus (from the analysis above)" in fragment

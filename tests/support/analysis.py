@@ -120,7 +120,7 @@ def hand_result(*, causal, relations=(), pruning=None):
         min_count=1, items=10, arcs=sum(r.count for r in relations))
     return AnalysisResult(
         capture=types.SimpleNamespace(items=10, tokens=200, n_truncated=0), surface=HeadTable(heads, columns),
-        roles={(1, 0): ("previous_token",)}, taxonomy=None, classes={h: "vertical" for h in heads},
+        roles={(1, 0): ("previous_token",)}, taxonomy=None, classes=dict.fromkeys(heads, "vertical"),
         similarity=types.SimpleNamespace(heads=heads, distances=np.ones((4, 4)) - np.eye(4)),
         embedding=types.SimpleNamespace(stress=0.1), syntax=syntax, pruning=pruning or {}, causal=causal)
 

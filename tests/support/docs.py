@@ -134,7 +134,7 @@ def run_block(block: Block, namespace: dict[str, Any] | None = None) -> dict[int
     code = compile("\n" * (block.line - 1) + block.source, filename, "exec")  # padded: line numbers are the file's
     namespace = {} if namespace is None else namespace
     namespace.update({"__name__": "__main__", "print": record})
-    exec(code, namespace)  # noqa: S102 - running our own documentation
+    exec(code, namespace)
     return printed
 
 

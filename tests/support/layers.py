@@ -162,7 +162,7 @@ class NeedsPositions(nn.Module):
 class ConfigAttention(nn.Module):
     """``__init__(self, config)`` reading ``config.width`` and ``config.heads``, nanoGPT style."""
 
-    def __init__(self, config) -> None:  # noqa: ANN001 — unannotated on purpose
+    def __init__(self, config) -> None:
         super().__init__()
         self.heads = config.heads
         self.qkv = nn.Linear(config.width, 3 * config.width)

@@ -57,7 +57,10 @@ def layer_reference(
     H = c.n_heads
     scale = c.scale if c.scale is not None else 1 / math.sqrt(c.d_head)
     W_Q, W_K, W_V, W_O = (w.detach().double() for w in (layer.W_Q, layer.W_K, layer.W_V, layer.W_O))
-    bias = lambda b: None if b is None else b.detach().double()  # noqa: E731
+
+    def bias(b):
+        return None if b is None else b.detach().double()
+
     b_Q, b_K, b_V, b_O = bias(layer.b_Q), bias(layer.b_K), bias(layer.b_V), bias(layer.b_O)
 
     # Talking heads (Shazeer et al. 2020): logits and weights mixed across heads; identity otherwise.

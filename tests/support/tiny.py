@@ -108,10 +108,7 @@ def _transformers() -> Any:
 
 def tiny_config(name: str, **overrides: Any) -> Any:
     """The small config of ``name`` (an ``ARCHITECTURES``, ``LIMITS`` or ``UNSUPPORTED`` key); ``overrides`` win."""
-    if name in ARCHITECTURES or name in LIMITS:
-        sizes = (ARCHITECTURES | LIMITS)[name].config
-    else:
-        sizes = UNSUPPORTED[name][0]
+    sizes = (ARCHITECTURES | LIMITS)[name].config if name in ARCHITECTURES or name in LIMITS else UNSUPPORTED[name][0]
     base = _SMALL if "n_embd" not in sizes and "dim" not in sizes else {}
     return _transformers().AutoConfig.for_model(name, **(base | dict(vocab_size=VOCAB) | _IDS | sizes | overrides))
 

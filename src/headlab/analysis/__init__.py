@@ -32,26 +32,59 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
 from headlab.analysis.accumulator import Accumulator, Mergeable
 from headlab.analysis.capture_pass import AnalysisAccumulators, PassAccumulators
 from headlab.analysis.flow import (
-    FLOW_MAX_LENGTH, MaxFlow, TextFlow, attention_flow, max_flow, mixed_attention, rollout, text_flow,
+    FLOW_MAX_LENGTH,
+    MaxFlow,
+    TextFlow,
+    attention_flow,
+    max_flow,
+    mixed_attention,
+    rollout,
+    text_flow,
 )
 from headlab.analysis.importance import (
-    ImportanceResult, PruningCurve, ablation_importance, causal_lm_loss, embed, fidelity_metric,
-    gradient_importance, lm_batches, pair_batches, paraphrase_loss, plot_pruning_curve, pruning_curve,
-    retrieval_metric, spearman,
-)
-from headlab.analysis.parses import DEFAULT_PIPELINE, Parse, load_pipeline, parse_texts
-from headlab.analysis.patching import (
-    PatchingResult, activation_patching, attribution_patching, embedding_similarity, logit_difference, plot_patching,
+    ImportanceResult,
+    PruningCurve,
+    ablation_importance,
+    causal_lm_loss,
+    embed,
+    fidelity_metric,
+    gradient_importance,
+    lm_batches,
+    pair_batches,
+    paraphrase_loss,
+    plot_pruning_curve,
+    pruning_curve,
+    retrieval_metric,
+    spearman,
 )
 from headlab.analysis.norms import ValueWeighted, plot_value_weighted, value_norms, value_weighted, weighted_pattern
+from headlab.analysis.parses import DEFAULT_PIPELINE, Parse, load_pipeline, parse_texts
+from headlab.analysis.patching import (
+    PatchingResult,
+    activation_patching,
+    attribution_patching,
+    embedding_similarity,
+    logit_difference,
+    plot_patching,
+)
 from headlab.analysis.retrieval import CopyCase, RetrievalResult, RetrievalScores, copy_cases, retrieval_scores
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads, role_labels
 from headlab.analysis.similarity import (
-    MAX_JS_DISTANCE, HeadSimilarity, MDSResult, SimilarityResult, js_distance, mds, plot_mds,
+    MAX_JS_DISTANCE,
+    HeadSimilarity,
+    MDSResult,
+    SimilarityResult,
+    js_distance,
+    mds,
+    plot_mds,
 )
 from headlab.analysis.sinks import SinkResult, SinkShare, plot_sink_share, sink_share
 from headlab.analysis.streaming import (
-    Conversion, StreamingChanges, StreamingResult, StreamingStats, streaming_simulation,
+    Conversion,
+    StreamingChanges,
+    StreamingResult,
+    StreamingStats,
+    streaming_simulation,
 )
 from headlab.analysis.surface import STATISTICS, SurfaceStats, head_statistics, surface_stats
 from headlab.analysis.syntax import RelationAccuracy, SyntaxAccuracy, SyntaxResult, syntax_accuracy
@@ -72,4 +105,7 @@ __all__ = [
     "surface_stats", "syntax_accuracy", "taxonomy_stats",
     "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases", "retrieval_scores",
     "Conversion", "StreamingChanges", "StreamingResult", "StreamingStats", "streaming_simulation",
+    "FLOW_MAX_LENGTH", "MaxFlow", "TextFlow", "attention_flow", "max_flow", "mixed_attention", "rollout", "text_flow",
+    "ValueWeighted", "plot_value_weighted", "value_norms", "value_weighted", "weighted_pattern",
+    "SinkResult", "SinkShare", "plot_sink_share", "sink_share",
 ]

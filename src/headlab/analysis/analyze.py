@@ -19,6 +19,7 @@ the window), pruning.png. Its sentences are made by ``headlab.analysis.sentences
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,15 +28,29 @@ from torch import nn
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION, AnalysisAccumulators, PassAccumulators
 from headlab.analysis.context_heads import context_heads
 from headlab.analysis.importance import (
-    LM_MAX_LENGTH, MAX_LENGTH, ablation_importance, causal_lm_loss, fidelity_metric, gradient_importance, lm_batches,
-    pair_batches, paraphrase_loss, pruning_curve, retrieval_metric, spearman,
+    LM_MAX_LENGTH,
+    MAX_LENGTH,
+    ablation_importance,
+    causal_lm_loss,
+    fidelity_metric,
+    gradient_importance,
+    lm_batches,
+    pair_batches,
+    paraphrase_loss,
+    pruning_curve,
+    retrieval_metric,
+    spearman,
 )
 from headlab.analysis.norms import out_projections
 from headlab.analysis.plots import plot_heatmaps
 from headlab.analysis.result import AnalysisResult
 from headlab.analysis.roles import duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.sentences import (
-    FIDELITY_METRIC, LM_METRIC, METRIC_FORMATS, RETRIEVAL_METRIC, TABLE_RELATIONS,
+    FIDELITY_METRIC,
+    LM_METRIC,
+    METRIC_FORMATS,
+    RETRIEVAL_METRIC,
+    TABLE_RELATIONS,
 )
 from headlab.analysis.similarity import mds
 from headlab.analysis.surface import is_causal
@@ -208,7 +223,7 @@ def analyze(
     return result
 
 
-def _importance(model: HeadedModel, texts: list[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
+def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
     """Gradient and ablation importance on the model's task, their correlation, and pruning curves."""
     tokenizer = model.tokenizer
     limit = model.max_length
@@ -223,7 +238,7 @@ def _importance(model: HeadedModel, texts: list[str], result: AnalysisResult, *,
             with torch.no_grad():
                 return float(np.mean([causal_lm_loss(loaded.model, b).item() for b in batches]))
 
-        metrics = {LM_METRIC: loss}
+        metrics: dict[str, Callable[[Any], float]] = {LM_METRIC: loss}
     else:
         from headlab.data.pairs import load_pairs
 

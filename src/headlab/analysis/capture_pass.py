@@ -114,7 +114,7 @@ class AnalysisAccumulators:
 
     def __init__(self, *, causal: bool, parses: list[Any] | None = None,
                  row_fraction: float | None = SIMILARITY_ROW_FRACTION,
-                 W_O: dict[int, Any] | None = None) -> None:  # noqa: N803
+                 W_O: dict[int, Any] | None = None) -> None:
         self.causal, self.parses, self.row_fraction = causal, parses, row_fraction
         self.projections = None if W_O is None else ValueProjections(W_O)  # d_model / d_head_v times smaller
         self.take = ("pattern",) if W_O is None else ("pattern", "v")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from torch import nn
@@ -24,9 +24,21 @@ from headlab.models import HeadedModel, headed
 
 __all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "plot_streaming"]
 
+
+class _Sizes(TypedDict):
+    needles: int
+    needle_length: int
+    haystack_length: int
+    windows: tuple[int, ...]
+    length: int
+    texts: int
+    sinks: int
+
+
 # Settings of the two runs: a few seconds on a tiny model, under a minute for MiniLM on two cores.
-FULL = dict(needles=24, needle_length=10, haystack_length=96, windows=(4, 8, 16, 32), length=96, texts=4, sinks=4)
-QUICK = dict(needles=8, needle_length=8, haystack_length=48, windows=(4, 16), length=64, texts=2, sinks=4)
+FULL: _Sizes = dict(needles=24, needle_length=10, haystack_length=96, windows=(4, 8, 16, 32), length=96, texts=4,
+                    sinks=4)
+QUICK: _Sizes = dict(needles=8, needle_length=8, haystack_length=48, windows=(4, 16), length=64, texts=2, sinks=4)
 
 
 @dataclass

@@ -27,11 +27,14 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from headlab.models import HeadedModel
 
 __all__ = [
     "FLOW_MAX_LENGTH", "MaxFlow", "TextFlow", "attention_flow", "max_flow", "mixed_attention", "rollout", "text_flow",
@@ -288,7 +291,8 @@ class TextFlow:
                 "flow": None if self.flow is None else self.flow.tolist(), "flow_max_length": self.max_length}
 
 
-def text_flow(model: HeadedModel | nn.Module, text: str, *, flow: bool = True, max_length: int = FLOW_MAX_LENGTH) -> TextFlow:
+def text_flow(model: HeadedModel | nn.Module, text: str, *, flow: bool = True,
+              max_length: int = FLOW_MAX_LENGTH) -> TextFlow:
     """Run ``model`` on one text and compute its rollout and, within ``max_length`` pieces, its flow.
 
     Args:

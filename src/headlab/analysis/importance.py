@@ -3,8 +3,9 @@
 Michel, Levy & Neubig 2019 ("Are Sixteen Heads Really Better than One?") score head h by
 ``I_h = Σ_batches |∂L/∂ξ_h|`` where ``ξ_h`` is a gate on the head's output held at 1, normalise
 the scores per layer by their ℓ2 norm, and prune heads least important first. Here the gate is
-each attention site's ``head_mask`` (``headlab.models.AttentionSite``); exact single-head ablation (the loss increase when one head
-is masked) is the slow reference the gradient approximates to first order.
+each attention site's ``head_mask`` (``headlab.models.AttentionSite``); exact single-head ablation
+(the loss increase when one head is masked) is the slow reference the gradient approximates to
+first order.
 
 Conventions:
     heads     ``(layer, head)`` pairs, layers in order, heads in each layer's current numbering.
@@ -155,6 +156,7 @@ def ablation_importance(
             base = float(loss_fn(net, batch))
             for site, total in zip(sites, totals):
                 ones = site.head_mask
+                assert ones is not None  # the gate of ones set above
                 for h in range(len(total)):
                     site.head_mask = ones.index_fill(0, torch.tensor([h], device=ones.device), 0.0)
                     total[h] += float(loss_fn(net, batch)) - base
@@ -262,7 +264,7 @@ def pruning_curve(
     """
     if not 0 < step <= 1:
         raise ValueError(f"step={step!r} must be in (0, 1]")
-    heads = order.order() if isinstance(order, ImportanceResult) else [tuple(h) for h in order]
+    heads = order.order() if isinstance(order, ImportanceResult) else [(layer, h) for layer, h in order]
     handle = headed(model)
     sites = handle.sites
     n_total = sum(site.n_heads for site in sites)

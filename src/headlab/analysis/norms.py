@@ -78,7 +78,7 @@ def out_projections(model: HeadedModel | nn.Module) -> dict[int, Tensor]:
             for site in headed(model).sites}
 
 
-def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:  # noqa: N803
+def compact_projections(W_O: Mapping[int, Tensor]) -> dict[int, Tensor]:
     """A ``(n_heads, d_head_v, d_head_v)`` stand-in for each layer's W_O that gives every norm W_O gives.
 
     From the QR factorisation ``W_O[h]ᵀ = Q R`` (Q with orthonormal columns), ``W_O[h] = Rᵀ Qᵀ``, so
@@ -107,7 +107,7 @@ class ValueProjections:
         ValueError: a W_O that is not 3-D.
     """
 
-    def __init__(self, W_O: Mapping[int, Tensor]) -> None:  # noqa: N803
+    def __init__(self, W_O: Mapping[int, Tensor]) -> None:
         for layer, w in W_O.items():
             if w.dim() != 3:
                 raise ValueError(f"W_O of layer {layer} has shape {tuple(w.shape)}; "
@@ -127,7 +127,7 @@ class ValueProjections:
         return self.__dict__ | {"_placed": {}}
 
     @classmethod
-    def of(cls, W_O: Mapping[int, Tensor] | ValueProjections) -> ValueProjections:  # noqa: N803
+    def of(cls, W_O: Mapping[int, Tensor] | ValueProjections) -> ValueProjections:
         """``W_O`` itself when it is already a ``ValueProjections``, else its ``ValueProjections``."""
         return W_O if isinstance(W_O, ValueProjections) else cls(W_O)
 
@@ -139,34 +139,36 @@ class ValueProjections:
             ValueError: a layer was captured without v (the message ends with ``fix``), has no W_O here, or
                 holds a head beyond it.
         """
+        values: list[Tensor] = []
         for layer in taken:
             if layer.v is None:
                 raise ValueError(f"layer {layer.layer} was captured without v; {fix}")
             if layer.layer not in self.factors:
                 raise ValueError(f"layer {layer.layer} has no W_O here; expected one of the layers "
                                  f"{sorted(self.factors)}")
-        heads, device = tuple(taken[0].heads), taken[0].v.device
+            values.append(layer.v)
+        heads, device = tuple(taken[0].heads), values[0].device
         key = (tuple(layer.layer for layer in taken), heads, device)
         if key not in self._placed:  # once per stack, heads and device: not a copy to the GPU per batch
             index = torch.tensor(heads)
-            factors = []
+            parts = []
             for layer in taken:
                 factor = self.factors[layer.layer]
                 if int(index.max()) >= len(factor):
                     raise ValueError(f"layer {layer.layer}: head {int(index.max())} is beyond W_O's "
                                      f"{len(factor)} heads")
-                factors.append(factor.index_select(0, index))
-            self._placed[key] = torch.cat(factors).to(device)  # (layer · head, d_head_v, width)
+                parts.append(factor.index_select(0, index))
+            self._placed[key] = torch.cat(parts).to(device)  # (layer · head, d_head_v, width)
         factors = self._placed[key]
-        batch, n_heads, n_keys, d_head = taken[0].v.shape
-        dtype = torch.promote_types(torch.promote_types(taken[0].v.dtype, factors.dtype), torch.float32)
+        batch, n_heads, n_keys, d_head = values[0].shape
+        dtype = torch.promote_types(torch.promote_types(values[0].dtype, factors.dtype), torch.float32)
         # every head's (batch · key_pos, d_head_v) values, heads of every layer in a row: one copy
-        per_head = torch.stack([layer.v.transpose(0, 1) for layer in taken]).to(dtype)  # (l, h, b, k, d)
+        per_head = torch.stack([v.transpose(0, 1) for v in values]).to(dtype)  # (l, h, b, k, d)
         norms = _product_norms(per_head.view(len(taken) * n_heads, batch * n_keys, d_head), factors)
         return norms.view(len(taken), n_heads, batch, n_keys).transpose(1, 2)
 
 
-def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
+def value_norms(v: Tensor, W_O: Tensor) -> Tensor:
     """``‖v_j W_O[h]‖``, in the wider of v's and W_O's dtypes (at least float32).
 
     Args:
@@ -183,7 +185,7 @@ def value_norms(v: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
     return _product_norms(per_head, W_O.to(device=v.device, dtype=dtype)).view(heads, batch, n_keys).transpose(0, 1)
 
 
-def _product_norms(per_head: Tensor, W_O: Tensor) -> Tensor:  # noqa: N803
+def _product_norms(per_head: Tensor, W_O: Tensor) -> Tensor:
     """``(head, row)``: ``‖x W_O[h]‖`` of each head's rows ``per_head`` ``(head, row, d_head_v)``, W_O ``(head,
     d_head_v, width)`` in the same dtype: one (row × d_head_v) product per head (a broadcast matmul would run a
     small one per item and head)."""
@@ -290,7 +292,7 @@ class ValueWeighted(HeadSums):
 
     FIX = "capture with take=('pattern', 'v')"
 
-    def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:  # noqa: N803
+    def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:
         super().__init__()
         self.projections = ValueProjections.of(W_O)
 
@@ -317,7 +319,8 @@ class ValueWeighted(HeadSums):
             n_weighted = defined.double().sum((1, 3, 4))  # (layer, head)
             n_heads = len(rows.heads)
             counts = {"queries": n_queries.expand(n_heads),
-                      **{f"keys_{name}": n_keys[k].expand(n_heads) for k, name in enumerate(("first", "special", "other"))}}
+                      **{f"keys_{name}": n_keys[k].expand(n_heads)
+                         for k, name in enumerate(("first", "special", "other"))}}
             for i, layer in enumerate(rows.layers):
                 sums = {"raw_first": raw[i, :, 0], "raw_special": raw[i, :, 1], "weighted_first": shares[i, :, 0],
                         "weighted_special": shares[i, :, 1], "norm_first": norms[i, :, 0],

@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
-
-from torch import nn
+from torch import Tensor, nn
 
 from headlab import display
 from headlab.capture.cache import Cache, run_with_cache

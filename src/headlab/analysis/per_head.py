@@ -166,7 +166,8 @@ class PerHeadMeans(HeadSums):
         """
         if not self.sums:
             raise ValueError(f"{type(self).__name__} has no data: update it with at least one capture batch")
-        heads, columns = [], {name: [] for name in [*(count_columns or {}), *count_of]}
+        heads: list[tuple[int, int]] = []
+        columns: dict[str, list[Tensor]] = {name: [] for name in [*(count_columns or {}), *count_of]}
         for layer in sorted(self.sums):
             captured = self.heads[layer]
             order = sorted(range(len(captured)), key=captured.__getitem__)

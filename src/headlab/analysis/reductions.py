@@ -51,7 +51,8 @@ __all__ = [
 # The key columns of ``StackReductions.masses``, in order; segment s of ``segments`` is column
 # ``len(COLUMNS) + s`` (its content tokens only).
 COLUMNS = ("first_special", "other_special", "punctuation", "special")
-_BLOCK = 1 << 18  # elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
+# elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
+_BLOCK = 1 << 18
 _GPU_BLOCK = 1 << 26  # on a GPU, where a block costs its launches: a whole group at once as a rule
 _GPU_STACK_BYTES = 1 << 30  # on a GPU, the most pattern bytes stacked into one copy
 _SENTENCE_ENDS = frozenset({".", "!", "?"})
@@ -131,9 +132,7 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     runs: list[list[int]] = []
     previous = None
     for layer, taken in batch.layers.items():
-        p = taken.pattern
-        if p is None:
-            raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
+        p = _pattern_of(batch, layer)
         kind = (tuple(taken.heads), p.shape, p.dtype)
         if kind == previous and (not launch_bound(p.device)
                                  or (len(runs[-1]) + 1) * p.numel() * p.element_size() <= _GPU_STACK_BYTES):
@@ -142,6 +141,18 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
             runs.append([layer])
         previous = kind
     return [tuple(run) for run in runs]
+
+
+def _pattern_of(batch: CaptureBatch, layer: int) -> Tensor:
+    """Layer ``layer``'s captured patterns.
+
+    Raises:
+        ValueError: the layer was captured without patterns.
+    """
+    p = batch.layers[layer].pattern
+    if p is None:
+        raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
+    return p
 
 
 def launch_bound(device: torch.device) -> bool:
@@ -171,6 +182,7 @@ def by_group(pattern: Tensor, groups: list[tuple[slice, int]],
         if out is None:
             out = pattern.new_zeros(pattern.shape[:4] + part.shape[4:])
         out[:, items, :, :pos] = part
+    assert out is not None  # length_groups gives a batch at least one group
     return out
 
 
@@ -284,7 +296,7 @@ class BatchReductions:
         """
         out = []
         for layers in stack_layers(self.batch):
-            patterns = [self.batch.layers[layer].pattern for layer in layers]
+            patterns = [_pattern_of(self.batch, layer) for layer in layers]
             out.append(StackReductions(patterns, self, layers=layers, heads=tuple(self.batch.layers[layers[0]].heads)))
         return out
 

@@ -13,7 +13,7 @@ Wang et al. 2022). The rules are written out in docs/analysis.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,8 +210,10 @@ def induction_scores(model: HeadedModel | nn.Module, tokenizer: Any = None, *, n
     return _probe("induction", induction_score, INDUCTION, model, tokenizer, n_seqs, length, seed)
 
 
-def _probe(name, score, threshold, model, tokenizer, n_seqs, length, seed) -> ProbeScores:
-    handle = _causal(given_tokenizer(model, tokenizer, f"{name}_scores", depth=2))  # a bidirectional model: refused first
+def _probe(name: str, score: Callable[[Tensor, int], Tensor], threshold: float, model: HeadedModel | nn.Module,
+           tokenizer: Any, n_seqs: int, length: int, seed: int) -> ProbeScores:
+    # a bidirectional model: refused first
+    handle = _causal(given_tokenizer(model, tokenizer, f"{name}_scores", depth=2))
     tokenizer = handle.tokenizer
     config = getattr(handle.model, "config", None)
     bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None

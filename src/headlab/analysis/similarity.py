@@ -178,7 +178,7 @@ class HeadSimilarity:
 
     def merge(self, other: HeadSimilarity) -> HeadSimilarity:
         """Fold another accumulator's sums into this one; returns self."""
-        if other.heads is None:
+        if other.heads is None or other.sums is None or other.counts is None:  # it has seen no batch
             return self
         self._check_heads(other.heads)
         self._add(other.sums, other.counts)
@@ -191,7 +191,7 @@ class HeadSimilarity:
         Raises:
             ValueError: nothing was accumulated.
         """
-        if self.heads is None or self.sums is None:
+        if self.heads is None or self.sums is None or self.counts is None:
             raise ValueError("HeadSimilarity has seen no batch")
         distances = np.divide(self.sums, self.counts, out=np.zeros_like(self.sums), where=self.counts > 0)
         return SimilarityResult(distances=distances, heads=list(self.heads), rows=int(self.counts.max()),
@@ -264,7 +264,7 @@ def mds(
     upper = np.triu_indices(n, 1)
     old = np.inf
     iterations = 0
-    for iterations in range(1, max_iter + 1):
+    for iterations in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
         d = _pairwise(X)
         raw = ((d - D)[upper] ** 2).sum()
         if old - raw < tol * max(old, 1e-300) and np.isfinite(old):

@@ -25,6 +25,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -136,12 +137,12 @@ class SinkShare(HeadSums):
     """
 
     def __init__(self, *, n_sink: int = CAUSAL_SINK_TOKENS, edges: Sequence[int] = DEFAULT_EDGES,
-                 W_O: Mapping[int, Tensor] | ValueProjections | None = None) -> None:  # noqa: N803
+                 W_O: Mapping[int, Tensor] | ValueProjections | None = None) -> None:
         super().__init__()
         if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 1:
             raise ValueError(f"n_sink={n_sink!r}; expected an int >= 1 (the sink positions)")
         edges = tuple(int(e) for e in edges)
-        if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        if not edges or edges[0] != 0 or any(b <= a for a, b in pairwise(edges)):
             raise ValueError(f"edges={edges}; expected increasing positions starting at 0")
         self.n_sink, self.edges = n_sink, edges
         self.projections = None if W_O is None else ValueProjections.of(W_O)
@@ -186,7 +187,7 @@ class SinkShare(HeadSums):
             shares = {"raw": (real[:, None, :], raw,
                               raw_held.expand(len(rows.layers), len(rows.heads), -1))}
             if self.projections is not None:
-                valid, share = self._weighted(batch, rows, s)
+                valid, share = self._weighted(batch, rows, s, self.projections)
                 shares["weighted"] = (valid, share, torch.einsum("lbhq,bqf->lhf", valid.double(), features))
             totals = {}
             for kind, (valid, share, held) in shares.items():
@@ -202,11 +203,12 @@ class SinkShare(HeadSums):
                         added[:, :n_bins], added[:, n_bins], added[:, n_bins + 1])
                 self._add(layer, rows.heads, sums, counts)
 
-    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int) -> tuple[Tensor, Tensor]:
+    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int,
+                  projections: ValueProjections) -> tuple[Tensor, Tensor]:
         """``(valid, share)`` of the value-weighted rows, ``(layer, batch, head, query)``: valid where the row's
         weighted total is > 0."""
         fix = "capture with take=('pattern', 'v') or pass W_O=None"
-        shared = value_reductions(batch, self.projections)  # the norms and totals ValueWeighted reads too
+        shared = value_reductions(batch, projections)  # the norms and totals ValueWeighted reads too
         total = shared.total(rows, fix=fix)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
         norms = shared.norms(rows, fix=fix)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
         # Σ_{j < s} α_ij n_j, of the patterns (layer, batch, head, query, key)
@@ -239,7 +241,8 @@ class SinkShare(HeadSums):
                 sx, sxx, sy, sxy = (float(sums[f"{kind}{k}"][i]) for k in ("_x", "_xx", "", "_xy"))
                 columns[f"{kind}_share"].append(sy / n if n else math.nan)
                 spread = n * sxx - sx * sx
-                columns[f"{kind}_growth"].append((n * sxy - sx * sy) / spread if n and spread > 1e-9 * n * n else math.nan)
+                columns[f"{kind}_growth"].append((n * sxy - sx * sy) / spread if n and spread > 1e-9 * n * n
+                                                 else math.nan)
                 c = held[f"{kind}_bins"][i]
                 bins[kind].append(torch.where(c > 0, sums[f"{kind}_bins"][i] / c.clamp_min(1.0), math.nan).numpy())
         columns["sink_head"] = [float(v >= threshold) for v in columns["raw_share"]]
@@ -256,10 +259,9 @@ def _sink_mass(pattern: Tensor, n_sink: int, weights: Tensor | None = None) -> T
     if launch_bound(pattern.device):
         sink = pattern[..., :n_sink]
         return (sink if weights is None else sink * weights).sum(-1)
-    total = None
-    for j in range(n_sink):
-        column = pattern[..., j] if weights is None else pattern[..., j] * weights[..., j]
-        total = column if total is None else total + column
+    total = pattern[..., 0] if weights is None else pattern[..., 0] * weights[..., 0]
+    for j in range(1, n_sink):
+        total = total + (pattern[..., j] if weights is None else pattern[..., j] * weights[..., j])
     return total
 
 
@@ -294,9 +296,10 @@ def plot_sink_share(result: SinkResult, path: str | os.PathLike[str], *, top: in
     labels = [result.bin_labels()[b] for b in filled]
     xs = np.arange(len(filled))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    lines = [("mean of all heads", None, "black")]
+    lines: list[tuple[str, int | None, Any]] = [("mean of all heads", None, "black")]  # name, row, colour
     colours = plt.get_cmap("tab10")
-    lines += [(f"{head_label(*h)}", result.heads.index(h), colours(k)) for k, h in enumerate(result.table.top("raw_share", top))]
+    lines += [(f"{head_label(*h)}", result.heads.index(h), colours(k))
+              for k, h in enumerate(result.table.top("raw_share", top))]
     for name, row, colour in lines:
         for values, style, kind in ((result.raw, "-", "raw"), (result.weighted, "--", "value-weighted")):
             if values is None:
@@ -306,7 +309,8 @@ def plot_sink_share(result: SinkResult, path: str | os.PathLike[str], *, top: in
                     label=f"{name}, {kind}" if row is None or kind == "raw" else None)
     ax.set_xticks(xs, labels, rotation=45, fontsize="small")
     ax.set_xlabel("query position")
-    ax.set_ylabel("share on the first position" if result.n_sink == 1 else f"share on the first {result.n_sink} positions")
+    ax.set_ylabel("share on the first position" if result.n_sink == 1
+                  else f"share on the first {result.n_sink} positions")
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", ncols=2)

@@ -227,7 +227,7 @@ class StreamingStats:
         real = batch["attention_mask"].bool()  # (batch, pos)
         offsets = np.cumsum([0, *self.n_heads])
         for w, window in enumerate(self.windows):
-            for layer, n in enumerate(self.n_heads):  # a layer's heads do not see each other's windows
+            for layer in range(len(self.n_heads)):  # a layer's heads do not see each other's windows
                 with windowed(self.model, {layer: None}, window=window, sinks=self.sinks):
                     zw = run_with_cache(self.model, batch, take="z", heads={layer: None})["z", layer]
                 z0 = z["z", layer]  # (batch, head, pos, d_head_v)
@@ -328,9 +328,9 @@ def has_logits(model: HeadedModel | nn.Module) -> bool:
         return getattr(model(input_ids=ids), "logits", None) is not None
 
 
-def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None, windows: Sequence[int] = (8, 16, 32, 64),
-                         sinks: int = 4, budget: float | None = None, length: int = 128, texts: int = 8,
-                         batch_size: int = 8) -> StreamingResult:
+def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None,
+                         windows: Sequence[int] = (8, 16, 32, 64), sinks: int = 4, budget: float | None = None,
+                         length: int = 128, texts: int = 8, batch_size: int = 8) -> StreamingResult:
     """Sweep W over every head, then convert the tolerant heads at each W and measure the conversion.
 
     Args:

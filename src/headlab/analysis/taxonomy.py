@@ -118,7 +118,7 @@ class TaxonomyStats(PerHeadMeans):
         kept = {name: weights[count][:, None] for name, count in _COUNT_OF.items() if count != "items"}
         near = block_uniform = None
         for rows in shared.stacks:
-            if near is None:  # once per batch, shared by every layer
+            if near is None or block_uniform is None:  # once per batch, shared by every layer
                 near, block_uniform = _near(shared), _block_uniform(shared, causal=self.causal)
             stats = _item_statistics(rows, near, block_uniform)
             totals = real_row_sums({name: stats[name] for name in kept}, kept)  # (layer, head) each

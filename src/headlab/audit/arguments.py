@@ -32,10 +32,11 @@ _PLAIN = (int, float, str, bool, list, tuple, dict, set, object, type(None))
 
 def _resolved(target: Callable[..., Any], namespace: dict[str, Any]) -> dict[str, Any]:
     """The parameters' annotations as objects (string annotations looked up in ``namespace``)."""
-    function = target.__init__ if isinstance(target, type) else target
+    # a class's __init__ is read for its annotations, not called: the checker's warning (unsound call) does not apply
+    function = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
     try:
         return typing.get_type_hints(function, globalns=namespace)
-    except Exception:  # an annotation that cannot be resolved: take the resolvable ones one by one
+    except Exception:  # noqa: BLE001 - a user's annotation may raise anything: take the resolvable ones one by one
         raw = getattr(function, "__annotations__", {})
         return {k: namespace.get(v, v) if isinstance(v, str) else v for k, v in raw.items()}
 

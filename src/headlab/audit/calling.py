@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -124,7 +125,7 @@ class Forward:
 
 
 def run_module(module: nn.Module, caller: Caller, query: Tensor, key: Tensor | None = None,
-               value: Tensor | None = None, *, override: Override | None = None, **options: object) -> Forward:
+               value: Tensor | None = None, *, override: Override | None = None, **options: Any) -> Forward:
     """Run ``module`` once inside an ``AttentionInterceptor``, following what depends on the inputs.
 
     Args:
@@ -260,7 +261,8 @@ def _wrong_arity(err: AuditError) -> bool:
     """The call itself did not fit the forward's parameters (a wrong convention, not a wrong width)."""
     cause = err.__cause__
     return isinstance(cause, TypeError) and any(
-        words in str(cause) for words in ("positional argument", "unexpected keyword argument", "keyword-only argument"))
+        words in str(cause)
+        for words in ("positional argument", "unexpected keyword argument", "keyword-only argument"))
 
 
 def _rank(err: AuditError) -> float:
@@ -320,6 +322,7 @@ def detect(module: nn.Module, *, widths: Sequence[int], convention: str | None =
                     return outcome
                 if best is None or _rank(outcome) > _rank(best):
                     best = outcome
+            assert best is not None  # each of the two tries gave an outcome
             failures.append((d_model, best))
     top = max(_rank(f) for _, f in failures)
     telling = [(d, f) for d, f in failures if _rank(f) == top]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from headlab.audit.structure import Reads, basis
 from headlab.layer import AttentionConfig, MultiHeadAttention
+from headlab.layer.projections import BilinearProjection, NarrowProjection
 
 __all__ = ["Recovered", "build_equivalent", "verify"]
 
@@ -85,7 +87,7 @@ def _value_basis(W_OV: Tensor, rtol: float) -> Tensor:
     return basis(W_OV.transpose(-1, -2).reshape(-1, W_OV.shape[-2]).T, rtol=rtol)
 
 
-def _layer(r: Recovered, *, d_head: int, d_head_v: int, **options: object) -> MultiHeadAttention:
+def _layer(r: Recovered, *, d_head: int, d_head_v: int, **options: Any) -> MultiHeadAttention:
     """A float64 layer at the recovered sizes, heads at least as wide as the maps need."""
     n_heads, d_model = r.W_QK.shape[0], r.W_QK.shape[1]
     config = AttentionConfig(d_model=d_model, n_heads=n_heads, d_head=max(r.d_head, d_head),
@@ -102,19 +104,21 @@ def _wide(r: Recovered) -> MultiHeadAttention:
     values = [basis(torch.cat([r.value_sides[h] for h in group], dim=1), rtol=r.rtol) for group in r.groups]
     layer = _layer(r, d_head=max(k.shape[1] for k in keys), d_head_v=max(v.shape[1] for v in values),
                    n_kv_heads=len(r.groups), kv_head_of=tuple(kv_head_of))
-    c, scale = layer.config, layer.config.softmax_scale
+    c, scale, b_Q = layer.config, layer.config.softmax_scale, layer.b_Q
+    assert b_Q is not None  # bias=True, the default
     for g, group in enumerate(r.groups):
         layer.W_K[g].copy_(_pad(keys[g], c.d_head))
         layer.W_V[g].copy_(_pad(values[g], c.d_head_v))
         for h in group:
             layer.W_Q[h].copy_(_pad(r.W_QK[h] @ keys[g] / scale, c.d_head))
-            layer.b_Q[h].copy_(_pad(keys[g].T @ r.w[h] / scale, c.d_head))
+            b_Q[h].copy_(_pad(keys[g].T @ r.w[h] / scale, c.d_head))
             layer.W_O[h].copy_(_pad((values[g].T @ r.W_OV[h]).T, c.d_head_v).T)
     return layer
 
 
 def _sliced(r: Recovered, *, shared: bool) -> MultiHeadAttention:
-    order = sorted(range(len(r.reads)), key=lambda h: r.reads[h].slice_index)  # layer head i = module head order[i]
+    # layer head i = module head order[i]; every head reads a slice here
+    order = sorted(range(len(r.reads)), key=lambda h: cast(int, r.reads[h].slice_index))
     blocks = [slice(r.reads[h].start, r.reads[h].stop) for h in order]
     qk = [r.W_QK[h][b, b] for h, b in zip(order, blocks)]
     w = [r.w[h][b] for h, b in zip(order, blocks)]
@@ -124,6 +128,7 @@ def _sliced(r: Recovered, *, shared: bool) -> MultiHeadAttention:
     layer = _layer(r, d_head=max(k.shape[1] for k in keys), d_head_v=max(v.shape[1] for v in values),
                    projection="shared" if shared else "narrow")
     p, c, scale = layer.projection, layer.config, layer.config.softmax_scale
+    assert isinstance(p, NarrowProjection) and p.q_bias is not None  # narrow or shared, with bias
     for i in range(len(order)):
         if i == 0 or not shared:  # a shared layer stores one matrix per role: the common block
             p.q_weight[i].copy_(_pad(qk[i] @ keys[i] / scale, c.d_head))
@@ -138,8 +143,10 @@ def _bilinear(r: Recovered) -> MultiHeadAttention:
     values = [basis(side, rtol=r.rtol) for side in r.value_sides]
     layer = _layer(r, d_head=1, d_head_v=max(v.shape[1] for v in values), projection="bilinear")
     c, scale = layer.config, layer.config.softmax_scale
-    layer.projection.qk_weight.copy_(r.W_QK / scale)
-    layer.projection.q_bias.copy_(r.w / scale)
+    p = layer.projection
+    assert isinstance(p, BilinearProjection) and p.q_bias is not None  # with bias
+    p.qk_weight.copy_(r.W_QK / scale)
+    p.q_bias.copy_(r.w / scale)
     for h, v in enumerate(values):
         layer.W_V[h].copy_(_pad(v, c.d_head_v))
         layer.W_O[h].copy_(_pad((v.T @ r.W_OV[h]).T, c.d_head_v).T)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -19,10 +20,17 @@ from headlab.audit.equivalence import Recovered, build_equivalent, verify
 from headlab.audit.errors import AuditError
 from headlab.audit.probes import Prober, QKForms, ValueMaps
 from headlab.audit.structure import (
-    Reads, basis, classify_reads, kv_groups, max_relative_difference, own_rows, read_dims, spectrum,
+    Reads,
+    basis,
+    classify_reads,
+    kv_groups,
+    max_relative_difference,
+    own_rows,
+    read_dims,
+    spectrum,
 )
 from headlab.audit.verdict import AuditResult, Equivalence, Evidence, ForwardOptions, HeadEvidence, Parameters
-from headlab.layer import AttentionConfig
+from headlab.layer import AttentionConfig, MultiHeadAttention
 from headlab.layer.accounting import count_parameters
 from headlab.layer.presets import preset_config
 
@@ -88,7 +96,7 @@ def _overall_reads(heads: list[tuple[Reads, Reads, Reads]]) -> str:
     kinds = {r.kind for triple in heads for r in triple}
     if kinds == {"wide"}:
         return "wide"
-    slices = [{r.slice_index for r in triple} for triple in heads]
+    slices = [{r.slice_index for r in triple if r.slice_index is not None} for triple in heads]
     if kinds == {"narrow"} and all(len(s) == 1 for s in slices) and len({min(s) for s in slices}) == len(heads):
         return "narrow"
     return "mixed"
@@ -147,12 +155,13 @@ def findings(module: nn.Module, m: Measured, prober: Prober) -> AuditResult:
     qk_scale = float(A.abs().max())
     qk_diff = [max_relative_difference(qk_own(h), qk_own(0), scale=qk_scale) for h in range(n_heads)]
     v_diff: list[float | None] = [None] * n_heads
+    shared_v = None  # values not shown
     if m.values.values is not None:
         v_scale = max(float(v.abs().max()) if v.numel() else 0.0 for v in m.values.values)
         v_own = [own_rows(v, reads[h][2]) for h, v in enumerate(m.values.values)]
-        v_diff = [max_relative_difference(v_own[h], v_own[0], scale=v_scale) for h in range(n_heads)]
+        shown = [max_relative_difference(v_own[h], v_own[0], scale=v_scale) for h in range(n_heads)]
+        v_diff, shared_v = list(shown), n_heads > 1 and all(d <= rtol for d in shown)
     shared_qk = n_heads > 1 and all(d <= rtol for d in qk_diff)
-    shared_v = None if m.values.values is None else n_heads > 1 and all(d <= rtol for d in v_diff)
     shared = shared_qk and shared_v is not False
 
     overall = _overall_reads(reads)
@@ -160,8 +169,10 @@ def findings(module: nn.Module, m: Measured, prober: Prober) -> AuditResult:
     causal = e.causal_earlier_change <= rtol * max(1.0, e.causal_last_change)
     linear_output = e.output_residual <= rtol
     d_head_v = max(1, m.values.value_width if m.values.value_width is not None else max(ov_ranks))
-    d_head_from = "call" if m.q_width is not None else "rank" if bilinear else "values"
-    d_head = max(1, {"call": m.q_width, "rank": max(qk_ranks), "values": d_head_v}[d_head_from])
+    if m.q_width is not None:
+        d_head_from, d_head = "call", max(1, m.q_width)
+    else:
+        d_head_from, d_head = ("rank", max(1, max(qk_ranks))) if bilinear else ("values", d_head_v)
     recovered = Recovered(W_QK=A, w=w, W_OV=OV, output_bias=m.output_bias, key_sides=key_sides,
                           value_sides=value_sides, groups=groups, reads=[r[0] for r in reads], causal=causal,
                           d_head=d_head, d_head_v=d_head_v, rtol=rtol)
@@ -189,7 +200,7 @@ def findings(module: nn.Module, m: Measured, prober: Prober) -> AuditResult:
 
 
 def _equivalent(variant: str, recovered: Recovered, prober: Prober, precision: Precision,
-                dtype: torch.dtype) -> tuple[Equivalence, nn.Module | None]:
+                dtype: torch.dtype) -> tuple[Equivalence, MultiHeadAttention | None]:
     try:
         layer = build_equivalent(variant, recovered).to(dtype)
     except (ValueError, RuntimeError) as exc:
@@ -208,8 +219,9 @@ def _equivalent(variant: str, recovered: Recovered, prober: Prober, precision: P
 def _parameters(module: nn.Module, d_model: int, n_heads: int, d_head: int, variant: str,
                 equivalence: Equivalence) -> Parameters:
     standard = AttentionConfig(d_model=d_model, n_heads=n_heads, d_head=None if d_model % n_heads == 0 else d_head)
-    if equivalence.verified:
-        matching = AttentionConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in equivalence.config.items()})
+    if equivalence.verified and equivalence.config is not None:  # a verified layer was built
+        fields: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in equivalence.config.items()}
+        matching = AttentionConfig(**fields)
     else:
         try:
             matching = preset_config(variant, d_model=d_model, n_heads=n_heads)

@@ -29,7 +29,7 @@ batch of one, the heads flattened in the order the module lays them out.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +117,7 @@ class Override:
             index of its head 0 (the steered calls' heads are numbered in the order computed).
     """
 
-    query_axes: dict[int, int | None]
+    query_axes: Mapping[int, int | None]
     replace: Callable[[Tensor, int], Tensor]
 
 
@@ -156,7 +156,8 @@ class AttentionInterceptor(TorchFunctionMode):
         self._tracked: list[Tensor] = []  # the last softmax pattern and its same-shape successors
         self._consumer_of: AttentionCall | None = None
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 — torch's protocol
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func in _SOFTMAX:
             return self._softmax(func, args, kwargs)
@@ -190,6 +191,7 @@ class AttentionInterceptor(TorchFunctionMode):
         if not any(t is p for t in tensors_in(args, kwargs) for p in self._tracked):
             return
         if func in _CONTRACTIONS:
+            assert self._consumer_of is not None  # set with the pattern it follows
             self._consumer_of.z = out.detach()
             self._tracked, self._consumer_of = [], None
         elif out.shape == self._tracked[0].shape:  # dropout, masked_fill, dtype casts, ...

@@ -94,17 +94,21 @@ class Lineage:
     def mark(self, t: Tensor, steps: frozenset[str] = frozenset()) -> None:
         """Record ``t`` as input-dependent with ``steps`` (the inputs themselves: none)."""
         key = id(t)
-        self._steps[key] = (weakref.ref(t, lambda _, key=key: self._steps.pop(key, None)), steps)
-        if t.is_floating_point() or t.is_complex():
-            if self.coarsest is None or torch.finfo(t.dtype).eps > torch.finfo(self.coarsest).eps:
-                self.coarsest = t.dtype
+
+        def forget(_: object, key: int = key) -> None:  # t was collected: its id may be reused
+            self._steps.pop(key, None)
+
+        self._steps[key] = (weakref.ref(t, forget), steps)
+        if (t.is_floating_point() or t.is_complex()) and (
+                self.coarsest is None or torch.finfo(t.dtype).eps > torch.finfo(self.coarsest).eps):
+            self.coarsest = t.dtype
 
     def steps(self, t: object) -> frozenset[str] | None:
         """The steps behind ``t``, or None when it does not depend on the inputs."""
         entry = self._steps.get(id(t)) if isinstance(t, Tensor) else None
         return entry[1] if entry is not None and entry[0]() is t else None
 
-    def steps_of(self, tensors: Iterable[Tensor]) -> frozenset[str]:
+    def steps_of(self, tensors: Iterable[object]) -> frozenset[str]:
         """The union of the steps behind the input-dependent ones among ``tensors``."""
         found = [self.steps(t) for t in tensors]
         return frozenset().union(*(s for s in found if s is not None))

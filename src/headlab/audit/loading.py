@@ -17,7 +17,7 @@ import importlib.util
 import itertools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -34,7 +34,8 @@ _NAMES = itertools.count()  # each load gets a fresh module name: two files call
 
 
 class LoadError(ValueError):
-    """The spec, the file, the class, the factory or the constructor arguments are not usable (the message says which)."""
+    """The spec, the file, the class, the factory or the constructor arguments are not usable (the message says
+    which)."""
 
 
 def parse_spec(spec: str) -> tuple[Path, str]:
@@ -82,7 +83,7 @@ def parse_init(text: str | None) -> dict[str, Any]:
 
 
 @contextmanager
-def _on_path(folder: Path):
+def _on_path(folder: Path) -> Iterator[None]:
     entry = str(folder.resolve())
     sys.path.insert(0, entry)
     try:
@@ -95,11 +96,14 @@ def _execute(path: Path, wanted: str) -> ModuleType:
     """Run ``path`` as a fresh private module, its folder on ``sys.path`` while it loads."""
     module_name = f"_headlab_audit_user_{next(_NAMES)}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:  # not a file Python knows how to load
+        raise LoadError(f"{path} cannot be loaded as a Python module")
+    loader = loader_spec.loader
     user = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = user  # dataclasses and pickling look modules up here
     try:
         with _on_path(path.parent):
-            loader_spec.loader.exec_module(user)
+            loader.exec_module(user)
     except SystemExit as exc:  # sys.exit() or exit() at top level: it must not end headlab in silence
         sys.modules.pop(module_name, None)
         raise AuditError("raised", f"{path} called sys.exit({exc.code!r}) while being imported; expected a file "

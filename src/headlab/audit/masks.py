@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -73,7 +74,7 @@ class MaskForm:
         axes = "(query_pos, key_pos)" if self.shape == "query×key" else "(batch, key_pos)"
         return f"{self.place} {axes}, {self.form}"
 
-    def options(self, hidden: Tensor, dtype: torch.dtype) -> dict[str, Tensor]:
+    def options(self, hidden: Tensor, dtype: torch.dtype) -> dict[str, Any]:
         """The call options hiding ``hidden`` ``(query_pos, key_pos)``; a ``(batch, key_pos)`` mask hides
         the keys hidden from every query."""
         if self.shape == "batch×key":
@@ -83,7 +84,8 @@ class MaskForm:
 
 
 def _candidates(convention: str) -> list[MaskForm]:
-    places: list[tuple[str | None, tuple[str, str]]] = [(None, ("query×key", "batch×key"))] if convention == "vkq" else []
+    places: list[tuple[str | None, tuple[str, str]]] = (
+        [(None, ("query×key", "batch×key"))] if convention == "vkq" else [])
     for keyword in MASK_KEYWORDS:
         by_key = "padding" in keyword or keyword == "attention_mask"
         places.append((keyword, ("batch×key", "query×key") if by_key else ("query×key", "batch×key")))
@@ -169,7 +171,7 @@ def causal_flag(prober: Prober, mask: MaskForm | None, *, rtol: float) -> Causal
                 if err.kind == "unsupported":
                     raise
                 continue
-            return _with_weights(prober, x, flag, options, mask.place if extra else None, rtol)
+            return _with_weights(prober, x, flag, options, mask.place if extra and mask is not None else None, rtol)
     return None
 
 
@@ -188,6 +190,7 @@ def _with_weights(prober: Prober, x: Tensor, flag: str, options: dict[str, objec
             continue
         if _tensors_returned(with_weights) > _tensors_returned(without):  # it really returns weights
             return CausalFlag(flag=flag, mask=mask, causal=_causal(prober, x, rtol, **options, **{keyword: False}),
-                              weights=keyword, causal_with_weights=_causal(prober, x, rtol, **options, **{keyword: True}))
+                              weights=keyword,
+                              causal_with_weights=_causal(prober, x, rtol, **options, **{keyword: True}))
     return CausalFlag(flag=flag, mask=mask, causal=_causal(prober, x, rtol, **options), weights=None,
                       causal_with_weights=None)

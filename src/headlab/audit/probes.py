@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -150,7 +150,7 @@ class Prober:
         return torch.zeros(length, self.d_model, dtype=self.dtype)
 
     def observe(self, x: Tensor, *, override: Callable[[Tensor, int], Tensor] | None = None,
-                **options: object) -> Observation:
+                **options: Any) -> Observation:
         """Run self-attention over ``x`` ``(pos, d_model)``, optionally replacing the canonical patterns.
 
         Args:
@@ -170,15 +170,15 @@ class Prober:
                              f"{n} positions of a probe, although it did over the detection inputs")
         layer = [calls[i] for i in self.indices]
         widths = {c.q_width for c in layer}
-        kv_heads = [c.kv_heads for c in layer]
+        kv_heads = [c.kv_heads for c in layer if c.kv_heads is not None]  # None where a call does not say
         return Observation(
             output=forward.output[0].to(self.dtype),
             calls=tuple((calls[i], self.query_axes[i], self.z_axes[i]) for i in self.indices), dtype=self.dtype,
             source=layer[0].source, q_width=widths.pop() if len(widths) == 1 else None,
-            kv_heads=None if None in kv_heads else sum(kv_heads),
+            kv_heads=sum(kv_heads) if len(kv_heads) == len(layer) else None,
             score_steps=frozenset().union(*(c.score_steps for c in layer)), output_steps=forward.output_steps)
 
-    def raw(self, x: Tensor, **options: object) -> object:
+    def raw(self, x: Tensor, **options: Any) -> object:
         """What the module returns for ``x`` ``(pos, d_model)`` with nothing intercepted.
 
         Args:
@@ -262,10 +262,11 @@ def qk_forms(prober: Prober) -> QKForms:
                 relative = rows[:, :, 1 : 1 + n_k] - rows[:, :, :1]  # s(e_a, e_b) − s(e_a, 0)
                 last = scores[:, 1 + n_k + n_q]  # the zero query
                 w_keys = last[:, 1 : 1 + n_k] - last[:, :1]  # s(0, e_b) − s(0, 0)
-                if W_QK is None:
+                if W_QK is None or w is None:
                     W_QK, w = scores.new_zeros(scores.shape[0], d, d), scores.new_zeros(scores.shape[0], d)
                 W_QK[:, queries, keys] = relative - w_keys[:, None, :]
                 w[:, keys] = w_keys
+        assert W_QK is not None and w is not None  # blocks is not empty
         return QKForms(W_QK=W_QK, w=w)
 
     forms = prober.in_blocks(probe)
@@ -319,7 +320,9 @@ def _steered(prober: Prober, blocks: list[slice], steer: Callable[[Tensor, int],
     """Over ``[0, e_block]`` per block with ``steer``: the outputs and z of every e_a relative to the zero
     input's, ``(d, d_model)`` and ``(d, n)``, and the zero input's z ``(n,)``; both z None when not shown."""
     eye, zero = prober.basis(), prober.zeros(1)
-    outputs, zs, z_zero = [], [], None
+    outputs: list[Tensor] = []
+    zs: list[Tensor] | None = []
+    z_zero: Tensor | None = None
     for block in blocks:
         seen = prober.observe(torch.cat([zero, eye[block]]), override=steer)
         outputs.append(seen.output[1:] - seen.output[:1])
@@ -344,7 +347,7 @@ def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
         return blocks, _steered(prober, blocks, _every_head)
 
     blocks, (output, z, z_zero) = prober.in_blocks(probe)
-    if z is None:
+    if z is None or z_zero is None:  # both None where z is not shown
         return None
     d, n = z.shape
     if n % n_heads or n > d:
@@ -355,7 +358,7 @@ def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
     diagonal = r.diagonal().abs()
     if n == 0 or float(diagonal.min()) <= torch.finfo(prober.dtype).eps * d * float(diagonal.max()):
         return None  # z does not determine a map to the output
-    W_O = torch.linalg.solve_triangular(r, q.T @ output, upper=True)  # (n, d_model)  # noqa: N806
+    W_O = torch.linalg.solve_triangular(r, q.T @ output, upper=True)  # (n, d_model)
     tolerance = torch.finfo(prober.dtype).eps ** 0.5 * max(float(output.abs().max()), 1.0)
     if float((z @ W_O - output).abs().max()) > tolerance:
         return None
@@ -380,11 +383,13 @@ def _values_at_once(prober: Prober, n_heads: int) -> ValueMaps | None:
 def _values_head_by_head(prober: Prober, n_heads: int) -> ValueMaps:
     """Every head's W_OV (and values, if shown) with one steered forward per head and block."""
     def probe(blocks: list[slice]) -> ValueMaps:
-        ov, values, width = [], [], None
+        ov: list[Tensor] = []
+        values: list[Tensor] | None = []
+        width: int | None = None
         for h in range(n_heads):
             output, relative, z_zero = _steered(prober, blocks, _only_head(h))
             ov.append(output)
-            if values is None or relative is None:
+            if values is None or relative is None or z_zero is None:  # relative and z_zero: both or neither
                 values = None
                 continue
             own = (relative != 0).any(dim=0) | (z_zero != 0)  # the other heads' entries are zero

@@ -141,6 +141,7 @@ def _prepare(module: nn.Module, widths: list[int], call: str | None, seed: int, 
             if err.kind == "unsupported":
                 raise
             failure = err
+    assert failure is not None  # each dtype raised
     raise failure
 
 

@@ -131,7 +131,8 @@ def spectrum(matrix: Tensor, *, rtol: float) -> Spectrum:
         if found.rank <= width:
             return found
         width *= 2
-    return _from_svd(*torch.linalg.svd(matrix, full_matrices=False), rtol)
+    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+    return _from_svd(u, s, vh, rtol)
 
 
 def basis(matrix: Tensor, *, rtol: float) -> Tensor:

@@ -40,7 +40,8 @@ def head_table(result: AuditResult) -> tuple[list[str], list[list[str]]]:
     rows = []
     for h in result.heads:
         rows.append([str(h.head), _reads_cell(h), str(h.qk_rank), str(h.ov_rank), str(h.kv_group),
-                     f"{h.qk_difference:.1e}", "not seen" if h.value_difference is None else f"{h.value_difference:.1e}"])
+                     f"{h.qk_difference:.1e}",
+                     "not seen" if h.value_difference is None else f"{h.value_difference:.1e}"])
     return headers, rows
 
 

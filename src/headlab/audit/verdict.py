@@ -415,7 +415,7 @@ def _verdict(r: AuditResult) -> list[str]:
     lines.append(f"{_n(p.module)} parameters, against {_n(p.standard)} for the standard layer with d_model "
                  f"{r.d_model} and {heads} and {_n(p.variant)} for headlab's {p.variant_name!r} variant")
     e = r.equivalent
-    if e.verified:
+    if e.verified and e.config is not None:  # a verified layer was built: its config is there
         lines.append(f"equivalent headlab layer: MultiHeadAttention({config_text(e.config)}) with the recovered "
                      f"weights reproduces its outputs (largest difference {e.max_abs_diff:.1e})")
     else:

@@ -16,7 +16,7 @@ included.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +58,13 @@ def bench_capture(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lamb
     from transformers import AutoModel
 
     from headlab.capture import (
-        capture, collate, load_corpus, naive_batches, padding_stats, plan_batches, tokenize_corpus,
+        capture,
+        collate,
+        load_corpus,
+        naive_batches,
+        padding_stats,
+        plan_batches,
+        tokenize_corpus,
     )
     texts = list(load_corpus().texts)[: plan.corpus_items]
     tokenizer, device = loaded.tokenizer, plan.device
@@ -168,7 +174,7 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
     n_sink = SinkShare.from_model(loaded, weighted=False).n_sink
     patterns, values = ("pattern",), ("pattern", "v")
     # name → (the consumers, what the capture takes)
-    consumers: dict[str, tuple[Callable[[], list[Any]], tuple[str, ...]]] = {
+    consumers: dict[str, tuple[Callable[[], Iterable[Any]], tuple[str, ...]]] = {
         "capture only": (lambda: [_Discard()], patterns),
         "surface statistics": (lambda: [SurfaceStats()], patterns),
         "taxonomy": (lambda: [TaxonomyStats()], patterns),
@@ -186,7 +192,7 @@ def bench_analysis(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lam
     consumers["all, as analyze runs them"] = (everything, everything.take)
     tokens: list[int] = []
 
-    def run(make: Callable[[], list[Any]], take: tuple[str, ...]) -> Callable[[], None]:
+    def run(make: Callable[[], Iterable[Any]], take: tuple[str, ...]) -> Callable[[], None]:
         def once() -> None:
             parts = make()
             tokens.append(capture(loaded, corpus=texts, consumers=parts, take=take, progress=False).tokens)
@@ -241,7 +247,7 @@ def _fixed_cost(loaded: Any, texts: Sequence[str], shortest: Sequence[str], accu
     return once
 
 
-def _results(consumers: Sequence[Any]) -> None:
+def _results(consumers: Iterable[Any]) -> None:
     """Each consumer's result, as ``analyze`` asks for it (an accumulator may leave work for then)."""
     for consumer in consumers:
         if hasattr(consumer, "result"):

@@ -100,7 +100,7 @@ def _cpu_model() -> tuple[str, str | None]:
         return name, cores
     physical = set()
     package = core = None
-    for line in text.splitlines() + [""]:
+    for line in [*text.splitlines(), ""]:
         key, _, value = (part.strip() for part in line.partition(":"))
         if key == "model name":
             name = value

@@ -11,6 +11,7 @@ the least work per token. Tokens/s is at batch 1.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from headlab.bench.plan import Plan
 from headlab.bench.records import Area, Comparison
 from headlab.bench.timing import time_interleaved
 from headlab.layer import AttentionConfig, MultiHeadAttention
+from headlab.layer.projections import WideProjection
 
 __all__ = ["bench_decode"]
 
@@ -61,6 +63,8 @@ def _decoders(plan: Plan, config: AttentionConfig) -> tuple[Callable[[], list[Te
     torch.manual_seed(0)
     layer = MultiHeadAttention(config).to(device=plan.device, dtype=plan.torch_dtype).eval()
     p = layer.projection
+    assert isinstance(p, WideProjection) and p.in_proj_weight is not None  # wide self-attention: one fused weight
+    in_proj_weight = p.in_proj_weight
     prompt = torch.randn(1, ctx, c.d_model, device=plan.device, dtype=plan.torch_dtype)
     tokens = torch.randn(1, steps, c.d_model, device=plan.device, dtype=plan.torch_dtype)
     cache = layer.new_kv_cache(batch_size=1, max_len=ctx + steps)
@@ -68,7 +72,7 @@ def _decoders(plan: Plan, config: AttentionConfig) -> tuple[Callable[[], list[Te
         layer(prompt, kv_cache=cache)
     keys, values = cache.keys.clone(), cache.values.clone()  # the context; positions ≥ ctx are overwritten
     sizes = [c.n_heads * c.d_head, c.n_kv_heads * c.d_head, c.n_kv_heads * c.d_head_v]
-    gqa = {"enable_gqa": True} if c.n_kv_heads != c.n_heads else {}
+    gqa: dict[str, Any] = {"enable_gqa": True} if c.n_kv_heads != c.n_heads else {}
 
     def headlab_decode() -> list[Tensor]:
         cache.length = ctx  # rewind: every call decodes the same positions
@@ -78,7 +82,7 @@ def _decoders(plan: Plan, config: AttentionConfig) -> tuple[Callable[[], list[Te
         out = []
         for i in range(steps):
             pos = ctx + i
-            q, k, v = F.linear(tokens[:, i : i + 1], p.in_proj_weight, p.in_proj_bias).split(sizes, dim=-1)
+            q, k, v = F.linear(tokens[:, i : i + 1], in_proj_weight, p.in_proj_bias).split(sizes, dim=-1)
             keys[:, :, pos] = k.view(1, c.n_kv_heads, c.d_head)
             values[:, :, pos] = v.view(1, c.n_kv_heads, c.d_head_v)
             z = F.scaled_dot_product_attention(q.view(1, 1, c.n_heads, c.d_head).transpose(1, 2),

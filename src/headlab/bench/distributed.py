@@ -91,17 +91,16 @@ def bench_distributed(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = 
     from headlab.analysis.analyze import AnalysisAccumulators
     from headlab.analysis.norms import out_projections
     from headlab.analysis.surface import is_causal
+    from headlab.bench.capture import _parses, model_name
     from headlab.capture import capture, load_corpus
     from headlab.capture.distributed import INSTALL, RayEngine
-
-    from headlab.bench.capture import _parses, model_name
 
     area = Area("distributed", "Ray: the corpus in shards on 2 workers vs 1", "Not run.")
     if plan.device != "cpu":
         area.notes.append("skipped: the Ray engine's workers run on CPU")
         return area
     try:
-        import ray  # noqa: F401  (only whether it imports)
+        import ray  # noqa: F401 - only whether it imports
     except ImportError:
         area.notes.append(f"skipped: Ray is not installed ({INSTALL})")
         return area

@@ -16,6 +16,7 @@ PyTorch does to show that head; where it alone takes more than the goal, a note 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -54,15 +55,15 @@ def bench_inspection(plan: Plan, *, tick: Callable[[str], None] = lambda _: None
         floor, floor_pattern = raw_floor(layer), raw_floor(layer, pattern_head=0)
         with torch.inference_mode():
             _check(case, layer, mha, floor_pattern, x)
-            t = time_interleaved({
-                "forward": lambda: layer(x),
-                "floor": lambda: floor(x),
-                "floor pattern": lambda: floor_pattern(x),
-                "one pattern": lambda: layer(x, return_pattern=[0]),
-                "all patterns": lambda: layer(x, return_pattern=True),
-                "head outputs": lambda: layer(x, return_result=True),
-                "mha weights": lambda: mha(x, x, x, need_weights=True),
-                "mha all weights": lambda: mha(x, x, x, need_weights=True, average_attn_weights=False),
+            t = time_interleaved({  # partial binds this case's x and floors now (a lambda reads them when called)
+                "forward": partial(layer, x),
+                "floor": partial(floor, x),
+                "floor pattern": partial(floor_pattern, x),
+                "one pattern": partial(layer, x, return_pattern=[0]),
+                "all patterns": partial(layer, x, return_pattern=True),
+                "head outputs": partial(layer, x, return_result=True),
+                "mha weights": partial(mha, x, x, x, need_weights=True),
+                "mha all weights": partial(mha, x, x, x, need_weights=True, average_attn_weights=False),
             }, rounds=plan.rounds, min_block_s=plan.min_block_s, device=plan.device)
         flops = layer_flops(layer.config, batch=batch, pos=pos)
         vs_forward = Comparison(case, "forward + one head's pattern", "headlab forward", t["one pattern"], t["forward"],

@@ -16,6 +16,8 @@ transformers models is measured in ``headlab.bench.models``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,7 @@ from headlab.bench.timing import time_interleaved
 from headlab.interop import from_torch
 from headlab.layer import AttentionConfig, MultiHeadAttention
 from headlab.layer.accounting import account
+from headlab.layer.projections import WideProjection
 
 __all__ = ["bench_layer", "bound_note", "case_name", "check_same", "layer_flops", "raw_floor", "standard_pair"]
 
@@ -46,7 +49,12 @@ def layer_flops(config: AttentionConfig, *, batch: int, pos: int) -> int:
     return batch * account(config, seq_len=pos).total_flops
 
 
-def raw_floor(layer: MultiHeadAttention, *, pattern_head: int | None = None) -> Callable[[Tensor], Tensor]:
+@overload
+def raw_floor(layer: MultiHeadAttention, *, pattern_head: None = None) -> Callable[[Tensor], Tensor]: ...
+@overload
+def raw_floor(layer: MultiHeadAttention, *, pattern_head: int) -> Callable[[Tensor], tuple[Tensor, Tensor]]: ...
+def raw_floor(layer: MultiHeadAttention, *,
+              pattern_head: int | None = None) -> Callable[[Tensor], Tensor | tuple[Tensor, Tensor]]:
     """Fused linear + ``scaled_dot_product_attention`` + linear, reading ``layer``'s (wide) weights.
 
     Args:
@@ -59,14 +67,15 @@ def raw_floor(layer: MultiHeadAttention, *, pattern_head: int | None = None) -> 
         ``forward(x) -> (output, pattern (batch, 1, pos, pos))``.
     """
     c, p = layer.config, layer.projection
-    if c.projection != "wide" or p.in_proj_weight is None:
+    if c.projection != "wide" or not isinstance(p, WideProjection) or p.in_proj_weight is None:
         raise ValueError(f"the raw floor reads fused wide weights; got projection={c.projection!r}")
+    in_proj_weight = p.in_proj_weight
     sizes = [c.n_heads * c.d_head, c.n_kv_heads * c.d_head, c.n_kv_heads * c.d_head_v]
-    gqa = {"enable_gqa": True} if c.n_kv_heads != c.n_heads else {}
+    gqa: dict[str, Any] = {"enable_gqa": True} if c.n_kv_heads != c.n_heads else {}
 
     def forward(x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         batch, pos, _ = x.shape
-        q, k, v = F.linear(x, p.in_proj_weight, p.in_proj_bias).split(sizes, dim=-1)
+        q, k, v = F.linear(x, in_proj_weight, p.in_proj_bias).split(sizes, dim=-1)
         q = q.view(batch, pos, c.n_heads, c.d_head).transpose(1, 2)  # (batch, n_heads, pos, d_head)
         k = k.view(batch, pos, c.n_kv_heads, c.d_head).transpose(1, 2)  # (batch, n_kv_heads, pos, d_head)
         v = v.view(batch, pos, c.n_kv_heads, c.d_head_v).transpose(1, 2)
@@ -152,7 +161,7 @@ def bench_layer(plan: Plan, *, tick: Callable[[str], None] = lambda _: None) -> 
         x = torch.randn(batch, pos, plan.d_model, device=plan.device, dtype=plan.torch_dtype)
         with torch.inference_mode():
             check_same(case, {"headlab": grouped(x), "raw floor": floor(x)}, plan.torch_dtype)
-            t = time_interleaved({"headlab": lambda: grouped(x), "floor": lambda: floor(x)},
+            t = time_interleaved({"headlab": partial(grouped, x), "floor": partial(floor, x)},
                                  rounds=plan.rounds, min_block_s=plan.min_block_s, device=plan.device)
         label = "multi-query" if n_kv == 1 else "grouped-query"
         area.rows.append(Comparison(case, f"headlab {label} forward", f"raw {label} floor (SDPA enable_gqa)",

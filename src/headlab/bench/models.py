@@ -76,11 +76,12 @@ def running(model: nn.Module, implementation: str) -> Iterator[nn.Module]:
     headlab's attention is selected again afterwards (its sites stay in place, unused meanwhile)."""
     from headlab.models.interface import IMPLEMENTATION
 
-    model.set_attn_implementation(implementation)
+    transformers_model: Any = model
+    transformers_model.set_attn_implementation(implementation)
     try:
         yield model
     finally:
-        model.set_attn_implementation(IMPLEMENTATION)
+        transformers_model.set_attn_implementation(IMPLEMENTATION)
 
 
 def bench_models(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambda _: None) -> Area:

@@ -20,7 +20,7 @@ embedding matrix, as a language model with tied embeddings (GPT-2, many small Ll
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ def tied_logit_difference(model: nn.Module, answer: int, wrong: int) -> Callable
     Returns:
         ``metric(output) -> scalar``, differentiable.
     """
-    weight = model.get_input_embeddings().weight
+    weight = cast(Any, model).get_input_embeddings().weight  # a transformers model
     direction = (weight[answer] - weight[wrong]).detach()  # (d_model,)
 
     def metric(output: Any) -> Tensor:

@@ -64,7 +64,7 @@ def bench_pruning(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lamb
             except AssertionError as err:
                 raise RuntimeError(f"pruned and masked models disagree: {err}") from None
 
-        def run(model: torch.nn.Module) -> Callable[[], None]:
+        def run(model: torch.nn.Module) -> Callable[[], object]:
             return lambda: [model(**b) for b in batches]
 
         t = time_interleaved({"plain": run(plain), "full": run(loaded.model), "masked": run(masked),

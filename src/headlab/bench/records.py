@@ -85,7 +85,8 @@ class Comparison:
         if self.goal is not None:
             checks.append(self.ratio <= self.goal)
         if self.ceiling_goal is not None and ceiling_flops_per_s is not None:
-            checks.append(self.fraction_of_ceiling(ceiling_flops_per_s) >= self.ceiling_goal)
+            fraction = self.fraction_of_ceiling(ceiling_flops_per_s)
+            checks.append(fraction is not None and fraction >= self.ceiling_goal)  # no FLOPs: not met
         return all(checks) if checks else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,7 +179,7 @@ class SuiteResult:
     def goals(self) -> list[tuple[str, Comparison, bool]]:
         """``(area name, row, met)`` for every row that has a goal."""
         ceiling = self.ceilings.matmul_flops_per_s
-        return [(a.name, r, r.met(ceiling)) for a in self.areas for r in a.rows if r.met(ceiling) is not None]
+        return [(a.name, r, met) for a in self.areas for r in a.rows if (met := r.met(ceiling)) is not None]
 
     def to_dict(self) -> dict[str, Any]:
         """Returns: the whole run as one JSON-ready document (``headlab bench --json``)."""

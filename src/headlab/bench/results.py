@@ -60,9 +60,10 @@ def noise_note(area: Area) -> str | None:
 
 
 def _rate(row: Comparison, ceiling: float) -> str:
-    if row.flops is not None:
+    rate = row.flops_per_s()  # None without a FLOP count
+    if rate is not None:
         fraction = row.fraction_of_ceiling(ceiling)
-        return f"{row.flops_per_s() / 1e9:,.1f} GFLOP/s ({fraction:.0%} of ceiling)"
+        return f"{rate / 1e9:,.1f} GFLOP/s ({fraction:.0%} of ceiling)"
     if row.tokens is not None:
         return f"{row.tokens_per_s():,.0f} vs {row.tokens_per_s('peer'):,.0f} tokens/s"
     return ""
@@ -133,8 +134,8 @@ def _run_markdown(result: SuiteResult) -> list[str]:
     goals = result.goals()
     missed = [(area, row) for area, row, met in goals if not met]
     lines += ["", f"Goals: {len(goals) - len(missed)} of {len(goals)} met."]
-    for area, row in missed:
-        lines.append(f"- missed ({area}): {row.contender} vs {row.peer}, {row.case}: ratio {row.ratio:.3f} "
+    for area_name, row in missed:
+        lines.append(f"- missed ({area_name}): {row.contender} vs {row.peer}, {row.case}: ratio {row.ratio:.3f} "
                      f"(goal {_goal(row)})")
     failed = result.failed()
     if failed:
@@ -167,7 +168,7 @@ def to_markdown(runs: dict[str, SuiteResult]) -> str:
              "contender is faster.", ""]
     for device in DEVICES:
         if device in runs:
-            lines += _run_markdown(runs[device]) + [""]
+            lines += [*_run_markdown(runs[device]), ""]
             continue
         lines += [f"## {DEVICES[device]}", ""]
         other = [r for r in runs.values() if r.plan.device != device]

@@ -15,6 +15,8 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -105,13 +107,13 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
         areas = []
         for name, title, bench in _OWN_AREAS:
             bar.advance()
-            areas.append(_timed(name, title, lambda: bench(plan, tick=bar.tick)))
+            areas.append(_timed(name, title, partial(bench, plan, tick=bar.tick)))
         for name, title, bench_model in _MODEL_AREAS:
             bar.advance()
             if loaded is None:
                 areas.append(Area(name, title, "Not run.", notes=[f"skipped: {reason}"]))
             else:
-                areas.append(_timed(name, title, lambda: bench_model(plan, loaded, tick=bar.tick)))
+                areas.append(_timed(name, title, partial(bench_model, plan, loaded, tick=bar.tick)))
         bar.advance()
     if hasattr(os, "getloadavg"):
         machine["load average at end (1, 5, 15 min)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -129,7 +131,7 @@ def _timed(name: str, title: str, run: Callable[[], Area]) -> Area:
     start = time.perf_counter()
     try:
         area = run()
-    except Exception as err:  # noqa: BLE001 (recorded on the area and reported, never dropped)
+    except Exception as err:  # noqa: BLE001 - recorded on the area and reported (exit status 1), never dropped
         traceback.print_exc()
         area = Area(name, title, "Not run to the end.", error=f"{type(err).__name__}: {err}")
     area.seconds = time.perf_counter() - start
@@ -177,6 +179,7 @@ class _Bar:
         if self.enabled:
             self.bar.advance(self.task)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if self.enabled:
-            self.bar.__exit__(*exc)
+            self.bar.__exit__(kind, error, traceback)

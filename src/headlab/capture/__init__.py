@@ -15,16 +15,21 @@ selected heads' tensors handed to consumers).
 """
 
 from headlab.capture.batch import CaptureBatch, LayerCapture, collate
-from headlab.capture.cache import Cache, run_with_cache
 from headlab.capture.batching import PaddingStats, batch_cost, length_groups, naive_batches, padding_stats, plan_batches
+from headlab.capture.cache import Cache, run_with_cache
 from headlab.capture.corpus import Corpus, load_corpus
-from headlab.capture.distributed import RayEngine, Shard, ShardError, ShardedCapture, plan_shards, sharded_capture
+from headlab.capture.distributed import RayEngine, Shard, ShardedCapture, ShardError, plan_shards, sharded_capture
 from headlab.capture.encoding import TokenizedCorpus, tokenize_corpus
 from headlab.capture.means import MeanZ, mean_z
 from headlab.capture.run import CaptureResult, Consumer, TruncationWarning, capture, model_max_length
 from headlab.capture.taps import tapped
 from headlab.capture.words import (
-    WordMap, batch_word_ids_from_spans, pattern_to_words, unit_labels, whitespace_spans, word_ids_from_spans,
+    WordMap,
+    batch_word_ids_from_spans,
+    pattern_to_words,
+    unit_labels,
+    whitespace_spans,
+    word_ids_from_spans,
     word_units,
 )
 

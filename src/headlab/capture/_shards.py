@@ -30,6 +30,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -103,7 +104,7 @@ def plan_shards(lengths: Sequence[int], *, shards: int, batch_tokens: int | None
     return [Shard(index=k, count=n, items=tuple(sorted(i for b in batches[lo:hi] for i in b)), first_batch=lo,
                   batches=hi - lo, tokens=sum(lengths[i] for b in batches[lo:hi] for i in b),
                   padded_tokens=sum(padded[lo:hi]))
-            for k, (lo, hi) in enumerate(zip(cuts, cuts[1:]))]
+            for k, (lo, hi) in enumerate(pairwise(cuts))]
 
 
 @dataclass(frozen=True)
@@ -220,11 +221,13 @@ class ShardWorker:
 
     def _factory(self, ref: Any) -> Callable[[Any], Iterable[Any]]:
         """The consumer factory behind ``ref``, unpacked on its first shard and kept for the rest of its run."""
-        if self._factory_ref != ref.hex():
+        factory = self._factory_of_run
+        if self._factory_ref != ref.hex() or factory is None:  # both are set together
             import ray
 
-            self._factory_ref, self._factory_of_run = ref.hex(), unpack(ray.get(ref))
-        return self._factory_of_run
+            factory = unpack(ray.get(ref))
+            self._factory_ref, self._factory_of_run = ref.hex(), factory
+        return factory
 
     def loaded(self) -> Any:
         """The model, loaded on first use (a bad source fails the call that needs it, with the loader's error)."""

@@ -149,12 +149,11 @@ def collate(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch
 
     corpus_indices = np.asarray(indices, dtype=np.int64)
     truncated = np.array([tokenized.full_lengths[i] > tokenized.lengths[i] for i in indices], dtype=bool)
-    input_ids, attention_mask, lengths, offsets, word_ids, corpus_indices = _moved(
-        (input_ids, attention_mask, lengths, offsets, word_ids, corpus_indices), device)
-    special, truncated = _moved((special, truncated), device)
+    integers = _moved((input_ids, attention_mask, lengths, offsets, word_ids, corpus_indices), device)
+    flags = _moved((special, truncated), device)
     return CaptureBatch(
-        input_ids=input_ids, attention_mask=attention_mask, lengths=lengths, offsets=offsets, word_ids=word_ids,
-        special_tokens_mask=special, corpus_indices=corpus_indices, truncated=truncated,
+        input_ids=integers[0], attention_mask=integers[1], lengths=integers[2], offsets=integers[3],
+        word_ids=integers[4], special_tokens_mask=flags[0], corpus_indices=integers[5], truncated=flags[1],
         texts=[tokenized.texts[i] for i in indices], tokens=[list(e.tokens) for e in encodings],
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -44,7 +45,11 @@ GROUP_COST = 128 * 128
 GPU_GROUP_COST = 1 << 22
 
 
-def batch_cost(items: int, pos: int) -> int:
+@overload
+def batch_cost(items: int, pos: int) -> int: ...
+@overload
+def batch_cost(items: np.ndarray, pos: int) -> np.ndarray: ...
+def batch_cost(items: int | np.ndarray, pos: int) -> int | np.ndarray:
     """A batch's cost in the forward's cost model, in units of ``1 / POS_WEIGHT`` token:
     ``items · pos · (POS_WEIGHT + pos) + BATCH_COST · POS_WEIGHT`` (an int, so plans compare exactly;
     ``items`` may be a numpy array of counts, one cost each)."""

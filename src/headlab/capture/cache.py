@@ -16,7 +16,7 @@ k, v ``(batch, head, key_pos, d_head | d_head_v)``. ``head`` runs over a layer's
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,7 @@ class Cache:
 
     def __contains__(self, key: object) -> bool:
         try:
-            self[key]  # type: ignore[index]
+            self[key]  # type: ignore[index]  # any object may be asked about: a wrong key raises, caught below
         except (KeyError, TypeError):
             return False
         return True

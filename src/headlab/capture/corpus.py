@@ -18,7 +18,7 @@ __all__ = ["MAX_ITEM_CHARS", "Corpus", "ShortCorpus", "load_corpus", "read_text_
 MAX_ITEM_CHARS = 1_000_000
 
 
-class ShortCorpus(ValueError):
+class ShortCorpus(ValueError):  # noqa: N818 - a public name, kept; callers catch it as a ValueError
     """The corpus holds too few tokens for what was asked of it (the message says how many it has and
     needs); a caller that runs several parts skips the one that raised it and says why."""
 

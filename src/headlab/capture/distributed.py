@@ -49,15 +49,16 @@ corpus indices) and carries the worker's exception. No shard is ever dropped.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from headlab.capture._shards import Shard, merges_itself, pack, plan_shards, unpack
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.run import CaptureResult, Consumer, RateProgress, warn_truncated
-from headlab.capture._shards import Shard, merges_itself, pack, plan_shards, unpack
 from headlab.capture.taps import renamed_take
 from headlab.layer.selection import HeadSelection, resolve
 
@@ -294,6 +295,7 @@ class RayEngine:
                     done += 1
                 tokens = sum(cut[j].tokens for j in outputs) + sum(r.shard.tokens for r in reports)
                 bar.advance(tokens / (time.perf_counter() - start))
+        assert first is not None  # every shard ran: the corpus is not empty
         result = CaptureResult(
             items=len(corpus), tokens=sum(plan.lengths), padded_tokens=sum(s.padded_tokens for s in cut),
             batches=sum(s.batches for s in cut), truncated=list(plan.truncated), max_length=plan.max_length,
@@ -308,7 +310,8 @@ class RayEngine:
         except self.ray.exceptions.RayTaskError as err:
             cause = err.cause
             if isinstance(cause, Exception):
-                cause.add_note(f"(raised on a Ray worker loading the model {self.source or 'packaged MiniLM'!r})")
+                if sys.version_info >= (3, 11):  # add_note is 3.11's: on 3.10 the cause goes up without it
+                    cause.add_note(f"(raised on a Ray worker loading the model {self.source or 'packaged MiniLM'!r})")
                 raise cause from None
             raise
 

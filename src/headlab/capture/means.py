@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from torch import nn
+from torch import Tensor, nn
 
 from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import capture
@@ -70,6 +67,6 @@ def mean_z(model: HeadedModel | nn.Module, corpus: Any = None, *, heads: HeadSel
     """
     accumulator = MeanZ()
     layers = headed(model).heads(heads)
-    capture(model, corpus=corpus, heads={layer: None for layer in layers}, take=("z",), consumers=[accumulator],
+    capture(model, corpus=corpus, heads=dict.fromkeys(layers), take=("z",), consumers=[accumulator],
             **capture_options)
     return accumulator.result()

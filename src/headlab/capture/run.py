@@ -12,6 +12,7 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -247,6 +248,7 @@ class RateProgress:
         if self.enabled:
             self.bar.update(self.task, advance=1, rate=f"{tokens_per_second:,.0f} tokens/s")
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if self.enabled:
-            self.bar.__exit__(*exc)
+            self.bar.__exit__(kind, error, traceback)

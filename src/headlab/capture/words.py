@@ -373,21 +373,21 @@ def batch_word_ids_from_spans(
         if given is not None and len(given) != n_items:
             raise ValueError(f"{name} has {len(given)} entries for a batch of {n_items} items")
     # numpy, not torch: a few thousand pieces per batch, where torch's per-call cost would dominate
-    lengths = np.asarray(lengths, dtype=np.int64)
-    real = np.arange(pos)[None, :] < lengths[:, None]  # (batch, pos)
-    item = np.repeat(np.arange(n_items), lengths)  # each real piece's item
-    offsets = offsets.cpu().numpy().reshape(n_items, pos, 2)
+    counted = np.asarray(lengths, dtype=np.int64)
+    real = np.arange(pos)[None, :] < counted[:, None]  # (batch, pos)
+    item = np.repeat(np.arange(n_items), counted)  # each real piece's item
+    spanned = offsets.cpu().numpy().reshape(n_items, pos, 2)
     counts = np.array([len(s) for s in spans], dtype=np.int64)
     bounds = np.asarray([span for item_spans in spans for span in item_spans], dtype=np.int64).reshape(-1, 2)
     if texts is not None:
         sizes = np.array([len(t) for t in texts], dtype=np.int64)
     else:  # the item's characters reach as far as its pieces and its words
-        ends = np.where(real, offsets[..., 1], 0).max(-1, initial=0)
+        ends = np.where(real, spanned[..., 1], 0).max(-1, initial=0)
         last = np.zeros(n_items, dtype=np.int64)
         np.maximum.at(last, np.repeat(np.arange(n_items), counts), bounds[:, 1])
         sizes = np.maximum(ends, last)
     shift = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]])  # where each item's characters start
-    pieces = offsets[real] + shift[item][:, None]
+    pieces = spanned[real] + shift[item][:, None]
     bounds = bounds + np.repeat(shift, counts)[:, None]
     first_word = np.cumsum(counts) - counts  # each item's first word among every item's
     start, blank = pieces[:, 0], np.zeros(len(pieces), dtype=bool)
@@ -411,7 +411,7 @@ def batch_word_ids_from_spans(
     out = np.full((n_items, pos), -1, dtype=np.int64)
     out[real] = np.where(special, -1, word_ids)
     positions = np.nonzero(real)[1]
-    orphans = [[] for _ in range(n_items)]
+    orphans: list[list[int]] = [[] for _ in range(n_items)]
     for i, position in zip(item[orphan].tolist(), positions[orphan].tolist()):
         orphans[i].append(position)
     return torch.from_numpy(out).to(special_tokens_mask.device), orphans

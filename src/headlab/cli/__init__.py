@@ -15,9 +15,9 @@ from typing import Annotated
 import typer
 
 from headlab.cli import analyze as _analyze
+from headlab.cli import audit as _audit
 from headlab.cli import bench as _bench
 from headlab.cli import experiment as _experiment
-from headlab.cli import audit as _audit
 from headlab.cli import params as _params
 from headlab.cli import patch as _patch
 from headlab.cli import report as _report

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 
 def analyze(
-    model: Annotated[str | None, typer.Argument(help="Checkpoint directory or hub id; default: the packaged MiniLM.")] = None,
-    text: Annotated[Path | None, typer.Option("--text", help="Corpus file, one item per line; default: bundled.")] = None,
+    model: Annotated[str | None, typer.Argument(
+        help="Checkpoint directory or hub id; default: the packaged MiniLM.")] = None,
+    text: Annotated[Path | None, typer.Option(
+        "--text", help="Corpus file, one item per line; default: bundled.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for heads.json/.csv, relations.csv, plots; replaced as "
                                                     "a whole, so new, empty, or an earlier analysis.")] = Path(
         "analysis"),
@@ -115,7 +117,12 @@ def _tables(result: AnalysisResult, class_shares: dict[str, float]) -> list[Disp
     classes, dependency relations, the sink heads (raw vs value-weighted attention), the retrieval heads, and the
     streaming conversions per window."""
     from headlab.report.tables import (
-        classes_table, relations_table, retrieval_table, roles_table, sinks_table, streaming_table,
+        classes_table,
+        relations_table,
+        retrieval_table,
+        roles_table,
+        sinks_table,
+        streaming_table,
     )
 
     tables = [roles_table(result.roles), classes_table(class_shares)]

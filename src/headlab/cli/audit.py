@@ -10,12 +10,15 @@ also gets a JSON error object. The JSON documents are described in docs/audit.md
 from __future__ import annotations
 
 import re
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from headlab.cli.errors import fail
 from headlab.cli.options import check_seed
+
+if TYPE_CHECKING:
+    from headlab.audit import AuditResult
 
 _CALLS = ("self", "qkv", "vkq")
 MAX_D_MODEL = 65_536  # wider than any published model: a larger --d-model is a typo, and the probes would not fit
@@ -78,7 +81,8 @@ def audit(
 
     import torch
 
-    from headlab.audit import AuditError, LoadError, audit as run_audit, load_module
+    from headlab.audit import AuditError, LoadError, load_module
+    from headlab.audit import audit as run_audit
     from headlab.audit.loading import parse_factory, parse_init, parse_spec
 
     try:
@@ -123,7 +127,7 @@ def audit(
               "that returns", 1, as_json)
     except ValueError as exc:  # d_model could not be inferred
         _stop("bad-argument", f"Invalid value for --d-model: {exc}", 2, as_json)
-    except Exception as exc:  # a bug in headlab: still one line, never a traceback
+    except Exception as exc:  # noqa: BLE001 - a bug in headlab: still one line, never a traceback
         _stop("internal", f"the audit stopped on {type(exc).__name__}: {exc}; this is a bug in headlab, please "
               f"report it with the module audited ({target})", 1, as_json)
 
@@ -138,7 +142,7 @@ def audit(
 _NUMBER = re.compile(r"[-+\[(]*\d[\d.,:e+\-\])]*")  # 1.2e-03, 16,640, [24:32): never broken across lines
 
 
-def _print(result: object, target: str) -> None:
+def _print(result: AuditResult, target: str) -> None:
     """The verdict lines, then the evidence tables; a column is never narrower than its longest number."""
     from rich.console import Console
     from rich.markup import escape

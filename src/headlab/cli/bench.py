@@ -98,7 +98,7 @@ def bench(
                                                    device=device)
     with nullcontext() if out is None else staged_files(out.parent, shown=out) as work:
         result = run_suite(device=device, quick=quick, progress=True, command=command, model=loaded)
-        if work is not None:
+        if work is not None and out is not None:  # staged where out is given
             if json_path(out).exists():  # write_results keeps the other device's run from the JSON beside it
                 shutil.copyfile(json_path(out), work / json_path(out).name)
             write_results(result, work / out.name)

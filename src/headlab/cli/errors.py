@@ -9,7 +9,7 @@ go through :class:`Commands`, the app's group, which prints them the same way.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 __all__ = ["INPUT_ERRORS", "Commands", "fail", "interrupted"]
 
 # click's UsageError, the base of typer.BadParameter: recent typers vendor click and do not export it.
-_UsageError = typer.BadParameter.__mro__[1]
+_UsageError: Any = typer.BadParameter.__mro__[1]
 
 # What the library raises for input it cannot use (a corpus, a checkpoint, a selection): caught by
 # the commands around their library calls and printed by `fail`. FileNotFoundError and
@@ -67,7 +67,8 @@ class Commands(TyperGroup):
     here it is ``error: <click's message> (see 'headlab CMD --help')``, with click's exit status.
     """
 
-    def invoke(self, ctx: typer.Context) -> object:
+    # click's Command.invoke takes click's Context (the override's ignore); typer hands its group a typer.Context
+    def invoke(self, ctx: typer.Context) -> object:  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except _UsageError as err:

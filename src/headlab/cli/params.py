@@ -68,7 +68,8 @@ def params(
     from headlab.layer.accounting import sweep
     from headlab.report.sections.params import explain_sweep
 
-    head_list, names = int_list(n_heads, option="--n-heads", minimum=1, example=DEFAULT_HEADS), _parse_variants(variants)
+    head_list = int_list(n_heads, option="--n-heads", minimum=1, example=DEFAULT_HEADS)
+    names = _parse_variants(variants)
     try:
         result = sweep(d_model=d_model, n_heads=head_list, variants=names, seq_len=seq)
     except ValueError as exc:

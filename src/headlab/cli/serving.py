@@ -20,7 +20,8 @@ def serve_until_interrupted(path: Path, *, port: int, console: Console) -> None:
     from headlab.report.viewer.serve import serve
 
     try:
-        serve(path, port=port, announce=lambda url: console.print(f"serving {escape(url)} (this machine only; Ctrl-C stops)"))
+        serve(path, port=port,
+              announce=lambda url: console.print(f"serving {escape(url)} (this machine only; Ctrl-C stops)"))
     except OSError as err:
         console.print(f"[red]error:[/red] cannot serve on 127.0.0.1:{port}: {escape(str(err))}")
         raise typer.Exit(code=2) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -111,7 +111,7 @@ def view(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TruncationWarning)  # printed below, and shown in the page
-                limit = {} if flow_max_length is None else {"flow_max_length": flow_max_length}
+                limit: dict[str, Any] = {} if flow_max_length is None else {"flow_max_length": flow_max_length}
                 data = view_data(loaded, text, heads=selection, progress=False, **limit)
         except INPUT_ERRORS as err:
             fail(str(err))

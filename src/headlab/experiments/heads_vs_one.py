@@ -35,6 +35,7 @@ from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
 from headlab.layer import AttentionConfig, MultiHeadAttention
+from headlab.layer.projections import WideProjection
 
 __all__ = ["KINDS", "HeadsVsOneResult", "ScalePoint", "plot_heads_vs_one", "run_heads_vs_one", "views"]
 
@@ -44,6 +45,13 @@ LOG10_SCALES = (-8.0, 4.0)  # α from 1e-8 to 1e4
 POINTS, QUICK_POINTS = 49, 25
 COINCIDE = 1e-6  # relative output difference below which the views coincide
 THREAD_001_HEADS = (1, 2, 4, 8, 16)
+
+
+def _fused_weight(layer: MultiHeadAttention) -> Tensor:
+    """A wide self-attention layer's fused ``in_proj_weight`` (its inputs have one width)."""
+    projection = layer.projection
+    assert isinstance(projection, WideProjection) and projection.in_proj_weight is not None
+    return projection.in_proj_weight
 
 
 def views(weights: Tensor, n_heads: tuple[int, ...], *, scale: str = "sqrt") -> list[MultiHeadAttention]:
@@ -70,7 +78,7 @@ def views(weights: Tensor, n_heads: tuple[int, ...], *, scale: str = "sqrt") -> 
                                  scale=None if scale == "sqrt" else 1.0 / d_head)
         layer = MultiHeadAttention(config).to(weights.dtype)
         with torch.no_grad():
-            layer.projection.in_proj_weight.copy_(weights)
+            _fused_weight(layer).copy_(weights)
             layer.projection.out_proj.weight.copy_(torch.eye(d_model, dtype=weights.dtype))
         layers.append(layer)
     return layers
@@ -117,9 +125,12 @@ class ScalePoint:
 def _point(multi: MultiHeadAttention, single: MultiHeadAttention, weights: Tensor, x: Tensor, g: Tensor,
            alpha: float) -> ScalePoint:
     """Load ``weights`` with W_Q scaled by ``alpha`` into both views and compare them."""
-    outs, grads, top, argmax = [], [], [], []
+    outs: list[Tensor] = []
+    grads: list[Tensor] = []
+    top: list[Any] = []
+    argmax: list[Any] = []
     for layer in (multi, single):
-        w = layer.projection.in_proj_weight
+        w = _fused_weight(layer)
         with torch.no_grad():
             w.copy_(weights)
             w[:D_MODEL] *= alpha
@@ -127,6 +138,7 @@ def _point(multi: MultiHeadAttention, single: MultiHeadAttention, weights: Tenso
         out = layer(x, return_pattern=True)
         (out.output * g).sum().backward()
         outs.append(out.output.detach())
+        assert w.grad is not None  # the backward above filled it
         grads.append(w.grad)
         top.append(float(out.pattern.detach().max(-1).values.mean()))
         argmax.append(out.pattern.detach().argmax(-1))  # (batch, head, query_pos)
@@ -234,7 +246,7 @@ class HeadsVsOneResult:
         changes = min(t["random"].values()) >= COINCIDE
         constant = max(t["constant"].values())
         out.append(
-            f"Thread 001: with the same fused weights, the output "
+            "Thread 001: with the same fused weights, the output "
             + ("changes" if changes else "does not always change")
             + f" with the number of heads for random weights (relative difference from 1 head: "
             f"{', '.join(f'{d:.0%}' for d in t['random'].values())} for {', '.join(map(str, t['random']))} heads)"
@@ -294,7 +306,8 @@ def run_heads_vs_one(*, seed: int = 0, steps: int | None = None, quick: bool = F
         raise ValueError(f"steps={points}: heads-vs-one sweeps at least 3 logit scales")
     generator = torch.Generator().manual_seed(seed)
     alphas = sorted(set(torch.logspace(*LOG10_SCALES, points, dtype=torch.float64).tolist()) | {1.0})
-    sweeps, as_drawn = {}, {}
+    sweeps: dict[str, list[ScalePoint]] = {}
+    as_drawn: dict[str, ScalePoint] = {}
     with StepBar(enabled=progress, total=len(KINDS) * len(alphas), description="heads-vs-one") as bar:
         for kind in KINDS:
             weights, x = _draw(kind, generator)

@@ -17,21 +17,27 @@ with the thresholds ``PREVIOUS_TOKEN`` and ``INDUCTION`` of the analysis of real
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from headlab.analysis.roles import (
-    INDUCTION, PREVIOUS_TOKEN, duplicate_token_score, induction_score, previous_token_score, repeated_tokens,
+    INDUCTION,
+    PREVIOUS_TOKEN,
+    duplicate_token_score,
+    induction_score,
+    previous_token_score,
+    repeated_tokens,
 )
 from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.model import TinyTransformer, build_model
 from headlab.experiments.progress import StepBar
 from headlab.experiments.tasks import RepeatTask
-from headlab.heads import head_label
 from headlab.experiments.train import History, train
+from headlab.heads import head_label
 from headlab.layer import AttentionConfig
 from headlab.models.handle import evaluating
 
@@ -71,7 +77,7 @@ def _above(scores: list[list[float]], threshold: float) -> list[list[int]]:
     return [[layer, head] for layer, row in enumerate(scores) for head, s in enumerate(row) if s > threshold]
 
 
-def _first_step(steps: list[int], values: list[float], test) -> int | None:
+def _first_step(steps: list[int], values: list[float], test: Callable[[float], bool]) -> int | None:
     return next((s for s, v in zip(steps, values) if test(v)), None)
 
 

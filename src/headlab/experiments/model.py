@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -95,14 +96,14 @@ class TinyTransformer(nn.Module):
         if inputs.dim() != 3 or inputs.shape[-1] != n_fields or inputs.shape[1] > max_len:
             raise ValueError(f"inputs has shape {tuple(inputs.shape)}; expected (batch, pos ≤ {max_len}, {n_fields})")
         residual = self.position[: inputs.shape[1]]
-        for f, embedding in enumerate(self.embeddings):
+        for f, embedding in enumerate(cast(Sequence[nn.Embedding], self.embeddings)):
             symbols = inputs[..., f]
             if symbols.numel() and (symbols.min() < 0 or symbols.max() >= embedding.num_embeddings):
                 raise ValueError(f"field {f} has symbols outside [0, {embedding.num_embeddings})")
             residual = residual + embedding(symbols)
-        patterns = [] if return_pattern else None
+        patterns: list[Tensor] | None = [] if return_pattern else None
         for norm, attention in zip(self.norms, self.attention):
-            if return_pattern:
+            if patterns is not None:  # return_pattern
                 out = attention(norm(residual), return_pattern=True)
                 patterns.append(out.pattern)
                 residual = residual + out.output

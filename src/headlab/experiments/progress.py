@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import TracebackType
+
 __all__ = ["StepBar"]
 
 
@@ -35,6 +37,7 @@ class StepBar:
             description = self.description if run is None else f"{self.description}: {run}"
             self._bar.update(self._task, advance=steps, description=description)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if self.enabled:
-            self._bar.__exit__(*exc)
+            self._bar.__exit__(kind, error, traceback)

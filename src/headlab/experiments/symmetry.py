@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -214,12 +214,12 @@ def run_symmetry(*, seed: int = 0, steps: int | None = None, quick: bool = False
         for init in INITS:
             model = build_model(task, [config], seed=seed)
             if init != "random":
-                tie_heads(model.attention[0], noise=NOISE if init == "noisy" else 0.0,
+                tie_heads(cast(MultiHeadAttention, model.attention[0]), noise=NOISE if init == "noisy" else 0.0,
                           generator=torch.Generator().manual_seed(seed))
             record = SymmetryRun(init=init, history=History())
 
             def measure(step: int, m: TinyTransformer, record: SymmetryRun = record) -> None:
-                theta = head_parameters(m.attention[0]).double()
+                theta = head_parameters(cast(MultiHeadAttention, m.attention[0])).double()
                 record.head_difference.append(float((theta - theta[0]).abs().max()))
                 scale = theta.norm(dim=1).pow(2).mean().sqrt()
                 distance = torch.cdist(theta, theta) / scale

@@ -42,7 +42,9 @@ class Batch:
 class Task(Protocol):
     """What the training loop and the model need to know about a task."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The task's name."""
 
     @property
     def vocab_sizes(self) -> tuple[int, ...]:

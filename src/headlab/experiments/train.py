@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from headlab.experiments.budget import check_seed
 from headlab.experiments.model import TinyTransformer, build_model
 from headlab.experiments.progress import StepBar
 from headlab.experiments.tasks import Batch, Task
-from headlab.layer import AttentionConfig
+from headlab.layer import AttentionConfig, MultiHeadAttention
 from headlab.layer.accounting import account
 from headlab.models.handle import evaluating
 
@@ -200,6 +200,6 @@ def train_config(task: Task, config: AttentionConfig, *, label: str, seed: int, 
     model = build_model(task, [config], seed=seed)
     history = train(model, task, steps=steps, seed=seed, lr=lr, eval_every=eval_every, bar=bar,
                     run=f"{label} on {task.name}, seed {seed}")
-    accounting = account(model.attention[0].config, seq_len=task.seq_len)
+    accounting = account(cast(MultiHeadAttention, model.attention[0]).config, seq_len=task.seq_len)
     return ConfigRun(label=label, task=task.name, seed=seed, config=accounting.config.to_dict(),
                      parameters=accounting.total_parameters, flops=accounting.total_flops, history=history)

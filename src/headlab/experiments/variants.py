@@ -21,7 +21,7 @@ from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
 from headlab.experiments.seeds import Spread, describe_reached, mean_reached, rank_key, seeds_from
-from headlab.experiments.tasks import MixTask, RecallTask, Task
+from headlab.experiments.tasks import MixTask, RecallTask
 from headlab.experiments.train import ConfigRun, train_config
 from headlab.layer import AttentionConfig
 from headlab.layer.accounting import account
@@ -145,8 +145,9 @@ class VariantsResult:
                         f"({rows[-1].accuracy}, {rows[-1].parameters:,} parameters)")
             every = [r for r in rows if None not in r.steps_to_90]
             if every:
-                first = min(every, key=lambda r: r.mean_steps_to_90)
-                last = max(every, key=lambda r: r.mean_steps_to_90)
+                # mean_steps_to_90 is a number for these (every seed got there): `or 0.0` never applies
+                first = min(every, key=lambda r: r.mean_steps_to_90 or 0.0)
+                last = max(every, key=lambda r: r.mean_steps_to_90 or 0.0)
                 text += (f"; of those reaching {TARGET_ACCURACY:.0%} with every seed, {first.variant} got there first "
                          f"(step {first.mean_steps_to_90:.0f} on average) and {last.variant} last "
                          f"({last.mean_steps_to_90:.0f})")
@@ -204,10 +205,10 @@ def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False
     seed = check_seed(seed)
     steps = resolve_steps(steps, default=STEPS, quick_default=QUICK_STEPS, quick=quick)
     seeds = seeds_from(seed, N_SEEDS)
-    tasks: list[Task] = [MixTask()] if quick else [RecallTask(), MixTask()]
+    tasks: list[MixTask | RecallTask] = [MixTask()] if quick else [RecallTask(), MixTask()]
     configs = {(budget, name): config_for(name, budget) for budget in BUDGETS for name in NAMES}
-    unique = {}  # a config two budgets share (e.g. wide) is trained once
-    for (budget, name), config in configs.items():
+    unique: dict[AttentionConfig, str] = {}  # a config two budgets share (e.g. wide) is trained once
+    for (_, name), config in configs.items():
         unique.setdefault(config, name)
     summaries, runs = [], []
     with StepBar(enabled=progress, total=len(tasks) * len(unique) * len(seeds) * steps, description="variants") as bar:

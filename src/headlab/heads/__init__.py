@@ -10,5 +10,6 @@ from headlab.heads.scoped import intervening, masked, mean_ablated, patched, sca
 from headlab.heads.selection import Heads, HeadSelection, head_label, resolve
 from headlab.heads.table import HeadTable
 
-__all__ = ["HeadTable", "Heads", "HeadSelection", "resolve", "head_label", "intervening", "mask", "masked", "mean_ablate",
-           "mean_ablated", "patched", "prune", "restore", "save", "scale", "scaled", "summary", "windowed"]
+__all__ = ["HeadTable", "Heads", "HeadSelection", "resolve", "head_label", "intervening", "mask", "masked",
+           "mean_ablate", "mean_ablated", "patched", "prune", "restore", "save", "scale", "scaled", "summary",
+           "windowed"]

@@ -11,18 +11,17 @@ Heads are addressed as (layer, head) with the layer's current head numbering (se
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import torch
-from torch import Tensor
-
-from torch import nn
+from torch import Tensor, nn
 
 from headlab.heads.selection import HeadSelection
 from headlab.models import AttentionSite, HeadedModel, headed
 
 Model = HeadedModel | nn.Module  # a handle, or an attached model (headlab.attach)
+# (site, heads, scale, shift) → the site's new (scale, shift)
+_Update = Callable[[AttentionSite, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 def mask(model: Model, heads: HeadSelection) -> None:
@@ -65,7 +64,7 @@ def mean_ablate(model: Model, heads: HeadSelection, means: Mapping[int, Tensor])
     Raises:
         ValueError: a layer of ``heads`` has no means, or they have the wrong shape.
     """
-    def ablated(layer_index: int):
+    def ablated(layer_index: int) -> _Update:
         def apply(site: AttentionSite, h: Tensor, scale_: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
             if layer_index not in means:
                 raise ValueError(f"no mean z for layer {layer_index}; means has layers {sorted(means)}")
@@ -113,7 +112,8 @@ def _affine(site: AttentionSite) -> tuple[Tensor, Tensor]:
     return scale_, shift
 
 
-def _apply(model: Model, heads: HeadSelection, update, *, per_layer=None) -> None:
+def _apply(model: Model, heads: HeadSelection, update: _Update | None, *,
+           per_layer: Callable[[int], _Update] | None = None) -> None:
     """Compute every affected site's new affine first, then set them: a refused call changes nothing."""
     handle = headed(model)
     sites = handle.sites
@@ -121,6 +121,7 @@ def _apply(model: Model, heads: HeadSelection, update, *, per_layer=None) -> Non
     for index, hs in handle.heads(heads).items():
         site = sites[index]
         fn = per_layer(index) if per_layer is not None else update
+        assert fn is not None  # the callers give update or per_layer
         scale_, shift = _affine(site)
         updates.append((site, fn(site, torch.tensor(hs, device=scale_.device), scale_, shift)))
     for site, (scale_, shift) in updates:

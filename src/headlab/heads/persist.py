@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
+
 from torch import nn
 
 from headlab.heads.interventions import summary
@@ -42,10 +44,11 @@ def save(model: HeadedModel | nn.Module, path: str | os.PathLike[str]) -> Path:
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     model = loaded.model
-    model.config.architectures = [type(model).__name__]  # as save_pretrained records it: load picks the class
+    config: Any = model.config  # a transformers PretrainedConfig
+    config.architectures = [type(model).__name__]  # as save_pretrained records it: load picks the class
     # Written as it is: save_pretrained's validation refuses output_attentions=True with any attention
     # implementation but eager, while headlab's honours it.
-    model.config.to_json_file(directory / "config.json")
+    config.to_json_file(directory / "config.json")
     if loaded.tokenizer is not None:
         loaded.tokenizer.save_pretrained(directory)
     save_model(model, str(directory / WEIGHTS))  # drops tied duplicates; load_model restores them

@@ -20,9 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
-
-from torch import nn
+from torch import Tensor, nn
 
 from headlab.heads.interventions import mask, mean_ablate, scale
 from headlab.heads.selection import HeadSelection

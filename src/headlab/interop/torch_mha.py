@@ -25,7 +25,9 @@ Where headlab and torch differ, on purpose:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -65,9 +67,11 @@ def from_torch(mha: nn.MultiheadAttention) -> MultiHeadAttention:
     layer = MultiHeadAttention(config).to(device=weight.device, dtype=weight.dtype)
     state = mha.state_dict()
     # torch's (1, 1, n_heads·d_head), heads contiguous, as headlab's (n_heads, d_head)
-    extra = {name: state.pop(name).view(config.n_heads, config.d_head) for name in ("bias_k", "bias_v") if name in state}
+    extra: dict[str, Tensor] = {name: state.pop(name).view(config.n_heads, config.d_head)
+                                for name in ("bias_k", "bias_v") if name in state}
     layer.projection.load_state_dict(state)  # same names, strict: nothing left out
     if extra:
+        assert layer.extra_kv is not None  # torch's bias_k: add_bias_kv=True, which built them
         layer.extra_kv.load_state_dict(extra)
     return layer.train(mha.training)
 
@@ -233,7 +237,8 @@ def parity_suite(*, seed: int = 0, quick: bool = False) -> list[ParityCase]:
         ("self-attention · per-head float attn_mask · float key padding",
          dict(d_model=40, n_heads=5, attn="float3d", padding="float")),
         ("self-attention · (batch, heads, q, k) bool attn_mask", dict(d_model=24, n_heads=3, attn="bool4d")),
-        ("cross-attention kdim=24 vdim=40 · key padding", dict(d_model=32, n_heads=4, kdim=24, vdim=40, padding="bool")),
+        ("cross-attention kdim=24 vdim=40 · key padding",
+         dict(d_model=32, n_heads=4, kdim=24, vdim=40, padding="bool")),
         ("cross-attention, equal widths · batch_first=False", dict(d_model=32, n_heads=2, batch_first=False)),
         ("self-attention · a fully padded sequence (torch: NaN, headlab: 0)",
          dict(d_model=32, n_heads=4, padding="dead")),
@@ -248,7 +253,7 @@ def parity_suite(*, seed: int = 0, quick: bool = False) -> list[ParityCase]:
     return [_parity_case(name, opts, q_len=q_len, k_len=k_len, generator=generator) for name, opts in grid]
 
 
-def _parity_case(name: str, opts: dict[str, object], *, q_len: int, k_len: int,
+def _parity_case(name: str, opts: dict[str, Any], *, q_len: int, k_len: int,
                  generator: torch.Generator) -> ParityCase:
     d_model, n_heads = int(opts["d_model"]), int(opts["n_heads"])
     kdim, vdim = int(opts.get("kdim", d_model)), int(opts.get("vdim", d_model))
@@ -284,12 +289,14 @@ def _parity_case(name: str, opts: dict[str, object], *, q_len: int, k_len: int,
                           need_weights=True)[0]
     live = torch.isfinite(t_out).all(dim=-1)  # (batch, query_pos): rows torch answers
     out_diff = max(_max_abs(fast[live] - t_fast[live]), _max_abs(full.output[live] - t_out[live]))
-    w_live = live[:, None, :].expand_as(full.pattern[..., 0])
-    weights_diff = _max_abs(full.pattern[w_live] - t_weights[w_live])
+    pattern = full.pattern
+    assert pattern is not None and t_weights is not None  # return_pattern=True, need_weights=True
+    w_live = live[:, None, :].expand_as(pattern[..., 0])
+    weights_diff = _max_abs(pattern[w_live] - t_weights[w_live])
     # A row that sees no key has z = 0, so its output is the output bias alone.
     b_O = layer.b_O if layer.b_O is not None else torch.zeros(d_model)
     ref_diff = max(_max_abs(fast[live] - ref[live].float()), _max_abs(fast[~live] - b_O))
-    dead_zero = bool((full.pattern[~w_live] == 0).all())
+    dead_zero = bool((pattern[~w_live] == 0).all())
     settings = dict(batch=batch, q_len=q_len, k_len=k_len, kdim=kdim, vdim=vdim, batch_first=batch_first,
                     **{k: v for k, v in opts.items() if k not in ("kdim", "vdim", "batch_first")})
     passed = max(out_diff, weights_diff, ref_diff) < _TOLERANCE and dead_zero
@@ -297,7 +304,7 @@ def _parity_case(name: str, opts: dict[str, object], *, q_len: int, k_len: int,
 
 
 def _parity_masks(opts: dict[str, object], batch: int, n_heads: int, q_len: int, k_len: int,
-                  randn) -> dict[str, Tensor]:
+                  randn: Callable[..., Tensor]) -> dict[str, Tensor]:
     masks: dict[str, Tensor] = {}
     padding = opts.get("padding")
     if padding is not None:

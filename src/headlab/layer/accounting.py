@@ -167,7 +167,7 @@ def _forward_flops(layer: MultiHeadAttention, seq_len: int) -> dict[str, int]:
     # counter sees one by one (the fused kernel's would be one opaque call). No mask: masking is
     # element-wise, and the extra positions are allowed anyway.
     mask = AttentionMask(bias=None, is_causal=False, dead=None)
-    options = dict(scale=c.softmax_scale, pattern_heads=list(range(c.n_heads)), kv_index=layer.kv_index)
+    options: dict[str, Any] = dict(scale=c.softmax_scale, pattern_heads=list(range(c.n_heads)), kv_index=layer.kv_index)
     scores, _ = _counted(lambda: attention_pattern(q, expand_kv(k, c.n_heads, layer.kv_index), None, None,
                                                    scale=c.softmax_scale))
     plain, (z, _) = _counted(lambda: attend(q, k, v, mask, **options))

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+# The default of a size that __post_init__ derives from the others: None to the constructor, then a number.
+_DERIVED: Any = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,29 +30,38 @@ class AttentionConfig:
 
     Optional sizes left as ``None`` are resolved in ``__post_init__`` (``d_head`` to
     ``d_model // n_heads``, ``n_kv_heads`` to ``n_heads``, ...), so a built config always
-    holds concrete numbers. Invalid values raise ``ValueError`` naming the field and value;
+    holds concrete numbers: the constructor takes ``None`` for them, the fields are typed as
+    what they hold. Invalid values raise ``ValueError`` naming the field and value;
     a size the projection variant cannot use is refused when the layer is built.
     """
 
     d_model: int
     n_heads: int
-    d_head: int | None = None  # default d_model // n_heads; may be set independently
-    n_kv_heads: int | None = None  # default n_heads; must divide n_heads unless kv_head_of is given
-    kv_head_of: tuple[int, ...] | None = None  # key/value head each query head reads; default consecutive groups
-    d_head_v: int | None = None  # default d_head
-    kdim: int | None = None  # key input width, default d_model (as in nn.MultiheadAttention)
-    vdim: int | None = None  # value input width, default d_model
+    d_head: int = _DERIVED  # default d_model // n_heads; may be set independently
+    n_kv_heads: int = _DERIVED  # default n_heads; must divide n_heads unless kv_head_of is given
+    kv_head_of: tuple[int, ...] = _DERIVED  # key/value head each query head reads; default consecutive groups
+    d_head_v: int = _DERIVED  # default d_head
+    kdim: int = _DERIVED  # key input width, default d_model (as in nn.MultiheadAttention)
+    vdim: int = _DERIVED  # value input width, default d_model
     projection: str = "wide"  # a name in headlab.layer.projections.PROJECTIONS (checked when the layer is built)
     bias: bool = True  # biases on the query/key/value and output projections
     dropout: float = 0.0  # dropout on attention weights, in training mode only
     causal: bool = False  # default for forward(is_causal=None)
     talking_heads: bool = False  # learned mixing across heads around the softmax (Shazeer et al. 2020)
     rotary: bool = False  # rotary position embedding on queries and keys (Su et al. 2021)
-    rotary_dim: int | None = None  # leading dims of each head that rotate; default d_head
+    rotary_dim: int = _DERIVED  # leading dims of each head that rotate; default d_head
     rotary_base: float = 10000.0  # rotary frequency base (theta)
     scale: float | None = None  # score scale; default 1 / sqrt(d_head)
     add_bias_kv: bool = False  # a learned key/value position after the keys (nn.MultiheadAttention's add_bias_kv)
     add_zero_attn: bool = False  # an all-zero key/value position after those (nn.MultiheadAttention's add_zero_attn)
+
+    if TYPE_CHECKING:  # the constructor as the dataclass makes it, with None for the derived sizes
+        def __init__(self, *, d_model: int, n_heads: int, d_head: int | None = None, n_kv_heads: int | None = None,
+                     kv_head_of: tuple[int, ...] | None = None, d_head_v: int | None = None, kdim: int | None = None,
+                     vdim: int | None = None, projection: str = "wide", bias: bool = True, dropout: float = 0.0,
+                     causal: bool = False, talking_heads: bool = False, rotary: bool = False,
+                     rotary_dim: int | None = None, rotary_base: float = 10000.0, scale: float | None = None,
+                     add_bias_kv: bool = False, add_zero_attn: bool = False) -> None: ...
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads"):

@@ -18,9 +18,10 @@ W_O (n_heads, d_head_v, d_model); query head h uses key/value head config.kv_hea
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.layer.config import AttentionConfig
 from headlab.layer.module import MultiHeadAttention
@@ -66,7 +67,8 @@ def to_bilinear(layer: MultiHeadAttention) -> MultiHeadAttention:
         raise ValueError("rotary=True: a bilinear layer's W_QK cannot carry rotary positions")
     if c.add_bias_kv or c.add_zero_attn:
         raise ValueError(f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}: a bilinear layer drops the "
-                         "score term (x W_Q + b_Q)·b_K, which is the same for every real key but not for the extra positions")
+                         "score term (x W_Q + b_Q)·b_K, which is the same for every real key but not for the extra "
+                         "positions")
     config = _derived(c, projection="bilinear", n_kv_heads=c.n_heads, kv_head_of=None)
     target = _like(layer, config)
     kv = torch.tensor(c.kv_head_of, device=layer.W_O.device)  # key/value head of each query head
@@ -74,10 +76,10 @@ def to_bilinear(layer: MultiHeadAttention) -> MultiHeadAttention:
     with torch.no_grad():
         target.W_Q.copy_(layer.W_Q @ W_K.transpose(1, 2))  # W_QK: (n_heads, d_model, kdim)
         target.W_V.copy_(layer.W_V.index_select(0, kv))
-        if config.bias:
+        if target.b_Q is not None:  # config.bias
             b_Q = layer.b_Q
             target.b_Q.copy_(torch.zeros_like(target.b_Q) if b_Q is None else (W_K @ b_Q[:, :, None])[..., 0])
-            if layer.b_V is not None:
+            if layer.b_V is not None and target.b_V is not None:
                 target.b_V.copy_(layer.b_V.index_select(0, kv))
     return target
 
@@ -100,7 +102,8 @@ def to_grouped(layer: MultiHeadAttention, n_kv_heads: int) -> MultiHeadAttention
     if c.projection != "wide":
         raise ValueError(f"projection={c.projection!r}: to_grouped pools a 'wide' layer's key/value heads")
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or c.n_kv_heads % n_kv_heads:
-        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing the layer's n_kv_heads={c.n_kv_heads}")
+        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing the layer's "
+                         f"n_kv_heads={c.n_kv_heads}")
     if not c.uniform_groups:
         raise ValueError(f"kv_head_of={c.kv_head_of}: to_grouped pools consecutive, equal groups of key/value heads")
     target = _like(layer, _derived(c, n_kv_heads=n_kv_heads, kv_head_of=None))
@@ -112,13 +115,15 @@ def to_grouped(layer: MultiHeadAttention, n_kv_heads: int) -> MultiHeadAttention
         target.W_Q.copy_(layer.W_Q)
         target.W_K.copy_(pool(layer.W_K))
         target.W_V.copy_(pool(layer.W_V))
-        if c.bias:
-            target.b_Q.copy_(layer.b_Q)
-            target.b_K.copy_(pool(layer.b_K))
-            target.b_V.copy_(pool(layer.b_V))
-        if c.add_bias_kv:
-            target.extra_kv.bias_k.copy_(pool(layer.extra_kv.bias_k))
-            target.extra_kv.bias_v.copy_(pool(layer.extra_kv.bias_v))
+        for mine, source, grouped in ((target.b_Q, layer.b_Q, False), (target.b_K, layer.b_K, True),
+                                      (target.b_V, layer.b_V, True)):
+            if mine is not None and source is not None:  # c.bias: all three are there
+                mine.copy_(pool(source) if grouped else source)
+        if target.extra_kv is not None and layer.extra_kv is not None:
+            for mine, source in ((target.extra_kv.bias_k, layer.extra_kv.bias_k),
+                                 (target.extra_kv.bias_v, layer.extra_kv.bias_v)):
+                if mine is not None and source is not None:  # c.add_bias_kv
+                    mine.copy_(pool(source))
     return target
 
 
@@ -149,7 +154,7 @@ def output_change(before: MultiHeadAttention, after: MultiHeadAttention, *, batc
     return float((converted - reference).norm() / reference.norm())
 
 
-def _derived(config: AttentionConfig, **changes: object) -> AttentionConfig:
+def _derived(config: AttentionConfig, **changes: Any) -> AttentionConfig:
     """``config`` with ``changes``, keeping the score scale the source actually used."""
     return dataclasses.replace(config, scale=config.softmax_scale, **changes)
 
@@ -161,8 +166,10 @@ def _like(layer: MultiHeadAttention, config: AttentionConfig) -> MultiHeadAttent
     target = MultiHeadAttention(config).to(device=layer.W_O.device, dtype=layer.projection.dtype)
     with torch.no_grad():
         target.projection.out_proj.load_state_dict(layer.projection.out_proj.state_dict())
-        if config.talking_heads:
+        if isinstance(target.core, nn.Module) and isinstance(layer.core, nn.Module):  # config.talking_heads
             target.core.load_state_dict(layer.core.state_dict())
-        if config.add_bias_kv and target.extra_kv.bias_k.shape == layer.extra_kv.bias_k.shape:
-            target.extra_kv.load_state_dict(layer.extra_kv.state_dict())
+        mine, source = target.extra_kv, layer.extra_kv
+        if (mine is not None and source is not None and mine.bias_k is not None and source.bias_k is not None
+                and mine.bias_k.shape == source.bias_k.shape):  # config.add_bias_kv, and the shapes agree
+            mine.load_state_dict(source.state_dict())
     return target.train(layer.training)

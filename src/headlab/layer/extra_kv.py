@@ -62,7 +62,7 @@ class ExtraKeyValues(nn.Module):
         """
         batch, kv_heads = k.shape[:2]
         keys, values = [k], [v]
-        if self.bias_k is not None:
+        if self.bias_k is not None and self.bias_v is not None:  # learned: both or neither
             keys.append(self.bias_k[None, :, None].expand(batch, kv_heads, 1, -1))
             values.append(self.bias_v[None, :, None].expand(batch, kv_heads, 1, -1))
         if self.zero:

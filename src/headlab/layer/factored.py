@@ -66,12 +66,12 @@ class FactoredMatrix:
         return self.shape[0]
 
     @property
-    def T(self) -> FactoredMatrix:  # noqa: N802 — the math name
+    def T(self) -> FactoredMatrix:
         """The transpose, still factored: ``Bᵀ Aᵀ``."""
         return FactoredMatrix(self.B.transpose(-1, -2), self.A.transpose(-1, -2))
 
     @property
-    def AB(self) -> Tensor:  # noqa: N802 — the math name
+    def AB(self) -> Tensor:
         """The product, materialised: ``(..., m, n)``."""
         return self.A @ self.B
 
@@ -86,7 +86,7 @@ class FactoredMatrix:
         return q_a @ u, s, vh @ q_b.transpose(-1, -2)
 
     @property
-    def S(self) -> Tensor:  # noqa: N802 — the math name
+    def S(self) -> Tensor:
         """Singular values, descending: ``(..., min(m, n, r))``."""
         return self.svd()[1]
 

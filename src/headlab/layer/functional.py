@@ -27,7 +27,7 @@ from torch import Tensor
 
 from headlab.layer.masks import AttentionMask
 
-_SDPA_HAS_GQA = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=...) arrived in 2.5
+_SDPA_HAS_GQA = torch.__version__ >= "2.5"  # scaled_dot_product_attention(enable_gqa=...) arrived in 2.5
 # The dtypes of torch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``), the one that
 # scaled_dot_product_attention runs on CPU for these inputs; it also returns each row's log-sum-exp.
 _LSE_KERNEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -299,7 +299,7 @@ def copy_heads(x: Tensor, heads: Sequence[int], *, dim: int = 1) -> Tensor:
     return torch.stack([x.select(dim, h) for h in heads], dim=dim)
 
 
-def head_results(z: Tensor, W_O: Tensor, heads: Sequence[int] | None = None) -> Tensor:  # noqa: N803
+def head_results(z: Tensor, W_O: Tensor, heads: Sequence[int] | None = None) -> Tensor:
     """Each head's contribution to the output, without the output bias.
 
     Args:
@@ -312,7 +312,7 @@ def head_results(z: Tensor, W_O: Tensor, heads: Sequence[int] | None = None) -> 
         the output projection's output.
     """
     if heads is not None:
-        z, W_O = copy_heads(z, heads), copy_heads(W_O, heads, dim=0)  # noqa: N806
+        z, W_O = copy_heads(z, heads), copy_heads(W_O, heads, dim=0)
     return torch.einsum("bhqd,hdm->bhqm", z, W_O.to(z.dtype))
 
 

@@ -134,10 +134,10 @@ def build_mask(
         if not dead.any():
             return AttentionMask(bias=blocked, is_causal=False, dead=None)
         return AttentionMask(bias=blocked.masked_fill(dead[..., None], False), is_causal=False, dead=dead)
-    bias = None
-    for part in parts:
-        part = _bool_to_bias(part, dtype) if part.dtype == torch.bool else part
-        bias = part if bias is None else bias + part
+    biases = [_bool_to_bias(part, dtype) if part.dtype == torch.bool else part for part in parts]
+    bias = biases[0]  # parts is not empty here: an empty one returned above
+    for part in biases[1:]:
+        bias = bias + part
     dead = torch.isneginf(bias).all(dim=-1)  # (batch | 1, n_heads | 1, query_pos)
     if not dead.any():
         return AttentionMask(bias=bias, is_causal=False, dead=None)

@@ -68,6 +68,12 @@ class MultiHeadAttention(nn.Module):
         ValueError: its projection variant cannot use its sizes (the message names them).
     """
 
+    # Buffers (registered in __init__): the key/value head of each query head where the groups are not
+    # equal and consecutive, and the persistent per-head affine on z.
+    kv_index: Tensor | None
+    head_scale: Tensor
+    head_shift: Tensor
+
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__()
         if not isinstance(config, AttentionConfig):
@@ -193,7 +199,7 @@ class MultiHeadAttention(nn.Module):
             z = site.gate(z)
             if tap is not None:
                 self._tap(site, tap, q, k, v, z, patterns, computed)
-                patterns = None if pattern_heads is None else patterns[:, : len(pattern_heads)]
+                patterns = None if pattern_heads is None or patterns is None else patterns[:, : len(pattern_heads)]
         output = self.projection.merge(z)
         if pattern_heads is None and result_heads is None and z_heads is None:
             return output
@@ -241,8 +247,14 @@ class MultiHeadAttention(nn.Module):
         c = self.config
         check_affine(scale, shift, n_heads=c.n_heads, d_head_v=c.d_head_v)
         with torch.no_grad():
-            self.head_scale.copy_(1.0 if scale is None else scale.detach())
-            self.head_shift.copy_(0.0 if shift is None else shift.detach())
+            if scale is None:
+                self.head_scale.fill_(1.0)
+            else:
+                self.head_scale.copy_(scale.detach())
+            if shift is None:
+                self.head_shift.fill_(0.0)
+            else:
+                self.head_shift.copy_(shift.detach())
         self._note_affine()
 
     def _note_affine(self) -> None:
@@ -259,47 +271,47 @@ class MultiHeadAttention(nn.Module):
 
     # --- per-head views (zero-copy over the projection's parameters) ---
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         """``(n_heads, d_model, d_head)``."""
         return self.projection.W_Q
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         """``(n_kv_heads, kdim, d_head)``; query head h uses key head ``config.kv_head_of[h]``."""
         return self.projection.W_K
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
+    def W_V(self) -> Tensor:
         """``(n_kv_heads, vdim, d_head_v)``; query head h uses value head ``config.kv_head_of[h]``."""
         return self.projection.W_V
 
     @property
-    def W_O(self) -> Tensor:  # noqa: N802
+    def W_O(self) -> Tensor:
         """``(n_heads, d_head_v, d_model)``."""
         return self.projection.W_O
 
     @property
-    def b_Q(self) -> Tensor | None:  # noqa: N802
+    def b_Q(self) -> Tensor | None:
         """``(n_heads, d_head)`` or None."""
         return self.projection.b_Q
 
     @property
-    def b_K(self) -> Tensor | None:  # noqa: N802
+    def b_K(self) -> Tensor | None:
         """``(n_kv_heads, d_head)`` or None."""
         return self.projection.b_K
 
     @property
-    def b_V(self) -> Tensor | None:  # noqa: N802
+    def b_V(self) -> Tensor | None:
         """``(n_kv_heads, d_head_v)`` or None."""
         return self.projection.b_V
 
     @property
-    def b_O(self) -> Tensor | None:  # noqa: N802
+    def b_O(self) -> Tensor | None:
         """``(d_model,)`` or None."""
         return self.projection.b_O
 
     @property
-    def QK(self) -> FactoredMatrix:  # noqa: N802
+    def QK(self) -> FactoredMatrix:
         """Each query head's bilinear form W_Q W_Kᵀ, factored: ``(n_heads, d_model, kdim)``, rank ≤ d_head.
 
         Scores are ``x_q W_QK x_kᵀ`` (times the scale), before biases and rotary positions.
@@ -308,7 +320,7 @@ class MultiHeadAttention(nn.Module):
         return FactoredMatrix(self.W_Q, W_K.transpose(1, 2))
 
     @property
-    def OV(self) -> FactoredMatrix:  # noqa: N802
+    def OV(self) -> FactoredMatrix:
         """Each query head's value-output circuit W_V W_O, factored: ``(n_heads, vdim, d_model)``, rank ≤ d_head_v."""
         W_V = self.W_V.index_select(0, self._kv_of_heads())  # (n_heads, vdim, d_head_v)
         return FactoredMatrix(W_V, self.W_O)

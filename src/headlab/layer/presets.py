@@ -85,5 +85,6 @@ def check_presets(names: Sequence[str]) -> list[str]:
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
         plural = "s" if len(unknown) > 1 else ""
-        raise ValueError(f"unknown variant{plural} {', '.join(map(repr, unknown))}; known variants: {', '.join(PRESETS)}")
+        raise ValueError(f"unknown variant{plural} {', '.join(map(repr, unknown))}; "
+                         f"known variants: {', '.join(PRESETS)}")
     return names

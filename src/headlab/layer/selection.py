@@ -22,6 +22,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from torch import Tensor
 
@@ -44,7 +45,7 @@ def indices(name: str, values: object, size: int, *, what: str = "head") -> list
         ValueError: empty, or an index out of range.
     """
     if isinstance(values, Tensor) or type(values).__module__ == "numpy":
-        values = values.tolist()
+        values = cast(Any, values).tolist()  # a tensor, a numpy array or a numpy scalar
         values = values if isinstance(values, list) else [values]
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a sequence of {what} indices, got {values!r}")
@@ -105,7 +106,7 @@ def resolve(selection: HeadSelection, n_heads: Sequence[int]) -> dict[int, list[
     if isinstance(selection, Heads):
         layers = range(n_layers) if selection.layers is None else indices("layers", selection.layers, n_layers,
                                                                            what="layer")
-        chosen: dict[int, Iterable[int] | None] = {layer: selection.heads for layer in layers}
+        chosen: dict[int, Iterable[int] | None] = dict.fromkeys(layers, selection.heads)
     elif isinstance(selection, Mapping):
         if not selection:
             raise ValueError("the head selection is empty: it selects no layer")

@@ -19,7 +19,8 @@ transformers is imported when a model is loaded or attached, not on import.
 from headlab.layer.taps import TAKE, Tap, TapOutput
 from headlab.models.attach import attach, attention_sites, detach
 from headlab.models.handle import HeadedModel, headed, model_max_length
-from headlab.models.loading import __getattr__, default_model_path, load  # __getattr__: the renamed LoadedModel
+from headlab.models.loading import __getattr__ as __getattr__  # the module's: the renamed LoadedModel (PEP 562)
+from headlab.models.loading import default_model_path, load
 from headlab.models.native import LayerSite
 from headlab.models.site import AttentionSite
 

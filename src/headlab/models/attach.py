@@ -14,7 +14,7 @@ disentangled attention, ...) is refused with the reason, never run in another wa
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -107,7 +107,7 @@ def detach(model: HeadedModel | nn.Module) -> nn.Module:
     net.__dict__.pop(HANDLE_ATTRIBUTE, None)
     previous = getattr(net, _PREVIOUS, None)
     if previous is not None:
-        net.set_attn_implementation(previous)
+        cast(Any, net).set_attn_implementation(previous)  # a transformers model: _PREVIOUS says so
         delattr(net, _PREVIOUS)
     return net
 
@@ -177,7 +177,7 @@ def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSi
     from transformers.pytorch_utils import Conv1D
 
     if not calls:
-        raise ValueError(_outside(type(net).__name__, net.config.model_type,
+        raise ValueError(_outside(type(net).__name__, cast(Any, net).config.model_type,
                                   "a forward of it never called the registered function"))
     modules = [c.module for c in calls]
     repeated = {type(m).__name__ for m in modules if sum(x is m for x in modules) > 1}

@@ -53,7 +53,8 @@ class HeadedModel(display.Shown):
         ValueError: ``model`` is not attached.
     """
 
-    def __init__(self, model: nn.Module, *, tokenizer: Any = None, source: str | os.PathLike[str] = "in memory") -> None:
+    def __init__(self, model: nn.Module, *, tokenizer: Any = None,
+                 source: str | os.PathLike[str] = "in memory") -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected a torch module with headlab's attention attached, got {type(model).__name__}")
         self.model = model
@@ -81,9 +82,10 @@ class HeadedModel(display.Shown):
         first = self._sites[0]
         if first.module.__dict__.get(SITE_ATTRIBUTE) is not first:
             raise ValueError(f"{self.architecture} was detached from headlab: call headlab.attach(model) again")
-        if self._transformers and self.model.config._attn_implementation != IMPLEMENTATION:
+        config: Any = self.model.config if self._transformers else None  # a transformers PretrainedConfig
+        if config is not None and config._attn_implementation != IMPLEMENTATION:
             raise ValueError(f"{self.architecture} runs attn_implementation="
-                             f"{self.model.config._attn_implementation!r} now, not headlab's: call "
+                             f"{config._attn_implementation!r} now, not headlab's: call "
                              "headlab.attach(model) again")
         return self._sites
 
@@ -337,8 +339,8 @@ def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:
         if isinstance(module, nn.Embedding) and "position" in name.rpartition(".")[2]:
             first = 0 if module.padding_idx is None else module.padding_idx + 1  # padding_idx is stored ≥ 0
             limits.append(module.num_embeddings - first)
-    limits = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]  # HF's "no limit" is ~1e30
-    return min(limits) if limits else None
+    usable = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]  # HF's "no limit" is ~1e30
+    return min(usable) if usable else None
 
 
 def _attached_sites(model: nn.Module) -> list[AttentionSite]:

@@ -40,7 +40,13 @@ import torch
 from torch import Tensor, nn
 
 from headlab.layer.functional import (
-    additive_bias, copy_heads, expand_kv, fused_attention_with_lse, has_lse_kernel, key_softmax, select_heads,
+    additive_bias,
+    copy_heads,
+    expand_kv,
+    fused_attention_with_lse,
+    has_lse_kernel,
+    key_softmax,
+    select_heads,
     softmax_from_lse,
 )
 from headlab.layer.taps import SITE_ATTRIBUTE, TapOutput
@@ -152,7 +158,7 @@ def attention(
         if tap is not None and tap.pattern is not None:
             fused = _fused_with_lse(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                     kwargs=kwargs)
-        if fused is None:
+        if fused is None or tap is None or tap.pattern is None:  # a fused result comes with a tapped pattern
             z = _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                       kwargs=kwargs)[0].transpose(1, 2)
         else:
@@ -336,7 +342,8 @@ def _query_and_key(query: Tensor, key: Tensor, kv_of: list[int] | None, heads: l
 
 
 def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,
-                    scaling: float, dropout: float, kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor] | None:
+                    scaling: float, dropout: float,
+                    kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None] | None:
     """z as transformers' SDPA function computes it, with the fused kernel's log-sum-exp, or None (no such kernel).
 
     The same kernel ``scaled_dot_product_attention`` runs, on the same mask: transformers' rule for

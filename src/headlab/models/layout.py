@@ -17,6 +17,7 @@ d_head)``, ``W_V (n_kv_heads, d_in, d_head_v)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -74,11 +75,12 @@ class Layout:
         """
         found = sorted(((s.head, p, s) for p in self.projections for s in p.segments if s.role == role),
                        key=lambda item: item[0])
-        W = torch.stack([p.rows(p.module.weight, s).t() for _, p, s in found])  # noqa: N806
+        W = torch.stack([p.rows(cast(Tensor, p.module.weight), s).t() for _, p, s in found])  # a Linear's or Conv1D's
         biases = [getattr(p.module, "bias", None) for _, p, _ in found]
-        if any(b is None for b in biases):
+        present = [b for b in biases if b is not None]
+        if len(present) < len(biases):
             return W, None
-        return W, torch.stack([b[s.start:s.stop] for b, (_, _, s) in zip(biases, found)])
+        return W, torch.stack([b[s.start:s.stop] for b, (_, _, s) in zip(present, found)])
 
 
 def find_layout(call: AttentionCall, *, n_heads: int, n_kv_heads: int, d_head: int, d_head_v: int,

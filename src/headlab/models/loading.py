@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from headlab.models.attach import attach, check_architecture
 from headlab.models.handle import HeadedModel

@@ -14,6 +14,8 @@ they are registered; a ``TinyTransformer`` runs them in that order).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 
 from headlab.layer import MultiHeadAttention
@@ -61,26 +63,26 @@ class LayerSite(AttentionSite):
         self.layer_module.set_head_affine(scale, shift)
 
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802 - the math's name
+    def W_Q(self) -> Tensor:
         """``(n_heads, d_model, d_head)``: a view over the layer's weights."""
         return self.layer_module.W_Q
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802 - the math's name
+    def W_K(self) -> Tensor:
         """``(n_kv_heads, kdim, d_head)``."""
         return self.layer_module.W_K
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802 - the math's name
+    def W_V(self) -> Tensor:
         """``(n_kv_heads, vdim, d_head_v)``."""
         return self.layer_module.W_V
 
     @property
-    def W_O(self) -> Tensor:  # noqa: N802 - the math's name
+    def W_O(self) -> Tensor:
         """``(n_heads, d_head_v, d_model)``."""
         return self.layer_module.W_O
 
-    def result(self, z: Tensor, heads: list[int] | tuple[int, ...]) -> Tensor:
+    def result(self, z: Tensor, heads: Sequence[int]) -> Tensor:
         """Each of ``heads``' contribution to the layer's output (its output bias in none).
 
         Returns:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,7 @@ _active: ContextVar[object | None] = ContextVar("headlab_probe", default=None)  
 def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
     """A small batch of token ids the model accepts, on its device: no padding, no special meaning."""
     config = getattr(model, "config", None)
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     vocab = getattr(embeddings, "num_embeddings", None) or getattr(config, "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 2:
         raise ValueError(f"{type(model).__name__}: cannot tell its vocabulary size; headlab probes text models "

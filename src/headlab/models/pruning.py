@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headlab.models.layout import Layout, Projection, Segment
+from headlab.models.layout import Layout, Segment
 from headlab.models.site import AttentionSite
 
 # Attributes an attention module's forward may read, by what they count. Only those whose value
@@ -44,7 +44,8 @@ def check_prunable(site: AttentionSite, removed: Sequence[int]) -> None:
     if len(set(removed)) >= site.n_heads:
         raise ValueError(f"pruning every head of {where} would leave no attention; mask them instead")
     if site.layout is None:
-        raise ValueError(f"{where}: its q/k/v projections are not in a layout headlab can slice ({site.layout_problem})")
+        raise ValueError(f"{where}: its q/k/v projections are not in a layout headlab can slice "
+                         f"({site.layout_problem})")
     if site.out_proj is None:
         raise ValueError(f"{where}: no output projection takes the heads' z directly, so heads cannot be cut out")
     sliced = {id(t) for m in [p.module for p in site.layout.projections] + [site.out_proj.module]
@@ -72,7 +73,9 @@ def prune_site(site: AttentionSite, keep: Sequence[int]) -> None:
     assert site.layout is not None and site.out_proj is not None
     projections = []
     for p in site.layout.projections:
-        segments, rows, start = [], [], 0
+        segments: list[Segment] = []
+        rows: list[int] = []
+        start = 0
         for s in p.segments:
             renumber = new_q if s.role == "q" else new_kv
             if s.head in renumber:
@@ -97,7 +100,8 @@ def prune_site(site: AttentionSite, keep: Sequence[int]) -> None:
     if hasattr(site.module, "num_key_value_groups"):
         # transformers' SDPA repeats key/value heads num_key_value_groups times; uneven groups are
         # expanded by headlab's attention before it, so the module must not repeat them again.
-        site.module.num_key_value_groups = site.n_heads // site.n_kv_heads if site.uniform_groups else 1
+        module: Any = site.module  # a transformers attention module
+        module.num_key_value_groups = site.n_heads // site.n_kv_heads if site.uniform_groups else 1
 
 
 def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Mapping[int, Sequence[int]], *,
@@ -135,8 +139,8 @@ def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Map
             with torch.no_grad():
                 reference = first_output(model(**inputs))
         finally:
-            for layer, (scale, shift) in affine.items():
-                sites[layer].scale, sites[layer].shift = scale, shift
+            for layer, (kept_scale, kept_shift) in affine.items():
+                sites[layer].scale, sites[layer].shift = kept_scale, kept_shift
     try:
         for layer, removed in selection.items():
             site = sites[layer]
@@ -157,7 +161,7 @@ def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Map
         raise
 
 
-def _slice_outputs(module: nn.Module, rows: list[int], *, transposed: bool) -> None:
+def _slice_outputs(module: Any, rows: list[int], *, transposed: bool) -> None:
     """Keep the output features ``rows`` of a Linear or Conv1D (weight and bias)."""
     index = torch.tensor(rows, device=module.weight.device)
     weight = module.weight.detach().index_select(1 if transposed else 0, index)
@@ -168,7 +172,7 @@ def _slice_outputs(module: nn.Module, rows: list[int], *, transposed: bool) -> N
     _set_width(module, "nf" if transposed else "out_features", len(rows))
 
 
-def _slice_inputs(module: nn.Module, columns: list[int], *, transposed: bool) -> None:
+def _slice_inputs(module: Any, columns: list[int], *, transposed: bool) -> None:
     """Keep the input features ``columns`` of a Linear or Conv1D (the bias stays)."""
     index = torch.tensor(columns, device=module.weight.device)
     weight = module.weight.detach().index_select(0 if transposed else 1, index)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -65,7 +65,7 @@ class OutProjection:
     @property
     def weight(self) -> Tensor:
         """``(d_model, n_heads · d_head_v)`` in Linear layout (a view for a Conv1D)."""
-        weight = self.module.weight
+        weight = cast(Tensor, self.module.weight)  # a Linear's or a Conv1D's
         return weight.t() if self.transposed else weight
 
 
@@ -221,7 +221,7 @@ class AttentionSite:
         self._shift = None if shift is None or not bool(shift.any()) else shift.detach().clone()
 
     @property
-    def W_O(self) -> Tensor:  # noqa: N802
+    def W_O(self) -> Tensor:
         """``(n_heads, d_head_v, d_model)``: each head's slice of the output projection (a view).
 
         Raises:
@@ -236,7 +236,7 @@ class AttentionSite:
         return weight.view(weight.shape[0], self.n_heads, self.d_head_v).permute(1, 2, 0)
 
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         """``(n_heads, d_model, d_head)``: each query head's rows of the query projection (a copy).
 
         The projection itself: the model's scaling, positions (rotary) and query norms come after it.
@@ -247,28 +247,28 @@ class AttentionSite:
         return self._weights("q")
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         """``(n_kv_heads, d_model, d_head)``; query head h reads key head ``kv_head_of[h]``."""
         return self._weights("k")
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
+    def W_V(self) -> Tensor:
         """``(n_kv_heads, d_model, d_head_v)``; query head h reads value head ``kv_head_of[h]``."""
         return self._weights("v")
 
     @property
-    def QK(self) -> FactoredMatrix:  # noqa: N802
+    def QK(self) -> FactoredMatrix:
         """Each query head's bilinear form W_Q W_Kᵀ, factored: ``(n_heads, d_model, d_model)``, rank ≤ d_head.
 
         Scores are ``x_q W_QK x_kᵀ`` (times the scaling) before biases, positions and norms.
         """
-        W_K = self.W_K.index_select(0, self.kv_index(self.W_O.device))  # noqa: N806
+        W_K = self.W_K.index_select(0, self.kv_index(self.W_O.device))
         return FactoredMatrix(self.W_Q, W_K.transpose(1, 2))
 
     @property
-    def OV(self) -> FactoredMatrix:  # noqa: N802
+    def OV(self) -> FactoredMatrix:
         """Each query head's value-output circuit W_V W_O, factored: ``(n_heads, d_model, d_model)``."""
-        W_V = self.W_V.index_select(0, self.kv_index(self.W_O.device))  # noqa: N806
+        W_V = self.W_V.index_select(0, self.kv_index(self.W_O.device))
         return FactoredMatrix(W_V, self.W_O)
 
     def _weights(self, role: str) -> Tensor:

@@ -187,7 +187,7 @@ def build_report(
             t0 = time.perf_counter()
             try:
                 body, error = str(section.render(ctx)), None
-            except Exception as exc:  # a broken section must not take the report down
+            except Exception as exc:  # noqa: BLE001 - a broken section must not take the report down
                 body, error = _error_fragment(exc), f"{type(exc).__name__}: {exc}"
             seconds = time.perf_counter() - t0
             done[section.id] = RenderedSection(id=section.id, title=section.title, ok=error is None, body=body,

@@ -29,7 +29,7 @@ def number(value: float | int, *, digits: int = 2) -> str:
     Returns:
         The formatted text, e.g. ``"2.38e-07"``, ``"0"``, ``"nan"``, ``"inf"``.
     """
-    if isinstance(value, bool) or isinstance(value, int):
+    if isinstance(value, (bool, int)):
         return str(value)
     if math.isnan(value):
         return "nan"

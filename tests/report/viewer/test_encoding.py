@@ -88,7 +88,7 @@ def test_script_json_cannot_close_its_script_element_and_parses_back() -> None:
 
 
 def test_script_json_refuses_nan() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not JSON compliant"):
         script_json({"x": float("nan")})
 
 

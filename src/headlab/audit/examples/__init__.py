@@ -56,7 +56,8 @@ from headlab.audit.examples.gpt2_conv1d import GPT2Attention
 from headlab.audit.examples.grouped_query import GroupedQueryAttention
 from headlab.audit.examples.head_loop import LoopedHeadsAttention
 from headlab.audit.examples.head_modules import MultiHeadAttention as HeadModulesAttention
-from headlab.audit.examples.llama_rotary import Attention as LlamaAttention, ModelArgs
+from headlab.audit.examples.llama_rotary import Attention as LlamaAttention
+from headlab.audit.examples.llama_rotary import ModelArgs
 from headlab.audit.examples.multi_query import MultiQueryAttention
 from headlab.audit.examples.nanogpt_config import CausalSelfAttention, GPTConfig
 from headlab.audit.examples.narrow import NarrowAttention

@@ -25,6 +25,7 @@ class FusedCausalAttention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         batch, length, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, length, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))  # (batch, head, pos, d_head)
+        # (batch, head, pos, d_head)
+        q, k, v = (t.view(batch, length, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(z.transpose(1, 2).reshape(batch, length, width))

@@ -26,7 +26,7 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(nf))
 
     def forward(self, x: Tensor) -> Tensor:
-        size_out = x.size()[:-1] + (self.nf,)
+        size_out = (*x.size()[:-1], self.nf)
         return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size_out)
 
 
@@ -44,7 +44,7 @@ class GPT2Attention(nn.Module):
         self.register_buffer("bias", tril.view(1, 1, n_positions, n_positions), persistent=False)
 
     def _split_heads(self, t: Tensor) -> Tensor:  # (batch, pos, n_embd) -> (batch, head, pos, head_dim)
-        return t.view(t.size()[:-1] + (self.num_heads, self.head_dim)).permute(0, 2, 1, 3)
+        return t.view((*t.size()[:-1], self.num_heads, self.head_dim)).permute(0, 2, 1, 3)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         query, key, value = (self._split_heads(t) for t in self.c_attn(hidden_states).split(self.split_size, dim=2))
@@ -54,4 +54,4 @@ class GPT2Attention(nn.Module):
         w = torch.where(causal_mask, w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype))
         w = nn.functional.softmax(w, dim=-1).type(value.dtype)
         a = torch.matmul(w, value).permute(0, 2, 1, 3).contiguous()  # (batch, pos, head, head_dim)
-        return self.c_proj(a.view(a.size()[:-2] + (self.num_heads * self.head_dim,)))
+        return self.c_proj(a.view((*a.size()[:-2], self.num_heads * self.head_dim)))

@@ -34,7 +34,7 @@ class GPTConfig:
 class CausalSelfAttention(nn.Module):
     """Causal multi-head self-attention over a fused ``c_attn`` Linear."""
 
-    def __init__(self, config):  # noqa: ANN001 — unannotated, as in the layer it imitates
+    def __init__(self, config):
         super().__init__()
         assert config.n_embd % config.n_head == 0
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)

@@ -37,6 +37,6 @@ def projection_for(config: AttentionConfig) -> type[Projection]:
 
 
 __all__ = [
-    "PROJECTIONS", "BilinearProjection", "CollaborativeProjection", "NarrowProjection", "Projection", "SharedProjection",
-    "WideProjection", "projection_for",
+    "PROJECTIONS", "BilinearProjection", "CollaborativeProjection", "NarrowProjection", "Projection",
+    "SharedProjection", "WideProjection", "projection_for",
 ]

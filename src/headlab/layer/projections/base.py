@@ -17,6 +17,7 @@ bound of W_QK; its parameter and FLOP counts are read off the built module
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import Tensor, nn
 
@@ -93,43 +94,43 @@ class Projection(nn.Module):
 
     # --- per-head views: zero-copy where the variant stores them, else documented as copies ---
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         """``(n_heads, d_model, qk_dim)``."""
         raise NotImplementedError
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         """``(kv_heads, kdim, qk_dim)``."""
         raise NotImplementedError
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
+    def W_V(self) -> Tensor:
         """``(kv_heads, vdim, d_head_v)``."""
         raise NotImplementedError
 
     @property
-    def W_O(self) -> Tensor:  # noqa: N802
+    def W_O(self) -> Tensor:
         """``(n_heads, d_head_v, d_model)``, a view of ``out_proj.weight``."""
         c = self.config
         return self.out_proj.weight.view(c.d_model, c.n_heads, c.d_head_v).permute(1, 2, 0)
 
     @property
-    def b_Q(self) -> Tensor | None:  # noqa: N802
+    def b_Q(self) -> Tensor | None:
         """``(n_heads, qk_dim)`` or None."""
         raise NotImplementedError
 
     @property
-    def b_K(self) -> Tensor | None:  # noqa: N802
+    def b_K(self) -> Tensor | None:
         """``(kv_heads, qk_dim)`` or None."""
         raise NotImplementedError
 
     @property
-    def b_V(self) -> Tensor | None:  # noqa: N802
+    def b_V(self) -> Tensor | None:
         """``(kv_heads, d_head_v)`` or None."""
         raise NotImplementedError
 
     @property
-    def b_O(self) -> Tensor | None:  # noqa: N802
+    def b_O(self) -> Tensor | None:
         """``(d_model,)`` or None."""
         return self.out_proj.bias
 

@@ -13,16 +13,19 @@ layer that the softmax does not cancel, b_Q·W_Kᵀ x_k: with it, ``convert.to_b
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import Tensor, nn
 
-from headlab.layer.projections.base import check_one_kv_head_per_head
 from headlab.layer.config import AttentionConfig
+from headlab.layer.projections.base import check_one_kv_head_per_head
 from headlab.layer.projections.values import PerHeadValues
 
 
 class BilinearProjection(PerHeadValues):
     """A full query-key bilinear form per head: ``qk_weight (n_heads, d_model, kdim)``."""
+
+    q_bias: nn.Parameter | None  # registered (None without bias)
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
@@ -71,20 +74,20 @@ class BilinearProjection(PerHeadValues):
         return q, k, self.values(value)  # v: (batch, n_heads, key_pos, d_head_v)
 
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         """``(n_heads, d_model, kdim)``: W_QK itself."""
         return self.qk_weight
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         """``(n_heads, kdim, kdim)``: the identity (keys are the raw inputs)."""
         eye = torch.eye(self.config.kdim, dtype=self.qk_weight.dtype, device=self.qk_weight.device)
         return eye.expand(self.config.n_heads, -1, -1)
 
     @property
-    def b_Q(self) -> Tensor | None:  # noqa: N802
+    def b_Q(self) -> Tensor | None:
         return self.q_bias
 
     @property
-    def b_K(self) -> Tensor | None:  # noqa: N802
+    def b_K(self) -> Tensor | None:
         return None

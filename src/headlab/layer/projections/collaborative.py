@@ -18,13 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headlab.layer.projections.base import check_one_kv_head_per_head
 from headlab.layer.config import AttentionConfig
+from headlab.layer.projections.base import check_one_kv_head_per_head
 from headlab.layer.projections.values import PerHeadValues
 
 
 class CollaborativeProjection(PerHeadValues):
     """Shared ``q_weight (d_head, d_model)``, ``k_weight (d_head, kdim)`` and per-head ``mixing (n_heads, d_head)``."""
+
+    q_bias: nn.Parameter | None  # registered (None without bias)
+    k_bias: nn.Parameter | None
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
@@ -70,20 +73,20 @@ class CollaborativeProjection(PerHeadValues):
         return q, k, self.values(value)  # v: (batch, n_heads, key_pos, d_head_v)
 
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         """``(n_heads, d_model, d_head)``: W̃_Q diag(m_h), a copy."""
         return self.q_weight.T[None] * self.mixing[:, None, :]
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         """``(n_heads, kdim, d_head)``: the shared W̃_K for every head (a broadcast view)."""
         return self.k_weight.T.expand(self.config.n_heads, -1, -1)
 
     @property
-    def b_Q(self) -> Tensor | None:  # noqa: N802
+    def b_Q(self) -> Tensor | None:
         """``(n_heads, d_head)``: b̃_Q ⊙ m_h, a copy."""
         return None if self.q_bias is None else self.q_bias[None] * self.mixing
 
     @property
-    def b_K(self) -> Tensor | None:  # noqa: N802
+    def b_K(self) -> Tensor | None:
         return None if self.k_bias is None else self.k_bias.expand(self.config.n_heads, -1)

@@ -9,6 +9,7 @@ times fewer query/key/value parameters (``headlab.layer.convert.to_wide`` makes 
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import Tensor, nn
 
@@ -25,6 +26,9 @@ class NarrowProjection(Projection):
     """
 
     name = "narrow"
+    q_bias: nn.Parameter | None  # registered (None without bias)
+    k_bias: nn.Parameter | None
+    v_bias: nn.Parameter | None
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
@@ -87,28 +91,28 @@ class NarrowProjection(Projection):
 
     # Per-head views over the whole input are copies: a narrow head's W_Q is zero outside its slice.
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         """``(n_heads, d_model, d_head)``, a copy (the parameter is ``q_weight``)."""
         return self._full(self.q_weight)
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         """``(n_heads, kdim, d_head)``, a copy (the parameter is ``k_weight``)."""
         return self._full(self.k_weight)
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
+    def W_V(self) -> Tensor:
         """``(n_heads, vdim, d_head_v)``, a copy (the parameter is ``v_weight``)."""
         return self._full(self.v_weight)
 
     @property
-    def b_Q(self) -> Tensor | None:  # noqa: N802
+    def b_Q(self) -> Tensor | None:
         return self._per_head(self.q_bias)
 
     @property
-    def b_K(self) -> Tensor | None:  # noqa: N802
+    def b_K(self) -> Tensor | None:
         return self._per_head(self.k_bias)
 
     @property
-    def b_V(self) -> Tensor | None:  # noqa: N802
+    def b_V(self) -> Tensor | None:
         return self._per_head(self.v_bias)

@@ -1,9 +1,10 @@
 """The standard ("wide") projection of Vaswani et al. 2017: every head reads all of the input.
 
 Weights are stored as nn.MultiheadAttention stores them, under the same state_dict names
-(so torch layers convert by ``load_state_dict``), which is also the fastest layout to multiply: when the query, key and value inputs have the same width, one fused
-``in_proj_weight`` ``(n_heads·d_head + n_kv_heads·d_head + n_kv_heads·d_head_v, d_model)``
-whose rows are [W_Q; W_K; W_V] with heads contiguous; otherwise one weight per input.
+(so torch layers convert by ``load_state_dict``), which is also the fastest layout to multiply:
+when the query, key and value inputs have the same width, one fused ``in_proj_weight``
+``(n_heads·d_head + n_kv_heads·d_head + n_kv_heads·d_head_v, d_model)`` whose rows are
+[W_Q; W_K; W_V] with heads contiguous; otherwise one weight per input.
 Self-attention then costs one matrix multiply for q, k and v together.
 """
 
@@ -19,6 +20,14 @@ from headlab.layer.projections.base import Projection
 
 class WideProjection(Projection):
     """Standard multi-head projections (grouped-query when n_kv_heads < n_heads)."""
+
+    # Registered parameters, as nn.MultiheadAttention names them: the fused weight when the three inputs
+    # have one width, else the three separate ones; the bias with bias=True.
+    in_proj_weight: nn.Parameter | None
+    q_proj_weight: nn.Parameter | None
+    k_proj_weight: nn.Parameter | None
+    v_proj_weight: nn.Parameter | None
+    in_proj_bias: nn.Parameter | None
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
@@ -49,13 +58,17 @@ class WideProjection(Projection):
     @property
     def q_weight(self) -> Tensor:
         """``(n_heads·d_head, d_model)``: rows of W_Q, head-major."""
-        return self.in_proj_weight[: self.sizes[0]] if self.in_proj_weight is not None else self.q_proj_weight
+        if self.in_proj_weight is not None:
+            return self.in_proj_weight[: self.sizes[0]]
+        assert self.q_proj_weight is not None  # the separate weights exist where the fused one does not
+        return self.q_proj_weight
 
     @property
     def k_weight(self) -> Tensor:
         """``(n_kv_heads·d_head, kdim)``."""
         if self.in_proj_weight is not None:
             return self.in_proj_weight[self.sizes[0] : self.sizes[0] + self.sizes[1]]
+        assert self.k_proj_weight is not None
         return self.k_proj_weight
 
     @property
@@ -63,6 +76,7 @@ class WideProjection(Projection):
         """``(n_kv_heads·d_head_v, vdim)``."""
         if self.in_proj_weight is not None:
             return self.in_proj_weight[self.sizes[0] + self.sizes[1] :]
+        assert self.v_proj_weight is not None
         return self.v_proj_weight
 
     def _bias(self, part: int) -> Tensor | None:
@@ -88,31 +102,31 @@ class WideProjection(Projection):
         return q, k, v
 
     @property
-    def W_Q(self) -> Tensor:  # noqa: N802
+    def W_Q(self) -> Tensor:
         c = self.config
         return self.q_weight.view(c.n_heads, c.d_head, c.d_model).transpose(1, 2)
 
     @property
-    def W_K(self) -> Tensor:  # noqa: N802
+    def W_K(self) -> Tensor:
         c = self.config
         return self.k_weight.view(c.n_kv_heads, c.d_head, c.kdim).transpose(1, 2)
 
     @property
-    def W_V(self) -> Tensor:  # noqa: N802
+    def W_V(self) -> Tensor:
         c = self.config
         return self.v_weight.view(c.n_kv_heads, c.d_head_v, c.vdim).transpose(1, 2)
 
     @property
-    def b_Q(self) -> Tensor | None:  # noqa: N802
+    def b_Q(self) -> Tensor | None:
         bias = self._bias(0)
         return None if bias is None else bias.view(self.config.n_heads, self.config.d_head)
 
     @property
-    def b_K(self) -> Tensor | None:  # noqa: N802
+    def b_K(self) -> Tensor | None:
         bias = self._bias(1)
         return None if bias is None else bias.view(self.config.n_kv_heads, self.config.d_head)
 
     @property
-    def b_V(self) -> Tensor | None:  # noqa: N802
+    def b_V(self) -> Tensor | None:
         bias = self._bias(2)
         return None if bias is None else bias.view(self.config.n_kv_heads, self.config.d_head_v)

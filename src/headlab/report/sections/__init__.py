@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from headlab.report.section import Part, Section
 from headlab.report.sections import (
-    analysis, audit, bench, experiments, params, parity, patching, qk, sinks, streaming, viewer,
+    analysis,
+    audit,
+    bench,
+    experiments,
+    params,
+    parity,
+    patching,
+    qk,
+    sinks,
+    streaming,
+    viewer,
 )
 
 __all__ = ["DEFAULT_SECTIONS"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from headlab.report.html import Html, code, escape, link, table
@@ -46,7 +47,7 @@ def _yes(value: bool | None) -> str:
 
 
 def _side_by_side(results: tuple[AuditResult, AuditResult]) -> Html:
-    def row(name: str, get) -> list[str]:  # noqa: ANN001 — a field reader
+    def row(name: str, get: Callable[[AuditResult], str]) -> list[str]:
         return [name, *(get(r) for r in results)]
 
     rows = [
@@ -112,16 +113,16 @@ def plot_same_slice(results: tuple[AuditResult, AuditResult]) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    rows = [r for r in results if r.same_slice_patterns is not None]
+    rows = [(r, r.same_slice_patterns) for r in results if r.same_slice_patterns is not None]
     if not rows:
         raise ValueError("no audit has same-slice patterns (n_heads must be ≥ 2 and divide d_model)")
-    n_cols = max(r.same_slice_patterns.shape[0] for r in rows)
-    top = max(float(r.same_slice_patterns.max()) for r in rows)  # one colour scale for every panel
+    n_cols = max(p.shape[0] for _, p in rows)
+    top = max(float(p.max()) for _, p in rows)  # one colour scale for every panel
     fig = Figure(figsize=(2.0 * n_cols, 2.3 * len(rows)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(rows), n_cols, squeeze=False)
-    for i, result in enumerate(rows):
-        patterns = result.same_slice_patterns.float()
+    for i, (result, same_slice) in enumerate(rows):
+        patterns = same_slice.float()
         for h in range(n_cols):
             ax = axes[i][h]
             ax.set_xticks([])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from headlab.report.html import Html, code, escape, link, table
@@ -95,7 +96,7 @@ def _trend(rows: Sequence[Accounting]) -> str:
         return f"are {_n(t[0])} at {_heads(h[0])}"
     if len(set(t)) == 1:
         return f"stay at {_n(t[0])} for {h[0]}–{_heads(h[-1])}"
-    steps = [b - a for a, b in zip(t, t[1:])]
+    steps = [b - a for a, b in pairwise(t)]
     if all(s >= 0 for s in steps) or all(s <= 0 for s in steps):
         verb = "grow" if t[-1] > t[0] else "fall"
         level = next(i for i in range(len(t)) if len(set(t[i:])) == 1)  # where the tail goes flat

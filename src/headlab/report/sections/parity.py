@@ -22,13 +22,20 @@ JSON_NAME = "parity.json"
 class ParityCaseLike(Protocol):
     """The fields of ``headlab.interop.torch_mha.ParityCase`` this section reads."""
 
-    name: str
-    settings: dict[str, object]
-    output_max_abs: float
-    weights_max_abs: float
-    reference_max_abs: float
-    tolerance: float
-    passed: bool
+    @property
+    def name(self) -> str: ...
+    @property
+    def settings(self) -> dict[str, object]: ...
+    @property
+    def output_max_abs(self) -> float: ...
+    @property
+    def weights_max_abs(self) -> float: ...
+    @property
+    def reference_max_abs(self) -> float: ...
+    @property
+    def tolerance(self) -> float: ...
+    @property
+    def passed(self) -> bool: ...
 
     def to_dict(self) -> dict: ...
 

@@ -70,7 +70,7 @@ def choose_pair(loaded: HeadedModel | nn.Module, *, clean: str = CLEAN, corrupte
     language model, otherwise ``clean``/``corrupted`` with the similarity metric.
 
     Args:
-        loaded: a ``HeadedModel``.
+        loaded: a ``HeadedModel`` (or an attached model).
         clean, corrupted: the texts of the similarity pair. When they tokenize to different
             lengths the corrupted input is the clean one with its first differing token swapped.
 
@@ -85,7 +85,8 @@ def choose_pair(loaded: HeadedModel | nn.Module, *, clean: str = CLEAN, corrupte
 
     from headlab.models import headed
 
-    if not any(site.causal for site in headed(loaded).sites):
+    loaded = headed(loaded)  # the handle: an attached model's tokenizer is on it
+    if not any(site.causal for site in loaded.sites):
         return _similarity_pair(loaded, clean, corrupted, "the model is an encoder (no next token to predict)")
     pair = _induction_pair(loaded)
     with torch.no_grad():
@@ -96,7 +97,7 @@ def choose_pair(loaded: HeadedModel | nn.Module, *, clean: str = CLEAN, corrupte
     return pair
 
 
-def _induction_pair(loaded: HeadedModel | nn.Module) -> Pair:
+def _induction_pair(loaded: HeadedModel) -> Pair:
     import torch
 
     from headlab.analysis.patching import logit_difference
@@ -121,7 +122,7 @@ def _induction_pair(loaded: HeadedModel | nn.Module) -> Pair:
                 f"logit({shown[0]!r}) − logit({shown[1]!r}) at the last position", why)
 
 
-def _similarity_pair(loaded: HeadedModel | nn.Module, clean: str, corrupted: str, reason: str) -> Pair:
+def _similarity_pair(loaded: HeadedModel, clean: str, corrupted: str, reason: str) -> Pair:
     from headlab.analysis.patching import text_metric
 
     tokenizer = loaded.tokenizer
@@ -287,7 +288,8 @@ def render(ctx: ReportContext) -> str:
     e, a = exact.table["effect"], attribution.table["effect"]
     document = {"model": loaded.source, "clean": texts[0], "corrupted": texts[1],
                 "clean_ids": pair.clean[0].tolist(), "corrupted_ids": pair.corrupted[0].tolist(),
-                "metric": pair.definition, "metric_kind": pair.name, "results": [exact.to_dict(), attribution.to_dict()],
+                "metric": pair.definition, "metric_kind": pair.name,
+                "results": [exact.to_dict(), attribution.to_dict()],
                 "spearman": spearman(e, a), "spearman_abs": spearman(np.abs(e), np.abs(a))}
     json_href = ctx.write_file(f"{ASSET_DIR}/patching.json", json.dumps(document, indent=1) + "\n")
     return render_patching(texts, pair.why, exact, attribution, name=model_name(loaded.source),

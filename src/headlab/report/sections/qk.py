@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from headlab.report.html import Html, escape, table
 from headlab.report.section import ReportContext, Section
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from headlab.models import HeadedModel
 
 __all__ = ["ENERGY", "PLOT_NAME", "SECTION", "QKSpectra", "measure", "plot_spectra", "render_qk"]
 
@@ -62,7 +68,7 @@ class QKSpectra:
         return out
 
 
-def measure(model: object) -> QKSpectra:
+def measure(model: HeadedModel | nn.Module) -> QKSpectra:
     """Read every head's factored W_QK from a loaded model.
 
     Args:
@@ -143,8 +149,8 @@ def render_qk(spectra: QKSpectra, *, name: str, plot_href: str | None = None) ->
             f"rounding, not structure. Kept as two factors a head's W_QK costs {_cost(spectra, factored)}; as one "
             f"full bilinear form per head it would cost {d * d:,}, {d * d / factored:.1f}× as many, for scores of "
             f"rank up to {d} instead of {d_head}. Within the bound the spectrum decays: keeping {ENERGY:.0%} of "
-            f"‖W_QK‖² takes {int(np.median(flat_effective))} singular values for the median head (from {int(flat_effective.min())} "
-            f"to {int(flat_effective.max())}).")
+            f"‖W_QK‖² takes {int(np.median(flat_effective))} singular values for the median head "
+            f"(from {int(flat_effective.min())} to {int(flat_effective.max())}).")
     rows = [[f"{i}", len(r), f"{int(r.min())}–{int(r.max())}" if r.min() != r.max() else str(int(r.min())),
              spectra.d_head[i], float(np.median(e)), float(np.median(s[:, 0]))]
             for i, (r, e, s) in enumerate(zip(spectra.ranks, effective, spectra.singular))]

@@ -8,7 +8,7 @@ One capture pass (patterns and v) feeds ``headlab.analysis.norms.ValueWeighted``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ class SinkReport:
     causal: bool
 
 
-def measure(model: HeadedModel | nn.Module, texts: list[str]) -> SinkReport:
+def measure(model: HeadedModel | nn.Module, texts: Sequence[str]) -> SinkReport:
     """One capture of every head's pattern and v over ``texts`` into both accumulators."""
     from headlab.analysis.norms import ValueWeighted
     from headlab.analysis.sinks import SinkShare

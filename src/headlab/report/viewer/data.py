@@ -30,7 +30,7 @@ from headlab.analysis.flow import FLOW_MAX_LENGTH, attention_flow, rollout
 from headlab.analysis.roles import label_heads
 from headlab.analysis.surface import FIXED_WHEN_CAUSAL, STATISTICS, SurfaceStats, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, classify
-from headlab.capture import CaptureBatch, capture, pattern_to_words, tokenize_corpus
+from headlab.capture import CaptureBatch, LayerCapture, capture, pattern_to_words, tokenize_corpus
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.report.provenance import model_name
@@ -182,8 +182,8 @@ class ViewerData:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns: the page's payload (the format ``static/viewer.js`` reads)."""
-        return {"format": 1, "name": self.name, "source": self.source, "architecture": self.architecture, "causal": self.causal,
-                "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
+        return {"format": 1, "name": self.name, "source": self.source, "architecture": self.architecture,
+                "causal": self.causal, "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
                 "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
                 "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length}
 
@@ -274,9 +274,9 @@ def view_data(
                         pieces=collector.levels[k][0], words=collector.levels[k][1]) for k in range(len(texts))]
     notes = [f"text {k} has {it.full_length} pieces; only the first {it.pieces.n} (the model's limit) are shown"
              for k, it in enumerate(items) if it.truncated]
-    return ViewerData(name=model_name(model.source), source=model.source, architecture=model.architecture, causal=causal,
-                      n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length, notes=notes,
-                      flow_max_length=flow_max_length)
+    return ViewerData(name=model_name(model.source), source=model.source, architecture=model.architecture,
+                      causal=causal, n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length,
+                      notes=notes, flow_max_length=flow_max_length)
 
 
 class _Collector:
@@ -289,17 +289,19 @@ class _Collector:
 
     def update(self, batch: CaptureBatch) -> None:
         units, n_units = batch.word_units()
+        patterns = {layer: _pattern(taken) for layer, taken in batch.layers.items()}
         for row in range(len(batch)):
             n = int(batch.lengths[row])
             index = int(batch.corpus_indices[row])
             layers = batch.layers
-            stack = torch.stack([layers[layer].pattern[row, layers[layer].heads.index(head), :n, :n]
+            stack = torch.stack([patterns[layer][row, layers[layer].heads.index(head), :n, :n]
                                  for layer, head in self.shown]).float().cpu()  # (head, n, n)
             text, tokens = batch.texts[row], batch.tokens[row]
             offsets = batch.offsets[row, :n].tolist()
             special = batch.special_tokens_mask[row, :n].bool().tolist()
             # every head of each layer, averaged: rollout and flow read nothing else
-            means = [layers[layer].pattern[row, :, :n, :n].float().mean(0, keepdim=True).cpu() for layer in sorted(layers)]
+            means = [patterns[layer][row, :, :n, :n].float().mean(0, keepdim=True).cpu()
+                     for layer in sorted(layers)]
             paths = {"rollout": rollout(means)}
             if n <= self.flow_max_length:
                 paths["flow"] = attention_flow(means, max_length=self.flow_max_length)
@@ -313,6 +315,12 @@ class _Collector:
             self.levels[index] = (pieces, words)
 
 
+def _pattern(taken: LayerCapture) -> torch.Tensor:
+    """A captured layer's patterns: the viewer captures them (take=("pattern",))."""
+    assert taken.pattern is not None
+    return taken.pattern
+
+
 def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offsets: list[list[int]],
            special: list[bool], units: list[int], paths: dict[str, torch.Tensor]) -> Level:
     """Labels, gaps and encodings of one item at one level; ``units[p]`` is piece p's position at this level."""
@@ -320,7 +328,7 @@ def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offs
     spans: list[list[int] | None] = [None] * n
     is_special = [True] * n
     counts = [0] * n
-    for (start, end), sp, unit, token in zip(offsets, special, units, tokens):
+    for (start, end), sp, unit in zip(offsets, special, units):
         counts[unit] += 1
         if sp:
             continue

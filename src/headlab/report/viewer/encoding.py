@@ -83,7 +83,8 @@ def quantize(pattern: Tensor) -> QuantizedPattern:
     p = pattern.detach().to(torch.float32).cpu()
     low, high = torch.aminmax(p)
     if not (bool(torch.isfinite(high)) and float(low) >= 0):  # NaN fails both tests
-        raise ValueError(f"pattern holds weights in [{float(low)}, {float(high)}]; attention weights are finite and ≥ 0")
+        raise ValueError(f"pattern holds weights in [{float(low)}, {float(high)}]; "
+                         "attention weights are finite and ≥ 0")
     scale = p.amax(dim=1)
     codes = (p * (255.0 / scale.clamp(min=1e-30))[:, None]).round_().clamp_(0, 255).to(torch.uint8)
     return QuantizedPattern(n=p.shape[0], scale=scale.numpy(), deflated=zlib.compress(codes.numpy().tobytes(), _LEVEL))

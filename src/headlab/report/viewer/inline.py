@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
 from torch import nn
 
 from headlab.analysis.flow import FLOW_MAX_LENGTH
@@ -70,8 +71,8 @@ class InlineViewer:
                 "writes it as a page")
 
 
-def show(what: HeadedModel | nn.Module | Cache | ViewerData, texts: str | Sequence[str] | None = None, *, heads: HeadSelection = None,
-         flow_max_length: int = FLOW_MAX_LENGTH) -> InlineViewer:
+def show(what: HeadedModel | nn.Module | Cache | ViewerData, texts: str | Sequence[str] | None = None, *,
+         heads: HeadSelection = None, flow_max_length: int = FLOW_MAX_LENGTH) -> InlineViewer:
     """The interactive attention viewer, inline in a notebook.
 
     Args:

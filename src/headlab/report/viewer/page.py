@@ -99,7 +99,8 @@ def viewer_document(data: ViewerData, *, title: str | None = None) -> str:
     page_style = ("body{margin:0;background:#fff;font:15px/1.5 system-ui,sans-serif;color:#1f2328}"
                   "@media (prefers-color-scheme: dark){body{background:#0d1117;color:#e6edf3}}"
                   "main{max-width:110rem;margin:0 auto;padding:1rem 1.25rem 2rem}"
-                  "header h1{font-size:1.35rem;margin:0 0 .15rem}header p{margin:0 0 .8rem;color:#59636e;font-size:.9rem}"
+                  "header h1{font-size:1.35rem;margin:0 0 .15rem}"
+                  "header p{margin:0 0 .8rem;color:#59636e;font-size:.9rem}"
                   "footer{margin-top:1rem;color:#59636e;font-size:.8rem}")
     policy = (f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)} {_sha256(page_style)}; "
               "img-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")  # data: for the icon

@@ -37,6 +37,7 @@ class LocalServer(ThreadingHTTPServer):
     def url(self) -> str:
         """The address to open: the file, or the folder's ``index.html``."""
         host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, (bytes, bytearray)) else host  # socketserver allows bytes
         name = self.single.name if self.single is not None else "index.html"
         return f"http://{host}:{port}/{name}"
 
@@ -74,10 +75,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "headlab"
     sys_version = ""
 
-    def do_GET(self) -> None:  # noqa: N802 — the http.server naming
+    def do_GET(self) -> None:
         self._answer(body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(body=False)
 
     def _answer(self, *, body: bool) -> None:
@@ -98,7 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(data)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — the http.server signature
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
         pass  # the command prints the address; per-request lines would bury it
 
 
