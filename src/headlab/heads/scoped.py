@@ -8,8 +8,8 @@
         output = loaded(**inputs)
 
 ``intervening(model)`` is the scope itself: it records every site's gates (the persistent
-affine and the per-call gate, replacement and delta of ``headlab.layer.gates``, and the
-key windows of ``windowed``) and sets them back exactly when the block ends. The persistent
+affine and the per-call gate, replacement and delta of ``headlab.layer.gates``, the
+replacements and deltas of the heads' inputs, and the key windows of ``windowed``) and sets them back exactly when the block ends. The persistent
 forms (``headlab.heads.mask`` …) are for saving.
 """
 
@@ -30,7 +30,7 @@ from headlab.models.site import HeadWindow
 
 Model = HeadedModel | nn.Module  # a handle, or an attached model (headlab.attach)
 
-_GATES = ("scale", "shift", "head_mask", "replacement", "delta", "windows")
+_GATES = ("scale", "shift", "head_mask", "replacement", "delta", "windows", "input_replacements", "input_deltas")
 
 
 @contextmanager
@@ -41,13 +41,18 @@ def intervening(model: Model) -> Iterator[list[AttentionSite]]:
         The model's sites, to change inside the block.
     """
     sites = headed(model).sites
-    saved = [{name: getattr(site, name) for name in _GATES} for site in sites]
+    # the per-call input gates are dicts filled in place: kept as copies
+    saved = [{name: _copy(getattr(site, name)) for name in _GATES} for site in sites]
     try:
         yield sites
     finally:
         for site, gates in zip(sites, saved):
             for name, value in gates.items():
                 setattr(site, name, value)
+
+
+def _copy(gate: Any) -> Any:
+    return dict(gate) if isinstance(gate, dict) else gate
 
 
 @contextmanager

@@ -5,15 +5,21 @@ In this order:
 
     z_h ← scale[h] · z_h + shift[h]      persistent interventions: mask, scale, zero/mean ablation
     z_h ← gate[h] · z_h                   a per-call gate, differentiable: importance gradients
-    z_h ← replacement_h                   a per-call replacement of some heads: activation patching
+    z_h ← replacement_h                   a per-call replacement of some heads (at some positions):
+                                          activation patching
     z   ← z + delta                       a per-call additive zero with a gradient: attribution patching
+
+A head's inputs (its q, and the k and v of its key/value head) can be replaced and given an additive
+zero the same way, before the attention weights are computed (``gate_input``): path patching and
+edge attribution (``headlab.circuits``).
 
 Axis legend:
     z            (batch, n_heads, query_pos, d_head_v)
     scale        (n_heads,)           shift (n_heads, d_head_v)
     gate         (n_heads,) or (batch, n_heads)
-    replacement  (batch, len(heads), query_pos, d_head_v)
+    replacement  (batch, len(heads), query_pos | len(positions), d_head_v)
     delta        (batch, n_heads, query_pos, d_head_v)
+    q            (batch, n_heads, query_pos, d_head);  k, v (batch, n_kv_heads, key_pos, d_head | d_head_v)
 """
 
 from __future__ import annotations
@@ -23,17 +29,47 @@ from dataclasses import dataclass
 from torch import Tensor
 
 
+INPUTS = ("q", "k", "v")  # a head's inputs that can be replaced (``gate_input``)
+
+
 @dataclass
 class Replacement:
-    """Per-call values for some heads' z.
+    """Per-call values for some heads of a per-head tensor (z, or an input q, k, v), at every position
+    or at some.
 
     Attributes:
-        heads: the query heads replaced, ``(k,)`` long.
-        values: ``(batch, k, query_pos, d_head_v)``.
+        heads: the heads replaced, ``(k,)`` long (query heads; key/value heads for k and v).
+        values: ``(batch, k, positions, d)``: ``positions`` is every position of the call, or
+            ``len(positions)``.
+        positions: the positions replaced (query positions for z and q, key positions for k and v),
+            ``(p,)`` long; None for every position.
     """
 
     heads: Tensor
     values: Tensor
+    positions: Tensor | None = None
+
+    def apply(self, x: Tensor, *, what: str) -> Tensor:
+        """``x`` ``(batch, heads, positions, d)`` with the replaced entries set (a new tensor).
+
+        Raises:
+            ValueError: values that do not fit this call's ``x`` (``what`` names it in the message).
+        """
+        heads = self.heads.to(x.device)
+        positions = None if self.positions is None else self.positions.to(x.device)
+        n_positions = x.shape[2] if positions is None else len(positions)
+        expected = (x.shape[0], len(heads), n_positions, x.shape[3])
+        if tuple(self.values.shape) != expected:
+            raise ValueError(f"the replacement {what} has shape {tuple(self.values.shape)}; this call needs "
+                             f"{expected} (batch, heads, positions, d): patch between inputs of the same shape")
+        if positions is not None and positions.numel() and int(positions.max()) >= x.shape[2]:
+            raise ValueError(f"the replacement {what} sets position {int(positions.max())}; this call has "
+                             f"{x.shape[2]} positions")
+        values = self.values.to(x)
+        if positions is None:
+            return x.index_copy(1, heads, values)
+        selected = x.index_select(1, heads).index_copy(2, positions, values)  # (batch, k, positions, d)
+        return x.index_copy(1, heads, selected)
 
 
 def check_affine(scale: Tensor | None, shift: Tensor | None, *, n_heads: int, d_head_v: int) -> None:
@@ -94,17 +130,33 @@ def apply_gates(z: Tensor, *, scale: Tensor | None = None, shift: Tensor | None 
         z = z + shift.to(z)[None, :, None, :]
     if gate is not None:
         z = z * gate.to(z.dtype)
+    return gate_input(z, replacement=replacement, delta=delta, what="z")
+
+
+def gate_input(x: Tensor, *, replacement: Replacement | None = None, delta: Tensor | None = None,
+               what: str) -> Tensor:
+    """``x`` (z, or a head input q, k, v) with a per-call replacement and then an additive zero applied.
+
+    Args:
+        x: ``(batch, heads, positions, d)``.
+        replacement: values for some heads (at some positions), or None.
+        delta: an addition of ``x``'s shape, or None.
+        what: the tensor's name, for errors.
+
+    Returns:
+        A new tensor (``x`` itself when nothing is set).
+
+    Raises:
+        ValueError: a replacement or delta that does not match this call's ``x``.
+    """
     if replacement is not None:
-        expected = (z.shape[0], len(replacement.heads), *z.shape[2:])
-        if tuple(replacement.values.shape) != expected:
-            raise ValueError(f"the replacement z has shape {tuple(replacement.values.shape)}; this call needs "
-                             f"{expected} (batch, heads, query_pos, d_head_v): patch between inputs of the same shape")
-        z = z.index_copy(1, replacement.heads.to(z.device), replacement.values.to(z))
+        x = replacement.apply(x, what=what)
     if delta is not None:
-        if delta.shape != z.shape:
-            raise ValueError(f"delta has shape {tuple(delta.shape)}; this call's z is {tuple(z.shape)}")
-        z = z + delta
-    return z
+        if delta.shape != x.shape:
+            raise ValueError(f"the {what} delta has shape {tuple(delta.shape)}; this call's {what} is "
+                             f"{tuple(x.shape)}")
+        x = x + delta
+    return x
 
 
 def identity_affine(scale: Tensor | None, shift: Tensor | None) -> bool:

@@ -184,6 +184,8 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             q = self.rotary(q, offset=offset, cos_sin=rotary_cos_sin)
             k = self.rotary(k, offset=offset, cos_sin=rotary_cos_sin)
+        if site is not None:  # per-call replacements and deltas of some heads' inputs (headlab.circuits)
+            q, k, v = site.gate_inputs(q, k, v)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
         if self.extra_kv is not None:

@@ -89,5 +89,9 @@ class HeadSite(Protocol):
     def gate(self, z: Tensor) -> Tensor:
         """z ``(batch, n_heads, query_pos, d_head_v)`` after the site's gates."""
 
+    def gate_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q ``(batch, n_heads, query_pos, d_head)``, k and v ``(batch, n_kv_heads, key_pos, d)`` after the
+        site's per-call input gates (replacements and deltas on some heads' inputs)."""
+
     def window_blocked(self, q_len: int, k_len: int, *, offset: int, device: object) -> Tensor | None:
         """``(n_heads, query_pos, key_pos)`` bool, True where a windowed head drops a key; None without windows."""

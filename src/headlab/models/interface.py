@@ -11,7 +11,8 @@ Registered as ``"headlab"``, this function sees every head of every such model:
 - ``output_attentions=True``, or soft-capped logits (Gemma 2): every head's pattern, computed
   as the model's own eager path computes it, and z from it;
 - gates (mask, scale, zero/mean ablation, importance gates) act on z before the output
-  projection, whichever path ran;
+  projection, whichever path ran; replacements and deltas of some heads' q, k, v act on them
+  before anything reads them (path patching, edge attribution);
 - windowed heads (``headlab.heads.windowed``: sink and recent keys only) get their dropped keys
   added to the call's mask, one mask per head, which every path then reads;
 - an observer set in this context (``observing``: the probe of ``headlab.attach``) is told of each
@@ -128,6 +129,8 @@ def attention(
     wants_weights = _weights_requested(kwargs)
     if site is None:
         _check_plain(module)
+    else:  # some heads' q, k or v replaced, or given a delta (headlab.circuits): before anything reads them
+        query, key, value = site.gate_inputs(query, key, value)
     if not wants_weights and softcap is None and (site is None or site.idle):
         return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, kwargs=kwargs)
 

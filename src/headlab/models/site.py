@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from headlab.layer import FactoredMatrix
 from headlab.layer.functional import head_results
-from headlab.layer.gates import Replacement, apply_gates, check_affine, check_gate
+from headlab.layer.gates import INPUTS, Replacement, apply_gates, check_affine, check_gate, gate_input
 from headlab.layer.masks import sink_window_blocked
 from headlab.layer.taps import Tap
 
@@ -101,6 +101,11 @@ class AttentionSite:
         self.head_mask: Tensor | None = None
         self.replacement: Replacement | None = None
         self.delta: Tensor | None = None
+        # Per call, on the heads' inputs q, k, v ({"q": ..., "k": ...}; k and v by key/value head):
+        # replacements (path patching) and additive zeros whose gradients are ∂/∂q, ∂/∂k, ∂/∂v
+        # (edge attribution; headlab.circuits).
+        self.input_replacements: dict[str, Replacement] = {}
+        self.input_deltas: dict[str, Tensor] = {}
         # Per call: heads whose pattern is restricted to sink and recent keys (a head in several
         # windows keeps the keys all of them keep).
         self.windows: tuple[HeadWindow, ...] = ()
@@ -151,7 +156,23 @@ class AttentionSite:
     def idle(self) -> bool:
         """Nothing to take, gate or regroup: the fused kernel serves the call as it is."""
         return (self.tap is None and self._scale is None and self._shift is None and self.head_mask is None
-                and self.replacement is None and self.delta is None and not self.windows and self.uniform_groups)
+                and self.replacement is None and self.delta is None and not self.windows and self.uniform_groups
+                and not self.input_replacements and not self.input_deltas)
+
+    def gate_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v after the site's per-call input replacements and deltas (``headlab.layer.gates.gate_input``).
+
+        Args:
+            query: ``(batch, n_heads, query_pos, d_head)``; key, value ``(batch, n_kv_heads, key_pos, d)``.
+
+        Returns:
+            The three, each the given tensor itself where nothing is set on it.
+        """
+        if not self.input_replacements and not self.input_deltas:
+            return query, key, value
+        gated = [gate_input(x, replacement=self.input_replacements.get(role), delta=self.input_deltas.get(role),
+                            what=role) for role, x in zip(INPUTS, (query, key, value))]
+        return gated[0], gated[1], gated[2]
 
     def kv_index(self, device: torch.device) -> Tensor:
         """``(n_heads,)``: the key/value head of each query head."""
