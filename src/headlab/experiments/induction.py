@@ -18,7 +18,7 @@ with the thresholds ``PREVIOUS_TOKEN`` and ``INDUCTION`` of the analysis of real
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -97,6 +97,7 @@ class InductionResult:
         previous_token_step, induction_step: the first evaluated step at which some layer-0 head's
             previous-token score (some layer-1 head's induction score) is above the threshold.
         scores: per evaluation, ``{"previous_token" | "duplicate_token" | "induction": [layer][head]}``.
+        model: the trained model (not in ``to_dict``): its circuit is read by ``headlab.circuits``.
     """
 
     seed: int
@@ -119,6 +120,7 @@ class InductionResult:
     induction_step: int | None
     history: History
     scores: list[dict[str, list[list[float]]]] = field(default_factory=list)
+    model: TinyTransformer | None = field(default=None, repr=False, compare=False)
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """The claims as (headers, rows) of text."""
@@ -169,7 +171,9 @@ class InductionResult:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": "induction"} | asdict(self)
+        fields = asdict(replace(self, model=None))
+        del fields["model"]
+        return {"experiment": "induction"} | fields
 
 
 @single_thread()
@@ -215,7 +219,7 @@ def run_induction(*, seed: int = 0, steps: int | None = None, quick: bool = Fals
         best_previous_token=_best(final["previous_token"], 0), best_induction=_best(final["induction"], 1),
         previous_token_step=_first_step(history.steps, layer0_prev, lambda v: v > PREVIOUS_TOKEN),
         induction_step=_first_step(history.steps, layer1_induction, lambda v: v > INDUCTION),
-        history=history, scores=scores,
+        history=history, scores=scores, model=model,
     )
 
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-
 INPUTS = ("q", "k", "v")  # a head's inputs that can be replaced (``gate_input``)
 
 

@@ -82,8 +82,9 @@ class Stream:
             ValueError: the model has no unembedding (no language-model head).
         """
         if self.unembedding is None:
-            raise ValueError("this model has no unembedding (no language-model head: its output is not logits over "
-                             "a vocabulary); load it with its LM head, e.g. AutoModelForCausalLM or AutoModelForMaskedLM")
+            raise ValueError("this model has no unembedding (no language-model head: its output is not logits over a "
+                             "vocabulary); load it with its LM head, e.g. AutoModelForCausalLM or "
+                             "AutoModelForMaskedLM")
         weight = self.unembedding.weight
         assert isinstance(weight, Tensor)
         return weight.t()
@@ -99,7 +100,7 @@ class Stream:
             record: filled with ``{layer: stream, "final": stream}`` as the model runs (after the
                 edits; the tensors themselves, in the autograd graph when the forward has one).
         """
-        edits: dict[int | str, Edit] = {**(layers or {})}
+        edits: dict[int | str, Edit] = dict((layers or {}).items())
         if final is not None:
             edits["final"] = final
         keys: list[int | str] = [*range(len(self.layers)), "final"]
@@ -164,7 +165,8 @@ def _find(model: HeadedModel, inputs: Mapping[str, Any]) -> Stream:
     out = _output_tensor(output)
     unembedding = None
     if out is not None and _is_logits(output):
-        declared = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
+        getter = getattr(net, "get_output_embeddings", None)
+        declared = getter() if callable(getter) else None
         called = isinstance(declared, nn.Module) and any(m is declared for m, _, _ in calls)
         # the model's own word, else the module whose output is the logits
         unembedding = declared if called else _producer(calls, out, _is_unembedding)
@@ -183,8 +185,9 @@ def _find(model: HeadedModel, inputs: Mapping[str, Any]) -> Stream:
     for point in [*layers, final]:
         runs = sum(m is point.module for m, _, _ in calls)
         if runs != 1 or modules.count(point.module) != 1:
-            raise ValueError(f"{model.architecture}: {point.name or 'the model'} reads the residual stream {runs} times "
-                             "in one forward (a module shared between layers): its layers' streams cannot be told apart")
+            raise ValueError(f"{model.architecture}: {point.name or 'the model'} reads the residual stream {runs} "
+                             "times in one forward (a module shared between layers): its layers' streams cannot be "
+                             "told apart")
     return Stream(layers, final, final_norm, unembedding,
                   "" if unembedding is None else names[id(unembedding)])
 

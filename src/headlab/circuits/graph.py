@@ -1,0 +1,231 @@
+"""The edges between heads, and a score for each: what edge attribution, edge patching and path
+patching return, and what a circuit is made of.
+
+A model's graph (Elhage et al. 2021; Syed et al. 2023; Hanna et al. 2024), heads as nodes:
+
+- senders: the input (the stream before the first layer: embeddings and positions) and every head;
+  a head sends its ``result`` (its z through its slice of the output projection) into the stream;
+- receivers: every head's query input (``q``), every key/value head's key and value inputs (``k``,
+  ``v``), and the output (the stream the output reads: the logits' input);
+- an edge sender → receiver for every sender in an earlier layer than the receiver (the input
+  before every layer; every head before the output).
+
+With grouped-query attention a key/value head is one receiver of its ``k`` edges and one of its
+``v`` edges: the query heads that read it share them. ``Edge.receiver`` then names the key/value head
+(``(layer, kv_head, "k")``), as the model computes one key per key/value head.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headlab import display
+from headlab.heads import head_label
+from headlab.models import HeadedModel
+
+INPUT = "input"  # the sender that is the stream before the first layer
+OUTPUT = "output"  # the receiver that is the stream the output reads
+ROLES = ("q", "k", "v")
+
+Sender = str | tuple[int, int]  # INPUT, or (layer, head)
+Receiver = str | tuple[int, int, str]  # OUTPUT, or (layer, head, role): a key/value head for k and v
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One edge of the graph (see the module docstring).
+
+    Attributes:
+        sender: ``INPUT`` or ``(layer, head)``.
+        receiver: ``OUTPUT`` or ``(layer, head, role)``, role in ``ROLES`` (head: a key/value head for k, v).
+    """
+
+    sender: Sender
+    receiver: Receiver
+
+    @property
+    def label(self) -> str:
+        """``"L0H3 → L1H2.k"``, ``"input → L0H1.q"``, ``"L1H0 → output"``."""
+        return f"{node_label(self.sender)} → {node_label(self.receiver)}"
+
+    @property
+    def role(self) -> str | None:
+        """The receiver's input (q, k, v), or None for the output."""
+        return None if isinstance(self.receiver, str) else self.receiver[2]
+
+    def to_dict(self) -> dict[str, Any]:
+        sender = self.sender if isinstance(self.sender, str) else {"layer": self.sender[0], "head": self.sender[1]}
+        receiver: Any = self.receiver
+        if not isinstance(receiver, str):
+            receiver = {"layer": receiver[0], "head": receiver[1], "role": receiver[2]}
+        return {"sender": sender, "receiver": receiver, "label": self.label}
+
+
+def receiving(receiver: Receiver) -> tuple[int, int, str]:
+    """``(layer, head, role)`` of a receiver that is a head's input.
+
+    Raises:
+        ValueError: the receiver is the output.
+    """
+    if isinstance(receiver, str):
+        raise ValueError(f"{receiver!r} is not a head's input")
+    return receiver
+
+
+def sending(sender: Sender) -> tuple[int, int]:
+    """``(layer, head)`` of a sender that is a head.
+
+    Raises:
+        ValueError: the sender is the input.
+    """
+    if isinstance(sender, str):
+        raise ValueError(f"{sender!r} is not a head")
+    return sender
+
+
+def node_label(node: Sender | Receiver) -> str:
+    """``"input"``, ``"L0H3"``, ``"L1H2.k"``, ``"output"``."""
+    if isinstance(node, str):
+        return node
+    label = head_label(node[0], node[1])
+    return label if len(node) == 2 else f"{label}.{node[2]}"
+
+
+def graph_edges(model: HeadedModel, *, roles: Sequence[str] = ROLES, output: bool = True) -> list[Edge]:
+    """Every edge of ``model``'s graph, in a fixed order: by receiver (layer, role, head; the output last),
+    then by sender (the input, then heads by layer and head).
+
+    Args:
+        model: a ``HeadedModel``.
+        roles: the receivers' inputs to include.
+        output: include the edges into the output.
+
+    Raises:
+        ValueError: an unknown role.
+    """
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown or not roles:
+        raise ValueError(f"roles={tuple(roles)!r}; expected one or more of {ROLES}")
+    sites = model.sites
+    edges: list[Edge] = []
+    for site in sites:
+        senders: list[Sender] = [INPUT, *((s.layer, h) for s in sites[: site.layer] for h in range(s.n_heads))]
+        for role in ROLES:
+            if role not in roles:
+                continue
+            count = site.n_heads if role == "q" else site.n_kv_heads
+            edges += [Edge(sender, (site.layer, head, role)) for head in range(count) for sender in senders]
+    if output:
+        senders = [INPUT, *((s.layer, h) for s in sites for h in range(s.n_heads))]
+        edges += [Edge(sender, OUTPUT) for sender in senders]
+    return edges
+
+
+@dataclass(repr=False)
+class EdgeScores(display.Shown):
+    """A score for each edge: the metric's change when the edge carries the clean run's value into the
+    corrupted run (denoising; or the corrupted value into the clean run: noising).
+
+    Attributes:
+        method: "eap", "eap-ig", "edge patching" or "path patching".
+        edges: the scored edges.
+        scores: ``(len(edges),)``: the metric's change (exact or estimated), unnormalised.
+        clean_metric, corrupted_metric: the metric on the two unpatched runs.
+        forwards, backwards: the passes run.
+        seconds: wall time.
+        details: what else the method reports (e.g. its integration steps).
+    """
+
+    method: str
+    edges: list[Edge]
+    scores: np.ndarray
+    clean_metric: float
+    corrupted_metric: float
+    forwards: int
+    backwards: int
+    seconds: float
+    details: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.scores) != len(self.edges):
+            raise ValueError(f"{len(self.scores)} scores for {len(self.edges)} edges")
+        self._index = {edge: i for i, edge in enumerate(self.edges)}
+
+    def __len__(self) -> int:
+        return len(self.edges)
+
+    def __getitem__(self, edge: Edge) -> float:
+        """The score of ``edge``.
+
+        Raises:
+            KeyError: an edge that was not scored.
+        """
+        if edge not in self._index:
+            raise KeyError(f"{edge.label} was not scored ({self.method} scored {len(self.edges)} edges)")
+        return float(self.scores[self._index[edge]])
+
+    @property
+    def effects(self) -> np.ndarray:
+        """The scores as shares of the clean − corrupted gap."""
+        gap = self.clean_metric - self.corrupted_metric
+        return self.scores / gap if gap else np.full_like(self.scores, np.nan)
+
+    def top(self, k: int, *, absolute: bool = True) -> list[Edge]:
+        """The ``k`` edges with the largest scores (by magnitude unless ``absolute=False``), largest first.
+
+        Raises:
+            ValueError: k is not a positive int.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r}; expected a positive int")
+        keys = np.abs(self.scores) if absolute else self.scores
+        order = np.argsort(-keys, kind="stable")[:k]
+        return [self.edges[i] for i in order]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
+                "forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds,
+                "details": self.details or {},
+                "edges": [{**edge.to_dict(), "score": float(score), "effect": float(effect)}
+                          for edge, score, effect in zip(self.edges, self.scores, self.effects)]}
+
+    def write(self, folder: str | Path, *, name: str | None = None) -> list[Path]:
+        """Write ``<name>.json`` (``to_dict``) and ``<name>.csv`` (one row per edge) into ``folder``.
+
+        Returns:
+            The paths written.
+        """
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = name or self.method.replace(" ", "_")
+        json_path, csv_path = folder / f"{stem}.json", folder / f"{stem}.csv"
+        json_path.write_text(json.dumps(self.to_dict(), indent=1))
+        with csv_path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sender", "receiver", "role", "score", "effect"])
+            for edge, score, effect in zip(self.edges, self.scores, self.effects):
+                writer.writerow([node_label(edge.sender), node_label(edge.receiver), edge.role or "",
+                                 f"{score:.6g}", f"{effect:.6g}"])
+        return [json_path, csv_path]
+
+    # --- how it shows (display.Shown) ---
+    def _title(self) -> str:
+        return f"EdgeScores: {self.method}, {len(self.edges)} edges"
+
+    def _facts(self) -> list[tuple[str, object]]:
+        top = [f"{edge.label} {display.short(self[edge])}" for edge in self.top(min(3, len(self.edges)))]
+        clean, corrupted = display.short(self.clean_metric), display.short(self.corrupted_metric)
+        return [("largest |score|", ", ".join(top) or "none"), ("metric", f"clean {clean}, corrupted {corrupted}"),
+                ("passes", f"{self.forwards} forwards, {self.backwards} backwards, {self.seconds:.2f} s")]
+
+    def _parts(self) -> list[str]:
+        rows = [[edge.label, display.short(self[edge]), display.short(float(self.effects[self._index[edge]]))]
+                for edge in self.top(min(10, len(self.edges)))]
+        return [display.table(["edge", "score", "effect"], rows)]

@@ -1,0 +1,151 @@
+"""Receivers' inputs from a stream of their own, computed by the model's own modules.
+
+An edge sender → receiver changes what one receiver reads (its q, or the k or v of a key/value
+head) and nothing else: the other heads of the receiver's layer read the stream as it is. During a
+forward, ``own_inputs`` gives receivers of a layer a stream of their own: where the layer's heads
+read the stream (``headlab.models.stream``), it runs the model's norm there and the attention module
+itself on each receiver's stream, takes the q, k and v the module computes (its projections,
+positions, q/k norms) at headlab's attention function, stops that call there, and has the real call
+use them for those receivers only (``AttentionSite.input_replacements``). Nothing is reimplemented:
+the modules' own ``forward`` runs (without their hooks, so that nothing recording the forward sees
+the extra call).
+
+Axis legend:
+    stream  (batch, pos, d_model)
+    q       (batch, n_heads, query_pos, d_head);  k, v (batch, n_kv_heads, key_pos, d_head | d_head_v)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headlab.heads.scoped import intervening
+from headlab.layer.gates import Replacement
+from headlab.layer.taps import Tap, TapOutput
+from headlab.models import AttentionSite, HeadedModel
+from headlab.models.stream import Stream, StreamPoint
+
+# (layer, stream) -> {(role, head): the receiver's own stream}; head: a key/value head for k and v
+OwnStreams = Callable[[int, Tensor], Mapping[tuple[str, int], Tensor]]
+
+
+class _StopCallError(Exception):
+    """Raised by the tap of an extra call once its q, k, v are taken: the rest of the call is not needed."""
+
+
+@contextmanager
+def own_inputs(model: HeadedModel, stream: Stream, streams: OwnStreams) -> Iterator[None]:
+    """For the forwards run in the block: receivers' q, k, v computed from streams of their own.
+
+    Args:
+        model: a ``HeadedModel``.
+        stream: its ``Stream`` (``headlab.models.stream.stream_of``).
+        streams: called once per layer and forward with the stream its heads read there; returns
+            ``{(role, head): stream}`` for the receivers that read another one (the same tensor for
+            several receivers is run once).
+
+    Raises:
+        ValueError: a receiver whose input already has a replacement in this forward.
+    """
+    sites = model.sites
+    seen: dict[int, Tensor] = {}  # the stream each layer's heads read, this forward
+    set_here: dict[int, list[str]] = {}  # the inputs replaced at each layer, this forward
+
+    def at_point(layer: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
+            if isinstance(x, Tensor):
+                seen[layer] = x
+        return hook
+
+    def at_site(layer: int) -> Callable[..., None]:
+        site, point = sites[layer], stream.layers[layer]
+
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x = seen.pop(layer, None)
+            if x is None:
+                return
+            wanted = streams(layer, x)
+            if not wanted:
+                return
+            computed: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+            chosen: dict[str, dict[int, Tensor]] = {"q": {}, "k": {}, "v": {}}
+            for (role, head), own in wanted.items():
+                if id(own) not in computed:
+                    computed[id(own)] = _inputs_from(site, point, own, args, kwargs)
+                q, k, v = computed[id(own)]
+                chosen[role][head] = {"q": q, "k": k, "v": v}[role][:, head]
+            for role, heads in chosen.items():
+                if not heads:
+                    continue
+                if role in site.input_replacements:
+                    raise ValueError(f"layer {layer}: its heads' {role} already has a replacement in this forward")
+                order = sorted(heads)
+                site.input_replacements[role] = Replacement(torch.tensor(order), torch.stack(
+                    [heads[h] for h in order], dim=1))
+                set_here.setdefault(layer, []).append(role)
+        return hook
+
+    def after_site(layer: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            for role in set_here.pop(layer, ()):  # this forward's only
+                sites[layer].input_replacements.pop(role, None)
+        return hook
+
+    with ExitStack() as stack:
+        stack.enter_context(intervening(model))  # also puts the inputs back after an error
+        for layer, point in enumerate(stream.layers):
+            # the point's hook first: when the point is the attention module itself, it runs before the site's
+            stack.callback(point.module.register_forward_pre_hook(at_point(layer), with_kwargs=True).remove)
+            stack.callback(sites[layer].module.register_forward_pre_hook(at_site(layer), with_kwargs=True).remove)
+            stack.callback(sites[layer].module.register_forward_hook(after_site(layer)).remove)
+        yield
+
+
+def forward_inputs(model: HeadedModel, inputs: Any) -> dict[str, Any]:
+    """A forward's keyword arguments (``HeadedModel.inputs``), without a key/value cache where the model
+    makes one: the extra calls of ``own_inputs`` must not add to it."""
+    kwargs = model.inputs(inputs)
+    if "use_cache" in inspect.signature(model.model.forward).parameters:
+        kwargs.setdefault("use_cache", False)
+    return kwargs
+
+
+def _inputs_from(site: AttentionSite, point: StreamPoint, own: Tensor, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v of every head of ``site`` as its module computes them from the stream ``own``.
+
+    Returns:
+        ``(q (batch, n_heads, pos, d_head), k, v (batch, n_kv_heads, pos, d))``.
+    """
+    hidden = point.module.forward(own) if point.kind == "norm" else own
+    taken: list[TapOutput] = []
+    firsts = [site.kv_head_of.index(g) for g in range(site.n_kv_heads)]  # a query head reading each kv head
+
+    def sink(layer: int, out: TapOutput) -> None:
+        taken.append(out)
+        raise _StopCallError
+
+    saved_tap, saved_inputs = site.tap, site.input_replacements
+    site.tap = Tap(sink, q=list(range(site.n_heads)), k=firsts, v=firsts)
+    site.input_replacements = {}
+    try:
+        if args and isinstance(args[0], Tensor):
+            site.module.forward(hidden, *args[1:], **kwargs)
+        else:
+            site.module.forward(*args, **{**kwargs, "hidden_states": hidden})
+    except _StopCallError:
+        pass
+    finally:
+        site.tap, site.input_replacements = saved_tap, saved_inputs
+    if not taken:
+        raise ValueError(f"layer {site.layer} ({site.name}): its module ran without calling headlab's attention")
+    out = taken[0]
+    assert out.q is not None and out.k is not None and out.v is not None
+    return out.q, out.k, out.v
