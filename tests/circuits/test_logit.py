@@ -17,7 +17,7 @@ from headlab.circuits.logit import LogitAttribution, direct_logit_attribution, p
 from headlab.experiments.model import TinyTransformer
 from headlab.layer import AttentionConfig
 from headlab.models.stream import stream_of
-from tests.support.tiny import ARCHITECTURES, VOCAB, built, tiny
+from tests.support.tiny import ARCHITECTURES, VOCAB, built, tiny, tiny_config
 
 CAUSAL = [name for name, a in ARCHITECTURES.items() if a.causal]
 ANSWER, WRONG = 5, 7
@@ -173,6 +173,9 @@ def test_directions_as_tensors_per_item_pairs_and_texts():
 def test_bad_calls_are_refused_clearly():
     with pytest.raises(ValueError, match=r"BertModel: direct logit attribution needs logits.*no unembedding"):
         direct_logit_attribution(headlab.attach(built("bert")), _ids(), (ANSWER, WRONG))
+    masked_lm = pytest.importorskip("transformers").AutoModelForMaskedLM.from_config(tiny_config("bert")).eval()
+    with pytest.raises(ValueError, match=r"BertForMaskedLM has heads that see later tokens \(an encoder\)"):
+        direct_logit_attribution(headlab.attach(masked_lm), _ids(), (ANSWER, WRONG))
     handle = headlab.attach(built("gpt2"))
     ids = _ids()
     with pytest.raises(ValueError, match="padded"):

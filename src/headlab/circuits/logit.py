@@ -22,7 +22,14 @@ so the stream's parts x = Σ_h result_h + rest split the logit exactly (Elhage e
     head h:  s · P(result_h) · (w ⊙ u)      rest: s · P(rest) · (w ⊙ u)      bias: β · u + b_U · d
 
 A head's row is its *direct* path only (its result read by the output as it is); what later layers
-make of it is in "rest".
+make of it is in "rest". That path exists in a pre-norm causal LM (GPT-2, LLaMA, Gemma …), where every
+result is added to the stream the final norm reads; encoders are refused (their norms sit on the residual
+path and an MLM head transforms the stream before its norm). The parts are of the unembedding's output:
+what a model does to the logits after it (Gemma 2's soft-cap, a logit scale) is not attributed, and the
+result's ``note`` says so.
+
+Cost: one forward with every selected head's result computed (the non-fused attention path for their
+layers), each reduced at once to three numbers per position; nothing of size d_model per head is kept.
 """
 
 from __future__ import annotations
@@ -176,8 +183,8 @@ def direct_logit_attribution(model: HeadedModel | nn.Module, inputs: Inputs, dir
         A ``LogitAttribution`` (means over the batch).
 
     Raises:
-        ValueError: a model without an unembedding (no LM head), a padded batch, a final norm of no known
-            form (the message says what was tried), a bad direction or position.
+        ValueError: a model without an unembedding (no LM head), an encoder, a padded batch, a final norm of no
+            known form (the message says what was tried), a bad direction or position.
     """
     handle = headed(model)
     kwargs = handle.inputs(inputs)
@@ -189,6 +196,11 @@ def direct_logit_attribution(model: HeadedModel | nn.Module, inputs: Inputs, dir
         raise ValueError(f"{handle.architecture}: direct logit attribution needs logits: {err}") from None
     unembedding, norm = stream.unembedding, stream.final_norm
     assert unembedding is not None  # W_U raised otherwise
+    if not handle.causal:
+        raise ValueError(f"{handle.architecture} has heads that see later tokens (an encoder): direct logit "
+                         "attribution reads a causal LM's residual stream, whose heads' results reach the final norm "
+                         "by additions only; an encoder's norms sit on its residual path and its MLM head transforms "
+                         f"the stream (before {stream.final.name}), so a head has no direct path to the logits")
     selection = handle.heads(heads)
     columns = _positions(positions, length)
     compute = torch.promote_types(unembed_weight.dtype, torch.float32)
