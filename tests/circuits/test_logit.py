@@ -207,6 +207,9 @@ def test_the_result_shows_itself_and_writes_json_and_plots(tmp_path):
     assert "<table" in result._repr_html_()
     data = json.loads(json.dumps(result.to_dict()))
     assert data["heads"][0] == [0, 0] and len(data["contributions"]) == 8 and len(data["rest"]) == 6
-    for position in (-1, None):
-        path = plot_logit_attribution(result, tmp_path / f"dla-{position}.png", position=position)
+    for by_position in (False, True):
+        path = plot_logit_attribution(result, tmp_path / f"dla-{by_position}.png", by_position=by_position)
         assert path.read_bytes().startswith(b"\x89PNG")
+    some = direct_logit_attribution(headlab.attach(built("gpt2")), _ids(), (ANSWER, WRONG), positions=[1, 3])
+    assert np.allclose(some.table()["contribution"], some.contributions[:, 1])  # the last position read
+    assert plot_logit_attribution(some, tmp_path / "some.png", position=1).is_file()

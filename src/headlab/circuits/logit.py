@@ -103,20 +103,23 @@ class LogitAttribution(display.Shown):
         """``(len(positions),)``: the parts summed (heads, rest and bias)."""
         return self.contributions.sum(axis=0) + self.rest + self.bias
 
-    def column(self, position: int = -1) -> int:
-        """The column of input position ``position`` (negative counts from the input's end).
+    def column(self, position: int | None = None) -> int:
+        """The column of input position ``position`` (negative counts from the input's end; None: the last
+        position read).
 
         Raises:
             ValueError: a position that was not read.
         """
+        if position is None:
+            return self.positions.index(max(self.positions))
         at = position + self.length if position < 0 else position
         if at not in self.positions:
             raise ValueError(f"position {position} was not read; the result has positions {self.positions}")
         return self.positions.index(at)
 
-    def table(self, position: int = -1) -> HeadTable:
-        """The heads' contributions at one position (default the input's last) as a ``HeadTable``: column
-        ``contribution``."""
+    def table(self, position: int | None = None) -> HeadTable:
+        """The heads' contributions at one position (``column``'s; default the last read) as a ``HeadTable``:
+        column ``contribution``."""
         return HeadTable(self.heads, {"contribution": self.contributions[:, self.column(position)]})
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,11 +133,8 @@ class LogitAttribution(display.Shown):
         return (f"LogitAttribution: {len(self.heads)} heads × {len(self.positions)} "
                 f"position{'s' if len(self.positions) != 1 else ''}, {self.direction}")
 
-    def _where(self) -> int:
-        return self.positions.index(max(self.positions))
-
     def _facts(self) -> list[tuple[str, object]]:
-        i = self._where()
+        i = self.column()
         token = f" {self.tokens[i]!r}" if self.tokens else ""
         heads = float(self.contributions[:, i].sum())
         parts = (f"model {display.short(float(self.logit_diff[i]))} = heads {display.short(heads)} + rest "
@@ -153,7 +153,7 @@ class LogitAttribution(display.Shown):
     def _parts(self) -> list[str]:
         if not self.heads:
             return []
-        return [display.Html(self.table(self.positions[self._where()]).html(["contribution"]))]
+        return [display.Html(self.table().html(["contribution"]))]
 
 
 def direct_logit_attribution(model: HeadedModel | nn.Module, inputs: Inputs, direction: Direction, *,
@@ -166,8 +166,8 @@ def direct_logit_attribution(model: HeadedModel | nn.Module, inputs: Inputs, dir
     bias: a LayerNorm (mean removed) or an RMSNorm (weight, or 1 + weight as Gemma's); a model without one
     reads the stream as it is. What the model does to its logits after the unembedding (Gemma 2's final
     soft-cap, a logit scale) is not attributed: the parts sum to the unembedding's output, and the result's
-    ``note`` says the model's output differs. One forward; per selected head one dot product per position
-    (its result is reduced as the layer runs, never kept).
+    ``note`` says the model's output differs. One forward; per selected head three dot products per
+    position (its result is reduced as its layer runs, never kept).
 
     Args:
         model: a ``HeadedModel`` or an attached model with a language-model head (a causal LM, say).
@@ -275,15 +275,16 @@ def _run(handle: HeadedModel, kwargs: dict[str, Any], selection: dict[int, list[
     return reduced, record["final"].to(probes.dtype), seen.get("normed"), seen["logits"], output
 
 
-def plot_logit_attribution(result: LogitAttribution, path: str | Path, *, position: int | None = -1) -> Path:
-    """A heatmap of the contributions as a PNG: layer × head at one position (default the input's last), or
-    head × position with ``position=None``."""
+def plot_logit_attribution(result: LogitAttribution, path: str | Path, *, position: int | None = None,
+                           by_position: bool = False) -> Path:
+    """A heatmap of the contributions as a PNG: layer × head at one position (``LogitAttribution.column``'s;
+    default the last read), or head × every position read with ``by_position``."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    if position is not None:
+    if not by_position:
         table = result.table(position)
         values, rows, columns = table.grid("contribution"), [f"L{layer}" for layer in table.layers], None
         at = result.positions[result.column(position)]
