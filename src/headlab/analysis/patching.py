@@ -1,4 +1,4 @@
-"""Which heads carry a behaviour: activation patching and attribution patching, per head.
+"""Which heads carry a behaviour: activation patching and attribution patching, per head and per position.
 
 Given a clean input, a corrupted one of the same shape and a metric of the model's output
 (higher = more of the behaviour), each head h gets the metric's recovery when the corrupted run
@@ -6,12 +6,21 @@ receives h's z from the clean run (denoising; Meng et al. 2022, Wang et al. 2022
 
     effect_h = (metric(corrupted, z_h ← clean z_h) − metric(corrupted)) / (metric(clean) − metric(corrupted))
 
-- ``activation_patching``: exactly, one forward per head (plus the two baselines).
-- ``attribution_patching`` (AtP; Nanda 2023, Kramár et al. 2024): the first-order estimate
-  ``(z_clean − z_corrupted)_h · ∂metric/∂z_h`` at the corrupted run, for every head at once from
-  two forwards and one backward.
+or, noising (``direction="noise"``), the share of that gap lost when the clean run receives h's corrupted z:
 
-Axis legend: z ``(batch, head, query_pos, d_head_v)``.
+    effect_h = (metric(clean) − metric(clean, z_h ← corrupted z_h)) / (metric(clean) − metric(corrupted))
+
+Either is 1 where the head carries the whole difference and 0 where it carries none. ``take`` patches
+another of the head's tensors (q; k and v per key/value head; its pattern), ``positions`` some positions
+only, or each position in turn (a (head × position) grid): ``headlab.analysis.positions``.
+
+- ``activation_patching``: exactly, one forward per head (per head and position), plus the two baselines.
+- ``attribution_patching`` (AtP; Nanda 2023, Kramár et al. 2024): the first-order estimate
+  ``(x_source − x_base)_h · ∂metric/∂x_h`` at the run receiving the values (the corrupted run when
+  denoising), summed over d and the batch at each position, for every head at once from two forwards
+  and one backward.
+
+Axis legend: z ``(batch, head, query_pos, d_head_v)``; an estimate's ``x`` is z, q, k or v.
 """
 
 from __future__ import annotations
@@ -27,9 +36,24 @@ import torch
 from torch import Tensor, nn
 
 from headlab import display
+from headlab.analysis.positions import (
+    EACH,
+    PositionGrid,
+    Unit,
+    Where,
+    check_choices,
+    check_where,
+    plot_positions,
+    replace,
+    resolve,
+    row_label,
+    units,
+    values_of,
+    zero_delta,
+)
 from headlab.capture.cache import Cache, run_with_cache
-from headlab.heads import HeadTable, head_label
-from headlab.heads.scoped import intervening, patched
+from headlab.heads import HeadTable
+from headlab.heads.scoped import intervening
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
 from headlab.models.handle import Inputs, given_tokenizer
@@ -42,15 +66,20 @@ __all__ = ["Metric", "PatchingResult", "activation_patching", "attribution_patch
 
 @dataclass(repr=False)
 class PatchingResult(display.Shown):
-    """Per-head patching effects.
+    """Per-head patching effects, over the positions patched together or at each position.
 
     Attributes:
         method: "activation" (exact) or "attribution" (AtP estimate).
-        table: columns ``effect`` (the normalised recovery above) and ``change`` (the metric's
-            change, unnormalised), one row per patched head.
+        table: columns ``effect`` (the normalised recovery, or loss when noising, above) and ``change``
+            (the metric's change, unnormalised), one row per patched head (per key/value head for k and
+            v); with ``positions="each"``, each row's cell of largest |effect| and its ``position``.
         clean_metric, corrupted_metric: the metric on the two unpatched runs.
         forwards, backwards: passes run.
         seconds: wall time.
+        take: the head tensor patched: "z", "q", "k", "v" or "pattern".
+        direction: "denoise" (the corrupted run received clean values) or "noise" (the reverse).
+        positions: the positions patched together; None: every position; "each": one at a time.
+        grid: with ``positions="each"``, the (head × position) effects; else None.
     """
 
     method: str
@@ -60,113 +89,206 @@ class PatchingResult(display.Shown):
     forwards: int
     backwards: int
     seconds: float
+    take: str = "z"
+    direction: str = "denoise"
+    positions: Where = None
+    grid: PositionGrid | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
-                "forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds,
-                "heads": self.table.to_dict()}
+        document = {"method": self.method, "take": self.take, "direction": self.direction,
+                    "positions": self.positions, "unit": "kv_head" if self.take in ("k", "v") else "head",
+                    "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
+                    "forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds,
+                    "heads": self.table.to_dict()}
+        if self.grid is not None:
+            document["grid"] = self.grid.to_dict()
+        return document
 
     def _parts(self) -> list[str]:
-        return [display.Html(self.table.html(["effect"]))]
+        return [display.Html(self.table.html(["effect"]) if self.grid is None else self.grid.html())]
 
     def _title(self) -> str:
-        return f"PatchingResult: {self.method} patching of {len(self.table)} heads"
+        what = "key/value heads" if self.take in ("k", "v") else "heads"
+        at = "" if self.grid is None else f" at each of {self.grid.n_positions} positions"
+        return f"PatchingResult: {self.method} patching of {len(self.table)} {what}{at}"
 
     def _facts(self) -> list[tuple[str, object]]:
-        largest = [f"{head_label(*h)} {display.short(self.table.value('effect', *h))}"
-                   for h in self.table.top("effect", 3, absolute=True)]
+        if self.grid is None:
+            largest = [f"{row_label(*h, self.take)} {display.short(self.table.value('effect', *h))}"
+                       for h in self.table.top("effect", 3, absolute=True)]
+        else:
+            labels = self.grid.labels()
+            largest = [f"{row_label(layer, head, self.take)} @ {labels[p]} "
+                       f"{display.short(self.grid.value('effect', layer, head, p))}"
+                       for layer, head, p in self.grid.top(3)]
+        where = {None: "every position", EACH: "each position"}.get(self.positions, f"positions {self.positions}") \
+            if not isinstance(self.positions, list) else f"positions {display.runs(self.positions)}"
+        how = "corrupted run ← clean values" if self.direction == "denoise" else "clean run ← corrupted values"
         clean, corrupted = display.short(self.clean_metric), display.short(self.corrupted_metric)
-        return [("largest |effect|", ", ".join(largest)), ("metric", f"clean {clean}, corrupted {corrupted}"),
+        return [("largest |effect|", ", ".join(largest)), ("patched", f"{self.take} at {where}; {self.direction} "
+                                                                      f"({how})"),
+                ("metric", f"clean {clean}, corrupted {corrupted}"),
                 ("passes", f"{self.forwards} forwards, {self.backwards} backwards, {self.seconds:.2f} s")]
 
 
 def activation_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
-                        heads: HeadSelection = None, tokenizer: Any = None,
+                        heads: HeadSelection = None, positions: Sequence[int] | str | None = None, take: str = "z",
+                        direction: str = "denoise", tokenizer: Any = None,
                         progress: Callable[[int, int], None] | None = None) -> PatchingResult:
-    """Patch each head's clean z into the corrupted run, one head at a time, and measure the metric.
+    """Patch each head's tensor from one run into the other, one head at a time, and measure the metric.
 
     Args:
         model: a ``HeadedModel`` or an attached model.
         clean, corrupted: inputs of the same shape (texts, a forward's keyword arguments or a tensor:
             ``HeadedModel.inputs``).
         metric: ``metric(output) -> scalar``; higher means more of the behaviour.
-        heads: the heads to patch (``headlab.heads.selection``); None for all.
+        heads: the query heads to patch (``headlab.heads.selection``); None for all. For k and v, the
+            key/value heads they read, each once.
+        positions: None: every position at once; a list of positions (negative from the end) patched
+            together; "each": every position separately, a (head × position) ``grid``. Positions index
+            the (padded) inputs, the same in every item of the batch: query positions for z, q and
+            pattern, key positions for k and v.
+        take: "z" (the head's output before the output projection), "q", "k", "v" (k and v are a
+            key/value head's: with grouped-query attention, patching them patches what every query head
+            of the group reads; a row per key/value head), or "pattern" (the head's attention weights
+            at the chosen query positions come from the other run: there z = that pattern @ this run's v).
+        direction: "denoise": the corrupted run receives the clean values; "noise": the clean run
+            receives the corrupted ones (effect: the share of the clean − corrupted gap lost).
         tokenizer: deprecated: the handle holds the tokenizer (``headlab.attach(model, tokenizer=...)``).
-        progress: called as ``progress(done, total)`` after each head.
+        progress: called as ``progress(done, total)`` after each patched forward.
 
     Returns:
-        A ``PatchingResult`` with method "activation".
+        A ``PatchingResult`` with method "activation": ``2 + heads × (1, or positions with "each")``
+        forwards.
 
     Raises:
-        ValueError: inputs of different shapes, or clean and corrupted runs that score the same
-            (the effect would divide by zero).
+        ValueError: inputs of different shapes; clean and corrupted runs that score the same (the effect
+            would divide by zero); an unknown take or direction; positions that are not None, "each" or a
+            list of ints, out of range for the inputs' length, or repeated.
     """
     start = time.perf_counter()
     handle = given_tokenizer(model, tokenizer, "activation_patching")
-    clean_run, corrupted_inputs, selection = _prepare(handle, clean, corrupted, heads)
+    runs = _prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
     net = handle.model
-    pairs = [(layer, h) for layer, hs in selection.items() for h in hs]
     with torch.no_grad():
-        clean_metric = float(metric(clean_run.output))
-        corrupted_metric = float(metric(net(**corrupted_inputs)))
-        scale = _denominator(clean_metric, corrupted_metric)
-        changes = []
-        for done, (layer, h) in enumerate(pairs, 1):
-            with patched(handle, {layer: [h]}, clean_run):
-                changes.append(float(metric(net(**corrupted_inputs))) - corrupted_metric)
-            if progress is not None:
-                progress(done, len(pairs))
-    changes_array = np.asarray(changes)
-    return PatchingResult("activation", HeadTable(pairs, {"effect": changes_array / scale, "change": changes_array}),
-                          clean_metric, corrupted_metric, forwards=2 + len(pairs), backwards=0,
-                          seconds=time.perf_counter() - start)
+        source_metric = float(metric(runs.source.output))
+        # A pattern patch makes z from this run's v: the only change in the layer is the patched head's weights.
+        base = run_with_cache(handle, runs.base_inputs, take="v", heads=runs.readers) if take == "pattern" else None
+        base_metric = float(metric(net(**runs.base_inputs) if base is None else base.output))
+        _denominator(*runs.clean_and_corrupted(source_metric, base_metric))
+        slots: list[list[int] | None] = ([[p] for p in range(runs.length)] if runs.where == EACH
+                                         else [runs.where if isinstance(runs.where, list) else None])
+        total, changes = len(runs.units) * len(slots), []
+        for unit in runs.units:
+            values = values_of(take, unit, runs.source, base)  # (batch, 1, positions, d)
+            for slot in slots:
+                with intervening(handle) as sites:
+                    replace(sites[unit.layer], take, unit, values, slot)
+                    changes.append(float(metric(net(**runs.base_inputs))) - base_metric)
+                if progress is not None:
+                    progress(len(changes), total)
+    return runs.result("activation", np.asarray(changes), source_metric, base_metric, forwards=2 + total,
+                       backwards=0, start=start)
 
 
 def attribution_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
-                         heads: HeadSelection = None, tokenizer: Any = None) -> PatchingResult:
+                         heads: HeadSelection = None, positions: Sequence[int] | str | None = None, take: str = "z",
+                         direction: str = "denoise", tokenizer: Any = None) -> PatchingResult:
     """Estimate every head's patching effect from two forwards and one backward (AtP).
 
+    Per head and position p the estimate is ``Σ_batch Σ_d (x_source − x_base)[p] · ∂metric/∂x[p]`` at
+    the base run (the corrupted one when denoising, the clean one when noising), x the head's ``take``;
+    a list of positions sums its positions, None sums them all, so the estimates of ``"each"`` add up to
+    the whole-sequence one.
+
     Args:
-        model, clean, corrupted, metric, heads, tokenizer: as ``activation_patching``; the metric
-            must be differentiable.
+        model, clean, corrupted, metric, heads, positions, direction, tokenizer: as
+            ``activation_patching``; the metric must be differentiable.
+        take: "z", "q", "k" or "v" (gradients through additive zeros on them; k and v per key/value head).
 
     Returns:
         A ``PatchingResult`` with method "attribution".
 
     Raises:
-        ValueError: as ``activation_patching``; also a metric that does not depend on any head.
+        ValueError: as ``activation_patching``; also a metric that does not depend on any head, and
+            ``take="pattern"`` (no first-order estimate here: patch patterns with ``activation_patching``).
     """
     start = time.perf_counter()
     handle = given_tokenizer(model, tokenizer, "attribution_patching")
-    clean_run, corrupted_inputs, selection = _prepare(handle, clean, corrupted, heads)
-    clean_metric = float(metric(clean_run.output))
+    if take == "pattern":
+        raise ValueError("take='pattern' has no attribution estimate here (it would need the gradient with respect "
+                         "to the attention weights); patch patterns exactly with activation_patching, or take "
+                         "'z', 'q', 'k' or 'v'")
+    runs = _prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
+    source_metric = float(metric(runs.source.output))
     with intervening(handle) as sites:
-        # An additive zero on every patched layer's z: its gradient is ∂metric/∂z at the corrupted run.
-        deltas = {}
-        for layer in selection:
-            z = clean_run["z", layer, selection[layer][0]]  # (batch, query_pos, d_head_v)
-            deltas[layer] = torch.zeros(z.shape[0], sites[layer].n_heads, *z.shape[1:], dtype=z.dtype,
-                                        device=z.device, requires_grad=True)
-            sites[layer].delta = deltas[layer]
-        corrupted_run = run_with_cache(handle, corrupted_inputs, take="z", heads=selection, grad=True)
-        value = metric(corrupted_run.output)
+        # An additive zero on every patched layer's tensor: its gradient is ∂metric/∂x at the base run.
+        deltas: dict[int, Tensor] = {}
+        for unit in runs.units:
+            if unit.layer not in deltas:
+                deltas[unit.layer] = zero_delta(sites[unit.layer], take, runs.source[take, unit.layer, unit.reader])
+        base_run = run_with_cache(handle, runs.base_inputs, take=take, heads=runs.readers, grad=True)
+        value = metric(base_run.output)
         if not value.requires_grad:
             raise ValueError("the metric does not depend on the model's heads (no gradient): attribution patching "
                              "needs a differentiable metric of the output")
-        grads = torch.autograd.grad(value, [deltas[layer] for layer in selection], allow_unused=True)
-    corrupted_metric = float(value.detach())
-    scale = _denominator(clean_metric, corrupted_metric)
-    pairs, estimates = [], []
-    for (layer, hs), grad in zip(selection.items(), grads):
-        for h in hs:
-            difference = clean_run["z", layer, h] - corrupted_run["z", layer, h].detach()  # (batch, q, d_head_v)
-            estimate = 0.0 if grad is None else float((difference * grad[:, h]).sum())
-            pairs.append((layer, h))
-            estimates.append(estimate)
-    estimates_array = np.asarray(estimates)
-    return PatchingResult("attribution", HeadTable(pairs, {"effect": estimates_array / scale,
-                                                           "change": estimates_array}),
-                          clean_metric, corrupted_metric, forwards=2, backwards=1, seconds=time.perf_counter() - start)
+        grads = dict(zip(deltas, torch.autograd.grad(value, list(deltas.values()), allow_unused=True)))
+    base_metric = float(value.detach())
+    _denominator(*runs.clean_and_corrupted(source_metric, base_metric))
+    estimates: list[float] = []
+    for unit in runs.units:
+        grad = grads[unit.layer]
+        # (batch, positions, d): the source's values minus the base run's
+        difference = runs.source[take, unit.layer, unit.reader] - base_run[take, unit.layer, unit.reader].detach()
+        estimates.extend(_estimates(difference, None if grad is None else grad[:, unit.head], runs.where))
+    return runs.result("attribution", np.asarray(estimates), source_metric, base_metric, forwards=2, backwards=1,
+                       start=start)
+
+
+def _estimates(difference: Tensor, grad: Tensor | None, where: Where) -> list[float]:
+    """``difference · grad`` summed over the batch and d: over every position (None), the listed ones, or
+    per position ("each"); zeros where the metric does not depend on the tensor (``grad`` None)."""
+    if where == EACH:
+        return [0.0] * difference.shape[1] if grad is None else (difference * grad).sum(dim=(0, 2)).tolist()
+    if grad is None:
+        return [0.0]
+    if isinstance(where, list):
+        return [float((difference * grad)[:, where].sum())]
+    return [float((difference * grad).sum())]
+
+
+@dataclass
+class _Runs:
+    """What both methods prepare: the source run's cache, the base run's inputs, the units and positions."""
+
+    source: Cache  # the run the values come from (clean when denoising), without gradients
+    base_inputs: dict[str, Any]  # the run that receives them
+    units: list[Unit]
+    readers: dict[int, list[int]]  # the query heads to cache per layer (a reader of each unit)
+    take: str
+    direction: str
+    where: Where
+    length: int  # positions on the patched axis
+    tokens: tuple[list[str] | None, list[str] | None]  # the clean and corrupted inputs' first items
+
+    def clean_and_corrupted(self, source_metric: float, base_metric: float) -> tuple[float, float]:
+        return (source_metric, base_metric) if self.direction == "denoise" else (base_metric, source_metric)
+
+    def result(self, method: str, changes: np.ndarray, source_metric: float, base_metric: float, *, forwards: int,
+               backwards: int, start: float) -> PatchingResult:
+        """The result of ``changes`` (one per unit, or per unit and position with "each")."""
+        clean_metric, corrupted_metric = self.clean_and_corrupted(source_metric, base_metric)
+        scale = _denominator(clean_metric, corrupted_metric)
+        effects = changes / scale if self.direction == "denoise" else -changes / scale  # lost, when noising
+        pairs = [(unit.layer, unit.head) for unit in self.units]
+        grid = None
+        if self.where == EACH:
+            grid = PositionGrid(pairs, self.take, effects.reshape(len(pairs), self.length),
+                                changes.reshape(len(pairs), self.length), *self.tokens)
+        table = HeadTable(pairs, {"effect": effects, "change": changes}) if grid is None else grid.peaks()
+        return PatchingResult(method, table, clean_metric, corrupted_metric, forwards=forwards, backwards=backwards,
+                              seconds=time.perf_counter() - start, take=self.take, direction=self.direction,
+                              positions=self.where, grid=grid)
 
 
 def logit_difference(answer: int, wrong: int, *, position: int = -1) -> Metric:
@@ -197,7 +319,19 @@ def embedding_similarity(reference: Tensor) -> Metric:
 
 
 def plot_patching(results: Sequence[PatchingResult], path: str | Path, *, title: str = "") -> Path:
-    """One (layer × head) heatmap of ``effect`` per result, side by side, as a PNG."""
+    """One (layer × head) heatmap of ``effect`` per result, side by side, as a PNG; results of
+    ``positions="each"`` draw one (head × position) heatmap each, tokens on the x axis (``plot_positions``).
+
+    Raises:
+        ValueError: results of ``positions="each"`` mixed with others.
+    """
+    grids = [r.grid for r in results]
+    if any(g is not None for g in grids):
+        if any(g is None for g in grids):
+            raise ValueError("plot results of positions='each' apart from whole-sequence ones: one (head × position) "
+                             "figure, or one (layer × head) figure")
+        return plot_positions([(f"{r.method} patching of {r.take}", r.grid) for r in results if r.grid is not None],
+                              path, title=title)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,17 +355,38 @@ def plot_patching(results: Sequence[PatchingResult], path: str | Path, *, title:
     return path
 
 
-def _prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs,
-             heads: HeadSelection) -> tuple[Cache, dict[str, Any], dict[int, list[int]]]:
-    """The clean run's z, the corrupted run's inputs (checked against the clean ones) and the selection."""
+def _prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, heads: HeadSelection, *, take: str,
+             direction: str, positions: object) -> _Runs:
+    """Check the options and inputs, then run the source (clean when denoising) and keep ``take`` of the heads."""
+    check_choices(take, direction)
+    where = check_where(positions)
     selection = model.heads(heads)
-    clean_run = run_with_cache(model, clean, take="z", heads=selection)
-    corrupted_inputs = model.inputs(corrupted)
-    a, b = _shape(clean_run.inputs), _shape(corrupted_inputs)
+    clean_inputs, corrupted_inputs = model.inputs(clean), model.inputs(corrupted)
+    a, b = _shape(clean_inputs), _shape(corrupted_inputs)
     if a != b:
         raise ValueError(f"clean and corrupted inputs must have the same shape to patch between them: clean {a},"
                          f" corrupted {b} (batch, tokens); reword one so both have as many tokens")
-    return clean_run, corrupted_inputs, selection
+    patched = units(model.sites, selection, take)
+    if not patched:
+        raise ValueError(f"heads={heads!r} selects no head to patch")
+    readers: dict[int, list[int]] = {}
+    for unit in patched:
+        readers.setdefault(unit.layer, []).append(unit.reader)
+    source_inputs, base_inputs = ((clean_inputs, corrupted_inputs) if direction == "denoise"
+                                  else (corrupted_inputs, clean_inputs))
+    source = run_with_cache(model, source_inputs, take=take, heads=readers)
+    length = source[take, patched[0].layer, patched[0].reader].shape[1]  # query positions, or key positions (k, v)
+    where = resolve(where, length, what="key" if take in ("k", "v") else "query")
+    return _Runs(source, base_inputs, patched, readers, take, direction, where, length,
+                 (_first_tokens(model, clean_inputs), _first_tokens(model, corrupted_inputs)))
+
+
+def _first_tokens(model: HeadedModel, inputs: Mapping[str, Any]) -> list[str] | None:
+    """The first item's tokens, padding included (labels of the positions), or None."""
+    ids = inputs.get("input_ids")
+    if model.tokenizer is None or not isinstance(ids, Tensor) or ids.dim() != 2:
+        return None
+    return [str(t) for t in model.tokenizer.convert_ids_to_tokens(ids[0].tolist())]
 
 
 def _shape(inputs: Mapping[str, Any]) -> tuple[int, ...]:
