@@ -121,8 +121,8 @@ class PatchingResult(display.Shown):
             largest = [f"{row_label(layer, head, self.take)} @ {labels[p]} "
                        f"{display.short(self.grid.value('effect', layer, head, p))}"
                        for layer, head, p in self.grid.top(3)]
-        where = {None: "every position", EACH: "each position"}.get(self.positions, f"positions {self.positions}") \
-            if not isinstance(self.positions, list) else f"positions {display.runs(self.positions)}"
+        where = (f"positions {display.runs(self.positions)}" if isinstance(self.positions, list)
+                 else "each position" if self.positions == EACH else "every position")
         how = "corrupted run ← clean values" if self.direction == "denoise" else "clean run ← corrupted values"
         clean, corrupted = display.short(self.clean_metric), display.short(self.corrupted_metric)
         return [("largest |effect|", ", ".join(largest)), ("patched", f"{self.take} at {where}; {self.direction} "
