@@ -289,3 +289,28 @@ def test_other_refusals():
         attribution_patching(model, clean, corrupted, METRIC, take="pattern")
     with pytest.raises(ValueError, match="selects no head"):
         activation_patching(model, clean, corrupted, METRIC, heads={0: []})
+
+
+def test_a_pattern_patch_keeps_the_heads_persistent_interventions():
+    """A masked head's z is 0 whatever its pattern: patching the pattern changes nothing; its z patched does."""
+    from headlab import heads
+
+    model = headlab.attach(build("llama").double()).model
+    clean, corrupted = _pair()
+    with heads.masked(model, {1: [2]}):
+        pattern = activation_patching(model, clean, corrupted, METRIC, heads={1: [2]}, take="pattern",
+                                      positions="each")
+        plain = activation_patching(model, clean, corrupted, METRIC, heads={1: [3]}, take="pattern")
+    assert (pattern.grid.change == 0).all()
+    with heads.scaled(model, {1: [3]}, 0.5):
+        half = activation_patching(model, clean, corrupted, METRIC, heads={1: [3]}, take="pattern")
+    assert half.table.value("change", 1, 3) != pytest.approx(plain.table.value("change", 1, 3), rel=1e-6)
+
+
+def test_positions_may_be_a_tensor_or_an_array():
+    _, model = _models("gpt2")
+    clean, corrupted = _pair()
+    listed = activation_patching(model, clean, corrupted, METRIC, heads={1: [0]}, positions=[2, 4])
+    for positions in (torch.tensor([2, 4]), np.array([2, -3])):
+        same = activation_patching(model, clean, corrupted, METRIC, heads={1: [0]}, positions=positions)
+        assert same.positions == [2, 4] and same.table["change"][0] == listed.table["change"][0]

@@ -30,6 +30,7 @@ def test_a_grid_names_its_cells():
     grid = _grid()
     assert grid.labels() == ["0 a", "1 cat→dog", "2 sat"] and grid.row_labels() == ["L0 H1", "L2 H0"]
     assert grid.top(2) == [(2, 0, 2), (0, 1, 1)] and grid.value("change", 2, 0, 2) == pytest.approx(-1.8)
+    assert all(type(i) is int for cell in grid.top() for i in cell)  # printed as plain numbers
     peaks = grid.peaks()
     assert peaks.heads == [(0, 1), (2, 0)] and list(peaks["position"]) == [1, 2]
     assert list(peaks["effect"]) == [0.5, -0.9] and list(peaks["change"]) == [1.0, -1.8]

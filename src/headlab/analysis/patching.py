@@ -26,7 +26,7 @@ Axis legend: z ``(batch, head, query_pos, d_head_v)``; an estimate's ``x`` is z,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,20 +38,18 @@ from torch import Tensor, nn
 from headlab import display
 from headlab.analysis.positions import (
     EACH,
+    PatchRuns,
     PositionGrid,
-    Unit,
     Where,
-    check_choices,
-    check_where,
+    estimates,
     plot_positions,
+    prepare,
     replace,
-    resolve,
     row_label,
-    units,
     values_of,
     zero_delta,
 )
-from headlab.capture.cache import Cache, run_with_cache
+from headlab.capture.cache import run_with_cache
 from headlab.heads import HeadTable
 from headlab.heads.scoped import intervening
 from headlab.heads.selection import HeadSelection
@@ -168,7 +166,7 @@ def activation_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted
     """
     start = time.perf_counter()
     handle = given_tokenizer(model, tokenizer, "activation_patching")
-    runs = _prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
+    runs = prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
     net = handle.model
     with torch.no_grad():
         source_metric = float(metric(runs.source.output))
@@ -180,15 +178,15 @@ def activation_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted
                                          else [runs.where if isinstance(runs.where, list) else None])
         total, changes = len(runs.units) * len(slots), []
         for unit in runs.units:
-            values = values_of(take, unit, runs.source, base)  # (batch, 1, positions, d)
+            values = values_of(take, unit, runs.source, base, handle.sites[unit.layer])  # (batch, 1, positions, d)
             for slot in slots:
                 with intervening(handle) as sites:
                     replace(sites[unit.layer], take, unit, values, slot)
                     changes.append(float(metric(net(**runs.base_inputs))) - base_metric)
                 if progress is not None:
                     progress(len(changes), total)
-    return runs.result("activation", np.asarray(changes), source_metric, base_metric, forwards=2 + total,
-                       backwards=0, start=start)
+    return _result("activation", runs, np.asarray(changes), source_metric, base_metric, forwards=2 + total,
+                   backwards=0, start=start)
 
 
 def attribution_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
@@ -219,7 +217,7 @@ def attribution_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupte
         raise ValueError("take='pattern' has no attribution estimate here (it would need the gradient with respect "
                          "to the attention weights); patch patterns exactly with activation_patching, or take "
                          "'z', 'q', 'k' or 'v'")
-    runs = _prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
+    runs = prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
     source_metric = float(metric(runs.source.output))
     with intervening(handle) as sites:
         # An additive zero on every patched layer's tensor: its gradient is ∂metric/∂x at the base run.
@@ -235,60 +233,28 @@ def attribution_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupte
         grads = dict(zip(deltas, torch.autograd.grad(value, list(deltas.values()), allow_unused=True)))
     base_metric = float(value.detach())
     _denominator(*runs.clean_and_corrupted(source_metric, base_metric))
-    estimates: list[float] = []
+    changes: list[float] = []
     for unit in runs.units:
         grad = grads[unit.layer]
         # (batch, positions, d): the source's values minus the base run's
         difference = runs.source[take, unit.layer, unit.reader] - base_run[take, unit.layer, unit.reader].detach()
-        estimates.extend(_estimates(difference, None if grad is None else grad[:, unit.head], runs.where))
-    return runs.result("attribution", np.asarray(estimates), source_metric, base_metric, forwards=2, backwards=1,
-                       start=start)
+        changes.extend(estimates(difference, None if grad is None else grad[:, unit.head], runs.where))
+    return _result("attribution", runs, np.asarray(changes), source_metric, base_metric, forwards=2, backwards=1,
+                   start=start)
 
 
-def _estimates(difference: Tensor, grad: Tensor | None, where: Where) -> list[float]:
-    """``difference · grad`` summed over the batch and d: over every position (None), the listed ones, or
-    per position ("each"); zeros where the metric does not depend on the tensor (``grad`` None)."""
-    if where == EACH:
-        return [0.0] * difference.shape[1] if grad is None else (difference * grad).sum(dim=(0, 2)).tolist()
-    if grad is None:
-        return [0.0]
-    if isinstance(where, list):
-        return [float((difference * grad)[:, where].sum())]
-    return [float((difference * grad).sum())]
-
-
-@dataclass
-class _Runs:
-    """What both methods prepare: the source run's cache, the base run's inputs, the units and positions."""
-
-    source: Cache  # the run the values come from (clean when denoising), without gradients
-    base_inputs: dict[str, Any]  # the run that receives them
-    units: list[Unit]
-    readers: dict[int, list[int]]  # the query heads to cache per layer (a reader of each unit)
-    take: str
-    direction: str
-    where: Where
-    length: int  # positions on the patched axis
-    tokens: tuple[list[str] | None, list[str] | None]  # the clean and corrupted inputs' first items
-
-    def clean_and_corrupted(self, source_metric: float, base_metric: float) -> tuple[float, float]:
-        return (source_metric, base_metric) if self.direction == "denoise" else (base_metric, source_metric)
-
-    def result(self, method: str, changes: np.ndarray, source_metric: float, base_metric: float, *, forwards: int,
-               backwards: int, start: float) -> PatchingResult:
-        """The result of ``changes`` (one per unit, or per unit and position with "each")."""
-        clean_metric, corrupted_metric = self.clean_and_corrupted(source_metric, base_metric)
-        scale = _denominator(clean_metric, corrupted_metric)
-        effects = changes / scale if self.direction == "denoise" else -changes / scale  # lost, when noising
-        pairs = [(unit.layer, unit.head) for unit in self.units]
-        grid = None
-        if self.where == EACH:
-            grid = PositionGrid(pairs, self.take, effects.reshape(len(pairs), self.length),
-                                changes.reshape(len(pairs), self.length), *self.tokens)
-        table = HeadTable(pairs, {"effect": effects, "change": changes}) if grid is None else grid.peaks()
-        return PatchingResult(method, table, clean_metric, corrupted_metric, forwards=forwards, backwards=backwards,
-                              seconds=time.perf_counter() - start, take=self.take, direction=self.direction,
-                              positions=self.where, grid=grid)
+def _result(method: str, runs: PatchRuns, changes: np.ndarray, source_metric: float, base_metric: float, *,
+            forwards: int, backwards: int, start: float) -> PatchingResult:
+    """The result of ``changes`` (one per unit, or per unit and position with "each")."""
+    clean_metric, corrupted_metric = runs.clean_and_corrupted(source_metric, base_metric)
+    scale = _denominator(clean_metric, corrupted_metric)
+    effects = changes / scale if runs.direction == "denoise" else -changes / scale  # the share lost, noising
+    grid = runs.grid(effects, changes)
+    table = (HeadTable([(unit.layer, unit.head) for unit in runs.units], {"effect": effects, "change": changes})
+             if grid is None else grid.peaks())
+    return PatchingResult(method, table, clean_metric, corrupted_metric, forwards=forwards, backwards=backwards,
+                          seconds=time.perf_counter() - start, take=runs.take, direction=runs.direction,
+                          positions=runs.where, grid=grid)
 
 
 def logit_difference(answer: int, wrong: int, *, position: int = -1) -> Metric:
@@ -353,46 +319,6 @@ def plot_patching(results: Sequence[PatchingResult], path: str | Path, *, title:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
-
-
-def _prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, heads: HeadSelection, *, take: str,
-             direction: str, positions: object) -> _Runs:
-    """Check the options and inputs, then run the source (clean when denoising) and keep ``take`` of the heads."""
-    check_choices(take, direction)
-    where = check_where(positions)
-    selection = model.heads(heads)
-    clean_inputs, corrupted_inputs = model.inputs(clean), model.inputs(corrupted)
-    a, b = _shape(clean_inputs), _shape(corrupted_inputs)
-    if a != b:
-        raise ValueError(f"clean and corrupted inputs must have the same shape to patch between them: clean {a},"
-                         f" corrupted {b} (batch, tokens); reword one so both have as many tokens")
-    patched = units(model.sites, selection, take)
-    if not patched:
-        raise ValueError(f"heads={heads!r} selects no head to patch")
-    readers: dict[int, list[int]] = {}
-    for unit in patched:
-        readers.setdefault(unit.layer, []).append(unit.reader)
-    source_inputs, base_inputs = ((clean_inputs, corrupted_inputs) if direction == "denoise"
-                                  else (corrupted_inputs, clean_inputs))
-    source = run_with_cache(model, source_inputs, take=take, heads=readers)
-    length = source[take, patched[0].layer, patched[0].reader].shape[1]  # query positions, or key positions (k, v)
-    where = resolve(where, length, what="key" if take in ("k", "v") else "query")
-    return _Runs(source, base_inputs, patched, readers, take, direction, where, length,
-                 (_first_tokens(model, clean_inputs), _first_tokens(model, corrupted_inputs)))
-
-
-def _first_tokens(model: HeadedModel, inputs: Mapping[str, Any]) -> list[str] | None:
-    """The first item's tokens, padding included (labels of the positions), or None."""
-    ids = inputs.get("input_ids")
-    if model.tokenizer is None or not isinstance(ids, Tensor) or ids.dim() != 2:
-        return None
-    return [str(t) for t in model.tokenizer.convert_ids_to_tokens(ids[0].tolist())]
-
-
-def _shape(inputs: Mapping[str, Any]) -> tuple[int, ...]:
-    """The shape of a forward's first tensor argument (the input ids of a transformers model)."""
-    first = inputs["input_ids"] if "input_ids" in inputs else next(v for v in inputs.values() if isinstance(v, Tensor))
-    return tuple(first.shape)
 
 
 def _denominator(clean_metric: float, corrupted_metric: float) -> float:

@@ -13,6 +13,10 @@ at a time: a head's tensor ``take`` at some positions.
 a unit is a key/value head, patched for every query head of its group at once (rows are then
 ``(layer, kv head)``; with one key/value head per query head the two coincide).
 
+``prepare`` checks the options and inputs and runs the source once (``PatchRuns``); ``replace`` and
+``zero_delta`` set a unit's values or additive zero on its site; ``estimates`` sums AtP's products over
+the positions asked; ``PositionGrid`` is the (head × position) result, ``plot_positions`` its figure.
+
 Axis legend: z ``(batch, head, query_pos, d_head_v)``; q ``(batch, head, query_pos, d_head)``;
 k, v ``(batch, kv_head, key_pos, d)``; pattern ``(batch, head, query_pos, key_pos)``;
 a grid ``(row, position)``.
@@ -21,7 +25,7 @@ a grid ``(row, position)``.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,12 +35,14 @@ import torch
 from torch import Tensor
 
 from headlab import display
-from headlab.capture.cache import Cache
+from headlab.capture.cache import Cache, run_with_cache
 from headlab.heads import HeadTable, head_label
+from headlab.heads.selection import HeadSelection
 from headlab.layer.gates import Replacement
-from headlab.models import AttentionSite
+from headlab.models import AttentionSite, HeadedModel
+from headlab.models.handle import Inputs
 
-__all__ = ["DIRECTIONS", "TAKES", "PositionGrid", "Unit", "plot_positions"]
+__all__ = ["DIRECTIONS", "TAKES", "PatchRuns", "PositionGrid", "Unit", "plot_positions", "prepare"]
 
 TAKES = ("z", "q", "k", "v", "pattern")  # the head tensors a patch can replace
 DIRECTIONS = ("denoise", "noise")  # the corrupted run receives clean values, or the clean run corrupted ones
@@ -70,11 +76,11 @@ def check_where(positions: object) -> Where:
         ValueError: another string, an empty list, an item that is not an int, or a repeated position.
     """
     expected = "expected None (every position at once), 'each' (one at a time) or a list of positions"
-    if positions is None or positions == EACH:
+    if positions is None or (isinstance(positions, str) and positions == EACH):
         return positions
-    if isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence | Tensor | np.ndarray):
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, (Sequence, Tensor, np.ndarray)):
         raise ValueError(f"positions={positions!r}; {expected}")
-    items = positions.tolist() if isinstance(positions, (Tensor, np.ndarray)) else list(positions)
+    items = positions.reshape(-1).tolist() if isinstance(positions, (Tensor, np.ndarray)) else list(positions)
     if not items:
         raise ValueError(f"positions={positions!r} patches nothing; {expected}")
     out = []
@@ -137,18 +143,25 @@ def units(sites: Sequence[AttentionSite], selection: dict[int, list[int]], take:
     return out
 
 
-def values_of(take: str, unit: Unit, source: Cache, base: Cache | None) -> Tensor:
+def values_of(take: str, unit: Unit, source: Cache, base: Cache | None, site: AttentionSite) -> Tensor:
     """The source's values of ``unit`` at every position: ``(batch, 1, positions, d)``.
 
     For ``pattern``, the z the head has with the source's pattern and the base run's values
-    (``base`` holds its v): only that head changes, so the layer's values are the base run's.
+    (``base`` holds its v): only that head changes, so the layer's values are the base run's. The
+    site's persistent scale and shift of the head (a mask, an ablation) act on it as on any z.
     """
-    if take == "pattern":
-        assert base is not None
-        pattern = source["pattern", unit.layer, unit.head]  # (batch, query_pos, key_pos)
-        v = base["v", unit.layer, unit.head]  # (batch, key_pos, d_head_v)
-        return torch.matmul(pattern.to(v.dtype), v).unsqueeze(1)
-    return source[take, unit.layer, unit.reader].unsqueeze(1)
+    if take != "pattern":
+        return source[take, unit.layer, unit.reader].unsqueeze(1)
+    assert base is not None
+    pattern = source["pattern", unit.layer, unit.head]  # (batch, query_pos, key_pos)
+    v = base["v", unit.layer, unit.head]  # (batch, key_pos, d_head_v)
+    z = torch.matmul(pattern.to(v.dtype), v)  # (batch, query_pos, d_head_v)
+    scale, shift = site.scale, site.shift
+    if scale is not None:
+        z = z * scale[unit.head].to(z)
+    if shift is not None:
+        z = z + shift[unit.head].to(z)
+    return z.unsqueeze(1)
 
 
 def replace(site: AttentionSite, take: str, unit: Unit, values: Tensor, positions: list[int] | None) -> None:
@@ -185,6 +198,105 @@ def zero_delta(site: AttentionSite, take: str, like: Tensor) -> Tensor:
     else:
         site.input_deltas = {**site.input_deltas, take: delta}
     return delta
+
+
+def estimates(difference: Tensor, grad: Tensor | None, where: Where) -> list[float]:
+    """AtP's ``difference · grad`` summed over the batch and d: over every position (None), the listed ones, or
+    per position ("each"); zeros where the metric does not depend on the tensor (``grad`` None).
+
+    Args:
+        difference, grad: ``(batch, positions, d)``: source minus base values, and ∂metric/∂x at the base run.
+    """
+    if where == EACH:
+        return [0.0] * difference.shape[1] if grad is None else (difference * grad).sum(dim=(0, 2)).tolist()
+    if grad is None:
+        return [0.0]
+    if isinstance(where, list):
+        return [float((difference * grad)[:, where].sum())]
+    return [float((difference * grad).sum())]
+
+
+@dataclass
+class PatchRuns:
+    """What both patching methods start from (``prepare``).
+
+    Attributes:
+        source: the cache of the run the values come from (clean when denoising), without gradients.
+        base_inputs: the inputs of the run that receives them.
+        units: what is patched, one at a time.
+        readers: per layer, the query heads whose tensors the caches keep (a reader of each unit).
+        take, direction: as asked.
+        where: None, "each", or the positions (from 0).
+        length: the positions of the patched axis (query positions; key positions for k and v).
+        tokens: the clean and corrupted inputs' first items, as strings (None without a tokenizer).
+    """
+
+    source: Cache
+    base_inputs: dict[str, Any]
+    units: list[Unit]
+    readers: dict[int, list[int]]
+    take: str
+    direction: str
+    where: Where
+    length: int
+    tokens: tuple[list[str] | None, list[str] | None]
+
+    def clean_and_corrupted(self, source_metric: float, base_metric: float) -> tuple[float, float]:
+        """The metrics of the source and base runs as (clean, corrupted)."""
+        return (source_metric, base_metric) if self.direction == "denoise" else (base_metric, source_metric)
+
+    def grid(self, effects: np.ndarray, changes: np.ndarray) -> PositionGrid | None:
+        """With ``where="each"``, the grid of ``effects`` and ``changes`` (one per unit and position); else None."""
+        if self.where != EACH:
+            return None
+        pairs = [(unit.layer, unit.head) for unit in self.units]
+        return PositionGrid(pairs, self.take, effects.reshape(len(pairs), self.length),
+                            changes.reshape(len(pairs), self.length), *self.tokens)
+
+
+def prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, heads: HeadSelection, *, take: str,
+            direction: str, positions: object) -> PatchRuns:
+    """Check the options and inputs, then run the source (clean when denoising), keeping ``take`` of the heads.
+
+    Raises:
+        ValueError: an unknown take or direction; inputs of different shapes; no head selected; positions
+            that are not None, "each" or ints, out of range or repeated.
+    """
+    check_choices(take, direction)
+    where = check_where(positions)
+    selection = model.heads(heads)
+    clean_inputs, corrupted_inputs = model.inputs(clean), model.inputs(corrupted)
+    a, b = _shape(clean_inputs), _shape(corrupted_inputs)
+    if a != b:
+        raise ValueError(f"clean and corrupted inputs must have the same shape to patch between them: clean {a},"
+                         f" corrupted {b} (batch, tokens); reword one so both have as many tokens")
+    patched = units(model.sites, selection, take)
+    if not patched:
+        raise ValueError(f"heads={heads!r} selects no head to patch")
+    readers: dict[int, list[int]] = {}
+    for unit in patched:
+        readers.setdefault(unit.layer, []).append(unit.reader)
+    source_inputs, base_inputs = ((clean_inputs, corrupted_inputs) if direction == "denoise"
+                                  else (corrupted_inputs, clean_inputs))
+    source = run_with_cache(model, source_inputs, take=take, heads=readers)
+    length = source[take, patched[0].layer, patched[0].reader].shape[1]
+    where = resolve(where, length, what="key" if take in ("k", "v") else "query")
+    return PatchRuns(source, base_inputs, patched, readers, take, direction, where, length,
+                     (_first_tokens(model, clean_inputs), _first_tokens(model, corrupted_inputs)))
+
+
+def _shape(inputs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The shape of a forward's first tensor argument (the input ids of a transformers model)."""
+    first = inputs["input_ids"] if "input_ids" in inputs else next(v for v in inputs.values() if isinstance(v, Tensor))
+    return tuple(first.shape)
+
+
+def _first_tokens(model: HeadedModel, inputs: Mapping[str, Any]) -> list[str] | None:
+    """The first item's tokens, padding included (labels of the positions), or None."""
+    ids = inputs.get("input_ids")
+    if model.tokenizer is None or not isinstance(ids, Tensor) or ids.dim() != 2:
+        return None
+    return [str(t) for t in model.tokenizer.convert_ids_to_tokens(ids[0].tolist())]
 
 
 @dataclass(repr=False)
@@ -229,7 +341,7 @@ class PositionGrid:
         """``(layer, head, position)`` of the cells by |effect|, largest first (NaNs last)."""
         values = np.nan_to_num(np.abs(self.effect), nan=-np.inf).reshape(-1)
         order = np.argsort(-values, kind="stable")[:k]
-        return [(*self.heads[i // self.n_positions], i % self.n_positions) for i in order]
+        return [(*self.heads[int(i) // self.n_positions], int(i) % self.n_positions) for i in order]
 
     def peaks(self) -> HeadTable:
         """Per row, the cell of largest |effect|: columns ``effect``, ``change`` and its ``position``."""
