@@ -73,3 +73,54 @@ def test_an_answer_of_several_tokens_is_named(causal_checkpoint, tmp_path):
                                       "--corrupt", "the dog sat on the", "--answer", "matter", "--wrong", "cat",
                                       "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--answer='matter' is" in " ".join(result.output.split())
+
+
+def test_each_position_of_k_noised(causal_checkpoint, tmp_path):
+    result = CliRunner().invoke(app, ["patch", str(causal_checkpoint), "--clean", "the cat sat on the",
+                                      "--corrupt", "the dog sat on the", "--answer", "mat", "--wrong", "cat",
+                                      "--positions", "each", "--take", "k", "--direction", "noise",
+                                      "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert (document["positions"], document["take"], document["direction"]) == ("each", "k", "noise")
+    exact, attribution = document["results"]
+    grid = exact["grid"]
+    assert grid["tokens"] == ["[CLS]", "the", "cat", "sat", "on", "the", "[SEP]"]
+    assert grid["corrupted_tokens"][2] == "dog" and exact["unit"] == "kv_head"
+    assert len(grid["rows"]) == 8 and all(len(row) == 7 for row in grid["effect"])
+    assert (exact["forwards"], attribution["forwards"]) == (2 + 8 * 7, 2) and -1 <= document["spearman"] <= 1
+    assert (tmp_path / "patching.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_positions_patched_together_and_the_grid_table(causal_checkpoint, tmp_path):
+    args = ["patch", str(causal_checkpoint), "--clean", "the cat sat on the", "--corrupt", "the dog sat on the",
+            "--answer", "mat", "--wrong", "cat", "--method", "exact", "--out", str(tmp_path)]
+    together = CliRunner().invoke(app, [*args, "--positions", "2,-1", "--take", "pattern", "--json"])
+    assert together.exit_code == 0, together.output
+    document = json.loads(together.stdout)
+    assert document["positions"] == [2, 6] and "grid" not in document["results"][0]
+    table = CliRunner().invoke(app, [*args, "--positions", "each", "--top", "3"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "Heads and positions by |effect| of z" in table.output and "position" in table.output
+    assert table.output.count("activation effect") == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--take", "o"], "--take: 'o' is not one of z, q, k, v, pattern"),
+    (["--direction", "up"], "--direction: 'up' is not one of denoise, noise"),
+    (["--positions", "1,x"], "'x' is not a position (got --positions='1,x'; expected each, or positions"),
+    (["--take", "pattern"], "--take: pattern has no attribution estimate; use --method exact"),
+])
+def test_bad_position_options_are_one_line_before_the_model_loads(tmp_path, extra, message):
+    result = CliRunner().invoke(app, ["patch", "no-such-model", "--clean", CLEAN, "--corrupt", CORRUPT, *extra,
+                                      "--out", str(tmp_path)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output and message in said, result.output
+
+
+def test_a_position_out_of_range_is_one_line(causal_checkpoint, tmp_path):
+    result = CliRunner().invoke(app, ["patch", str(causal_checkpoint), "--clean", "the cat sat on the",
+                                      "--corrupt", "the dog sat on the", "--answer", "mat", "--wrong", "cat",
+                                      "--positions", "7", "--out", str(tmp_path)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "error: position 7 is out of range: these inputs have 7 query positions" in said

@@ -12,6 +12,7 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
     similarity.py HeadSimilarity: Jensen–Shannon distances between heads; metric MDS (Clark et al. 2019)
     importance.py gradient (Michel et al. 2019) and exact ablation importance, Spearman, pruning curves
     patching.py   activation patching and attribution patching (AtP; Kramár et al. 2024) per head
+    positions.py  what patching patches: positions (together or each: a head × position grid), z/q/k/v/pattern
     norms.py      ValueWeighted: raw vs value-weighted (‖α f(x)‖) attention on the sink tokens (Kobayashi et al. 2020)
     sinks.py      SinkShare: each head's share on the first tokens by query position (Xiao et al. 2023)
     flow.py       rollout and exact attention flow of one text (Abnar & Zuidema 2020)
@@ -67,6 +68,7 @@ from headlab.analysis.patching import (
     logit_difference,
     plot_patching,
 )
+from headlab.analysis.positions import PositionGrid, plot_positions
 from headlab.analysis.retrieval import CopyCase, RetrievalResult, RetrievalScores, copy_cases, retrieval_scores
 from headlab.analysis.roles import ProbeScores, duplicate_token_scores, induction_scores, label_heads, role_labels
 from headlab.analysis.similarity import (
@@ -97,7 +99,7 @@ __all__ = [
     "lm_batches", "mds", "pair_batches", "paraphrase_loss", "plot_mds", "plot_pruning_curve", "pruning_curve",
     "retrieval_metric", "spearman",
     "PatchingResult", "activation_patching", "attribution_patching", "embedding_similarity", "logit_difference",
-    "plot_patching",
+    "plot_patching", "PositionGrid", "plot_positions",
     "head_statistics",
     "CLASSES", "DEFAULT_PIPELINE", "STATISTICS", "Parse", "ProbeScores", "RelationAccuracy", "SurfaceStats",
     "SyntaxAccuracy", "SyntaxResult", "TaxonomyStats", "class_shares", "classify",

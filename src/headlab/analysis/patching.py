@@ -1,4 +1,4 @@
-"""Which heads carry a behaviour: activation patching and attribution patching, per head.
+"""Which heads carry a behaviour: activation patching and attribution patching, per head and per position.
 
 Given a clean input, a corrupted one of the same shape and a metric of the model's output
 (higher = more of the behaviour), each head h gets the metric's recovery when the corrupted run
@@ -6,18 +6,27 @@ receives h's z from the clean run (denoising; Meng et al. 2022, Wang et al. 2022
 
     effect_h = (metric(corrupted, z_h ← clean z_h) − metric(corrupted)) / (metric(clean) − metric(corrupted))
 
-- ``activation_patching``: exactly, one forward per head (plus the two baselines).
-- ``attribution_patching`` (AtP; Nanda 2023, Kramár et al. 2024): the first-order estimate
-  ``(z_clean − z_corrupted)_h · ∂metric/∂z_h`` at the corrupted run, for every head at once from
-  two forwards and one backward.
+or, noising (``direction="noise"``), the share of that gap lost when the clean run receives h's corrupted z:
 
-Axis legend: z ``(batch, head, query_pos, d_head_v)``.
+    effect_h = (metric(clean) − metric(clean, z_h ← corrupted z_h)) / (metric(clean) − metric(corrupted))
+
+Either is 1 where the head carries the whole difference and 0 where it carries none. ``take`` patches
+another of the head's tensors (q; k and v per key/value head; its pattern), ``positions`` some positions
+only, or each position in turn (a (head × position) grid): ``headlab.analysis.positions``.
+
+- ``activation_patching``: exactly, one forward per head (per head and position), plus the two baselines.
+- ``attribution_patching`` (AtP; Nanda 2023, Kramár et al. 2024): the first-order estimate
+  ``(x_source − x_base)_h · ∂metric/∂x_h`` at the run receiving the values (the corrupted run when
+  denoising), summed over d and the batch at each position, for every head at once from two forwards
+  and one backward.
+
+Axis legend: z ``(batch, head, query_pos, d_head_v)``; an estimate's ``x`` is z, q, k or v.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +36,22 @@ import torch
 from torch import Tensor, nn
 
 from headlab import display
-from headlab.capture.cache import Cache, run_with_cache
-from headlab.heads import HeadTable, head_label
-from headlab.heads.scoped import intervening, patched
+from headlab.analysis.positions import (
+    EACH,
+    PatchRuns,
+    PositionGrid,
+    Where,
+    estimates,
+    plot_positions,
+    prepare,
+    replace,
+    row_label,
+    values_of,
+    zero_delta,
+)
+from headlab.capture.cache import run_with_cache
+from headlab.heads import HeadTable
+from headlab.heads.scoped import intervening
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
 from headlab.models.handle import Inputs, given_tokenizer
@@ -42,15 +64,20 @@ __all__ = ["Metric", "PatchingResult", "activation_patching", "attribution_patch
 
 @dataclass(repr=False)
 class PatchingResult(display.Shown):
-    """Per-head patching effects.
+    """Per-head patching effects, over the positions patched together or at each position.
 
     Attributes:
         method: "activation" (exact) or "attribution" (AtP estimate).
-        table: columns ``effect`` (the normalised recovery above) and ``change`` (the metric's
-            change, unnormalised), one row per patched head.
+        table: columns ``effect`` (the normalised recovery, or loss when noising, above) and ``change``
+            (the metric's change, unnormalised), one row per patched head (per key/value head for k and
+            v); with ``positions="each"``, each row's cell of largest |effect| and its ``position``.
         clean_metric, corrupted_metric: the metric on the two unpatched runs.
         forwards, backwards: passes run.
         seconds: wall time.
+        take: the head tensor patched: "z", "q", "k", "v" or "pattern".
+        direction: "denoise" (the corrupted run received clean values) or "noise" (the reverse).
+        positions: the positions patched together; None: every position; "each": one at a time.
+        grid: with ``positions="each"``, the (head × position) effects; else None.
     """
 
     method: str
@@ -60,113 +87,174 @@ class PatchingResult(display.Shown):
     forwards: int
     backwards: int
     seconds: float
+    take: str = "z"
+    direction: str = "denoise"
+    positions: Where = None
+    grid: PositionGrid | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
-                "forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds,
-                "heads": self.table.to_dict()}
+        document = {"method": self.method, "take": self.take, "direction": self.direction,
+                    "positions": self.positions, "unit": "kv_head" if self.take in ("k", "v") else "head",
+                    "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
+                    "forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds,
+                    "heads": self.table.to_dict()}
+        if self.grid is not None:
+            document["grid"] = self.grid.to_dict()
+        return document
 
     def _parts(self) -> list[str]:
-        return [display.Html(self.table.html(["effect"]))]
+        return [display.Html(self.table.html(["effect"]) if self.grid is None else self.grid.html())]
 
     def _title(self) -> str:
-        return f"PatchingResult: {self.method} patching of {len(self.table)} heads"
+        what = "key/value heads" if self.take in ("k", "v") else "heads"
+        at = "" if self.grid is None else f" at each of {self.grid.n_positions} positions"
+        return f"PatchingResult: {self.method} patching of {len(self.table)} {what}{at}"
 
     def _facts(self) -> list[tuple[str, object]]:
-        largest = [f"{head_label(*h)} {display.short(self.table.value('effect', *h))}"
-                   for h in self.table.top("effect", 3, absolute=True)]
+        if self.grid is None:
+            largest = [f"{row_label(*h, self.take)} {display.short(self.table.value('effect', *h))}"
+                       for h in self.table.top("effect", 3, absolute=True)]
+        else:
+            labels = self.grid.labels()
+            largest = [f"{row_label(layer, head, self.take)} @ {labels[p]} "
+                       f"{display.short(self.grid.value('effect', layer, head, p))}"
+                       for layer, head, p in self.grid.top(3)]
+        where = (f"positions {display.runs(self.positions)}" if isinstance(self.positions, list)
+                 else "each position" if self.positions == EACH else "every position")
+        how = "corrupted run ← clean values" if self.direction == "denoise" else "clean run ← corrupted values"
         clean, corrupted = display.short(self.clean_metric), display.short(self.corrupted_metric)
-        return [("largest |effect|", ", ".join(largest)), ("metric", f"clean {clean}, corrupted {corrupted}"),
+        return [("largest |effect|", ", ".join(largest)), ("patched", f"{self.take} at {where}; {self.direction} "
+                                                                      f"({how})"),
+                ("metric", f"clean {clean}, corrupted {corrupted}"),
                 ("passes", f"{self.forwards} forwards, {self.backwards} backwards, {self.seconds:.2f} s")]
 
 
 def activation_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
-                        heads: HeadSelection = None, tokenizer: Any = None,
+                        heads: HeadSelection = None, positions: Sequence[int] | str | None = None, take: str = "z",
+                        direction: str = "denoise", tokenizer: Any = None,
                         progress: Callable[[int, int], None] | None = None) -> PatchingResult:
-    """Patch each head's clean z into the corrupted run, one head at a time, and measure the metric.
+    """Patch each head's tensor from one run into the other, one head at a time, and measure the metric.
 
     Args:
         model: a ``HeadedModel`` or an attached model.
         clean, corrupted: inputs of the same shape (texts, a forward's keyword arguments or a tensor:
             ``HeadedModel.inputs``).
         metric: ``metric(output) -> scalar``; higher means more of the behaviour.
-        heads: the heads to patch (``headlab.heads.selection``); None for all.
+        heads: the query heads to patch (``headlab.heads.selection``); None for all. For k and v, the
+            key/value heads they read, each once.
+        positions: None: every position at once; a list of positions (negative from the end) patched
+            together; "each": every position separately, a (head × position) ``grid``. Positions index
+            the (padded) inputs, the same in every item of the batch: query positions for z, q and
+            pattern, key positions for k and v.
+        take: "z" (the head's output before the output projection), "q", "k", "v" (k and v are a
+            key/value head's: with grouped-query attention, patching them patches what every query head
+            of the group reads; a row per key/value head), or "pattern" (the head's attention weights
+            at the chosen query positions come from the other run: there z = that pattern @ this run's v).
+        direction: "denoise": the corrupted run receives the clean values; "noise": the clean run
+            receives the corrupted ones (effect: the share of the clean − corrupted gap lost).
         tokenizer: deprecated: the handle holds the tokenizer (``headlab.attach(model, tokenizer=...)``).
-        progress: called as ``progress(done, total)`` after each head.
+        progress: called as ``progress(done, total)`` after each patched forward.
 
     Returns:
-        A ``PatchingResult`` with method "activation".
+        A ``PatchingResult`` with method "activation": ``2 + heads × (1, or positions with "each")``
+        forwards.
 
     Raises:
-        ValueError: inputs of different shapes, or clean and corrupted runs that score the same
-            (the effect would divide by zero).
+        ValueError: inputs of different shapes; clean and corrupted runs that score the same (the effect
+            would divide by zero); an unknown take or direction; positions that are not None, "each" or a
+            list of ints, out of range for the inputs' length, or repeated.
     """
     start = time.perf_counter()
     handle = given_tokenizer(model, tokenizer, "activation_patching")
-    clean_run, corrupted_inputs, selection = _prepare(handle, clean, corrupted, heads)
+    runs = prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
     net = handle.model
-    pairs = [(layer, h) for layer, hs in selection.items() for h in hs]
     with torch.no_grad():
-        clean_metric = float(metric(clean_run.output))
-        corrupted_metric = float(metric(net(**corrupted_inputs)))
-        scale = _denominator(clean_metric, corrupted_metric)
-        changes = []
-        for done, (layer, h) in enumerate(pairs, 1):
-            with patched(handle, {layer: [h]}, clean_run):
-                changes.append(float(metric(net(**corrupted_inputs))) - corrupted_metric)
-            if progress is not None:
-                progress(done, len(pairs))
-    changes_array = np.asarray(changes)
-    return PatchingResult("activation", HeadTable(pairs, {"effect": changes_array / scale, "change": changes_array}),
-                          clean_metric, corrupted_metric, forwards=2 + len(pairs), backwards=0,
-                          seconds=time.perf_counter() - start)
+        source_metric = float(metric(runs.source.output))
+        # A pattern patch makes z from this run's v: the only change in the layer is the patched head's weights.
+        base = run_with_cache(handle, runs.base_inputs, take="v", heads=runs.readers) if take == "pattern" else None
+        base_metric = float(metric(net(**runs.base_inputs) if base is None else base.output))
+        _denominator(*runs.clean_and_corrupted(source_metric, base_metric))
+        slots: list[list[int] | None] = ([[p] for p in range(runs.length)] if runs.where == EACH
+                                         else [runs.where if isinstance(runs.where, list) else None])
+        total, changes = len(runs.units) * len(slots), []
+        for unit in runs.units:
+            values = values_of(take, unit, runs.source, base, handle.sites[unit.layer])  # (batch, 1, positions, d)
+            for slot in slots:
+                with intervening(handle) as sites:
+                    replace(sites[unit.layer], take, unit, values, slot)
+                    changes.append(float(metric(net(**runs.base_inputs))) - base_metric)
+                if progress is not None:
+                    progress(len(changes), total)
+    return _result("activation", runs, np.asarray(changes), source_metric, base_metric, forwards=2 + total,
+                   backwards=0, start=start)
 
 
 def attribution_patching(model: HeadedModel | nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
-                         heads: HeadSelection = None, tokenizer: Any = None) -> PatchingResult:
+                         heads: HeadSelection = None, positions: Sequence[int] | str | None = None, take: str = "z",
+                         direction: str = "denoise", tokenizer: Any = None) -> PatchingResult:
     """Estimate every head's patching effect from two forwards and one backward (AtP).
 
+    Per head and position p the estimate is ``Σ_batch Σ_d (x_source − x_base)[p] · ∂metric/∂x[p]`` at
+    the base run (the corrupted one when denoising, the clean one when noising), x the head's ``take``;
+    a list of positions sums its positions, None sums them all, so the estimates of ``"each"`` add up to
+    the whole-sequence one.
+
     Args:
-        model, clean, corrupted, metric, heads, tokenizer: as ``activation_patching``; the metric
-            must be differentiable.
+        model, clean, corrupted, metric, heads, positions, direction, tokenizer: as
+            ``activation_patching``; the metric must be differentiable.
+        take: "z", "q", "k" or "v" (gradients through additive zeros on them; k and v per key/value head).
 
     Returns:
         A ``PatchingResult`` with method "attribution".
 
     Raises:
-        ValueError: as ``activation_patching``; also a metric that does not depend on any head.
+        ValueError: as ``activation_patching``; also a metric that does not depend on any head, and
+            ``take="pattern"`` (no first-order estimate here: patch patterns with ``activation_patching``).
     """
     start = time.perf_counter()
     handle = given_tokenizer(model, tokenizer, "attribution_patching")
-    clean_run, corrupted_inputs, selection = _prepare(handle, clean, corrupted, heads)
-    clean_metric = float(metric(clean_run.output))
+    if take == "pattern":
+        raise ValueError("take='pattern' has no attribution estimate here (it would need the gradient with respect "
+                         "to the attention weights); patch patterns exactly with activation_patching, or take "
+                         "'z', 'q', 'k' or 'v'")
+    runs = prepare(handle, clean, corrupted, heads, take=take, direction=direction, positions=positions)
+    source_metric = float(metric(runs.source.output))
     with intervening(handle) as sites:
-        # An additive zero on every patched layer's z: its gradient is ∂metric/∂z at the corrupted run.
-        deltas = {}
-        for layer in selection:
-            z = clean_run["z", layer, selection[layer][0]]  # (batch, query_pos, d_head_v)
-            deltas[layer] = torch.zeros(z.shape[0], sites[layer].n_heads, *z.shape[1:], dtype=z.dtype,
-                                        device=z.device, requires_grad=True)
-            sites[layer].delta = deltas[layer]
-        corrupted_run = run_with_cache(handle, corrupted_inputs, take="z", heads=selection, grad=True)
-        value = metric(corrupted_run.output)
+        # An additive zero on every patched layer's tensor: its gradient is ∂metric/∂x at the base run.
+        deltas: dict[int, Tensor] = {}
+        for unit in runs.units:
+            if unit.layer not in deltas:
+                deltas[unit.layer] = zero_delta(sites[unit.layer], take, runs.source[take, unit.layer, unit.reader])
+        base_run = run_with_cache(handle, runs.base_inputs, take=take, heads=runs.readers, grad=True)
+        value = metric(base_run.output)
         if not value.requires_grad:
             raise ValueError("the metric does not depend on the model's heads (no gradient): attribution patching "
                              "needs a differentiable metric of the output")
-        grads = torch.autograd.grad(value, [deltas[layer] for layer in selection], allow_unused=True)
-    corrupted_metric = float(value.detach())
+        grads = dict(zip(deltas, torch.autograd.grad(value, list(deltas.values()), allow_unused=True)))
+    base_metric = float(value.detach())
+    _denominator(*runs.clean_and_corrupted(source_metric, base_metric))
+    changes: list[float] = []
+    for unit in runs.units:
+        grad = grads[unit.layer]
+        # (batch, positions, d): the source's values minus the base run's
+        difference = runs.source[take, unit.layer, unit.reader] - base_run[take, unit.layer, unit.reader].detach()
+        changes.extend(estimates(difference, None if grad is None else grad[:, unit.head], runs.where))
+    return _result("attribution", runs, np.asarray(changes), source_metric, base_metric, forwards=2, backwards=1,
+                   start=start)
+
+
+def _result(method: str, runs: PatchRuns, changes: np.ndarray, source_metric: float, base_metric: float, *,
+            forwards: int, backwards: int, start: float) -> PatchingResult:
+    """The result of ``changes`` (one per unit, or per unit and position with "each")."""
+    clean_metric, corrupted_metric = runs.clean_and_corrupted(source_metric, base_metric)
     scale = _denominator(clean_metric, corrupted_metric)
-    pairs, estimates = [], []
-    for (layer, hs), grad in zip(selection.items(), grads):
-        for h in hs:
-            difference = clean_run["z", layer, h] - corrupted_run["z", layer, h].detach()  # (batch, q, d_head_v)
-            estimate = 0.0 if grad is None else float((difference * grad[:, h]).sum())
-            pairs.append((layer, h))
-            estimates.append(estimate)
-    estimates_array = np.asarray(estimates)
-    return PatchingResult("attribution", HeadTable(pairs, {"effect": estimates_array / scale,
-                                                           "change": estimates_array}),
-                          clean_metric, corrupted_metric, forwards=2, backwards=1, seconds=time.perf_counter() - start)
+    effects = changes / scale if runs.direction == "denoise" else -changes / scale  # the share lost, noising
+    grid = runs.grid(effects, changes)
+    table = (HeadTable([(unit.layer, unit.head) for unit in runs.units], {"effect": effects, "change": changes})
+             if grid is None else grid.peaks())
+    return PatchingResult(method, table, clean_metric, corrupted_metric, forwards=forwards, backwards=backwards,
+                          seconds=time.perf_counter() - start, take=runs.take, direction=runs.direction,
+                          positions=runs.where, grid=grid)
 
 
 def logit_difference(answer: int, wrong: int, *, position: int = -1) -> Metric:
@@ -197,7 +285,19 @@ def embedding_similarity(reference: Tensor) -> Metric:
 
 
 def plot_patching(results: Sequence[PatchingResult], path: str | Path, *, title: str = "") -> Path:
-    """One (layer × head) heatmap of ``effect`` per result, side by side, as a PNG."""
+    """One (layer × head) heatmap of ``effect`` per result, side by side, as a PNG; results of
+    ``positions="each"`` draw one (head × position) heatmap each, tokens on the x axis (``plot_positions``).
+
+    Raises:
+        ValueError: results of ``positions="each"`` mixed with others.
+    """
+    grids = [r.grid for r in results]
+    if any(g is not None for g in grids):
+        if any(g is None for g in grids):
+            raise ValueError("plot results of positions='each' apart from whole-sequence ones: one (head × position) "
+                             "figure, or one (layer × head) figure")
+        return plot_positions([(f"{r.method} patching of {r.take}", r.grid) for r in results if r.grid is not None],
+                              path, title=title)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,25 +319,6 @@ def plot_patching(results: Sequence[PatchingResult], path: str | Path, *, title:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
-
-
-def _prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs,
-             heads: HeadSelection) -> tuple[Cache, dict[str, Any], dict[int, list[int]]]:
-    """The clean run's z, the corrupted run's inputs (checked against the clean ones) and the selection."""
-    selection = model.heads(heads)
-    clean_run = run_with_cache(model, clean, take="z", heads=selection)
-    corrupted_inputs = model.inputs(corrupted)
-    a, b = _shape(clean_run.inputs), _shape(corrupted_inputs)
-    if a != b:
-        raise ValueError(f"clean and corrupted inputs must have the same shape to patch between them: clean {a},"
-                         f" corrupted {b} (batch, tokens); reword one so both have as many tokens")
-    return clean_run, corrupted_inputs, selection
-
-
-def _shape(inputs: Mapping[str, Any]) -> tuple[int, ...]:
-    """The shape of a forward's first tensor argument (the input ids of a transformers model)."""
-    first = inputs["input_ids"] if "input_ids" in inputs else next(v for v in inputs.values() if isinstance(v, Tensor))
-    return tuple(first.shape)
 
 
 def _denominator(clean_metric: float, corrupted_metric: float) -> float:
