@@ -48,8 +48,8 @@ _EXPORTS = {
 }
 
 # The rooms of the package, imported when first named (``headlab.capture.mean_z(...)``).
-_ROOMS = ("analysis", "audit", "bench", "capture", "data", "experiments", "heads", "interop", "layer", "models",
-          "report")
+_ROOMS = ("analysis", "audit", "bench", "capture", "circuits", "data", "experiments", "heads", "interop", "layer",
+          "models", "report")
 
 __all__ = [*_EXPORTS, *_ROOMS, "__version__"]
 

@@ -49,7 +49,7 @@ from headlab.layer import FactoredMatrix
 from headlab.models import HeadedModel
 from headlab.models.handle import headed
 
-__all__ = ["KINDS", "CompositionScores", "Edge", "composition_scores", "plot_composition"]
+__all__ = ["KINDS", "CompositionScores", "Composition", "composition_scores", "plot_composition"]
 
 KINDS = ("q", "k", "v")
 _CHUNK = 8  # random pairs drawn at once for the baseline
@@ -57,7 +57,7 @@ Basis = tuple[Tensor, Tensor]  # (L, C) of M = L C Rᵀ: orthonormal columns (he
 
 
 @dataclass(frozen=True)
-class Edge:
+class Composition:
     """One sender → receiver score.
 
     Attributes:
@@ -110,13 +110,13 @@ class CompositionScores(display.Shown):
         return (self.scores[kind] - self.baseline_mean[kind][:, None, :, None]) \
             / self.baseline_std[kind][:, None, :, None]
 
-    def edges(self, kind: str) -> list[Edge]:
+    def edges(self, kind: str) -> list[Composition]:
         """Every edge of ``kind`` with a score, senders and receivers in layer order."""
         kind = self._kind(kind)
         return [self._edge(kind, index) for index in zip(*np.nonzero(~np.isnan(self.scores[kind])))]
 
     def top(self, kind: str, k: int = 10, *, sender: tuple[int, int] | None = None,
-            receiver: tuple[int, int] | None = None) -> list[Edge]:
+            receiver: tuple[int, int] | None = None) -> list[Composition]:
         """The ``k`` highest-scoring edges of ``kind``, of one sender or one receiver when given.
 
         Raises:
@@ -139,11 +139,11 @@ class CompositionScores(display.Shown):
         order = np.argsort(-flat, kind="stable")[: min(k, int(keep.sum()))]
         return [self._edge(kind, np.unravel_index(i, scores.shape)) for i in order]
 
-    def _edge(self, kind: str, index: tuple[Any, ...]) -> Edge:
+    def _edge(self, kind: str, index: tuple[Any, ...]) -> Composition:
         i, a, j, b = (int(n) for n in index)
         score = float(self.scores[kind][i, a, j, b])
         mean, std = float(self.baseline_mean[kind][i, j]), float(self.baseline_std[kind][i, j])
-        return Edge(kind, (i, a), (j, b), score, (score - mean) / std if std > 0 else math.nan,
+        return Composition(kind, (i, a), (j, b), score, (score - mean) / std if std > 0 else math.nan,
                     score / mean if mean > 0 else math.nan)
 
     def to_dict(self) -> dict[str, Any]:
