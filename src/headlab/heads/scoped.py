@@ -9,8 +9,8 @@
 
 ``intervening(model)`` is the scope itself: it records every site's gates (the persistent
 affine and the per-call gate, replacement and delta of ``headlab.layer.gates``, the
-replacements and deltas of the heads' inputs, and the key windows of ``windowed``) and sets them back exactly when the block ends. The persistent
-forms (``headlab.heads.mask`` …) are for saving.
+replacements and deltas of the heads' inputs, and the key windows of ``windowed``) and sets
+them back exactly when the block ends. The persistent forms (``headlab.heads.mask`` …) are for saving.
 """
 
 from __future__ import annotations
