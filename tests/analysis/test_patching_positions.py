@@ -14,7 +14,7 @@ import torch
 import headlab
 from headlab.analysis.patching import activation_patching, attribution_patching, logit_difference
 from headlab.models import headed
-from tests.support.tiny import build
+from tests.support.tiny import ARCHITECTURES, build
 
 LENGTH, READ = 7, 4  # the metric reads the logits at position READ
 CHANGED = [1, 3]  # the positions the corruption changes
@@ -314,3 +314,24 @@ def test_positions_may_be_a_tensor_or_an_array():
     for positions in (torch.tensor([2, 4]), np.array([2, -3])):
         same = activation_patching(model, clean, corrupted, METRIC, heads={1: [0]}, positions=positions)
         assert same.positions == [2, 4] and same.table["change"][0] == listed.table["change"][0]
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_architecture_patches_per_position(name):
+    """Each architecture headlab serves: q and k per position, exactly and estimated, on a small input."""
+    handle = headlab.attach(build(name))
+    clean, corrupted = _pair(batch=1)
+    causal = ARCHITECTURES[name].causal
+
+    def metric(output):
+        first = output.logits if causal else output.last_hidden_state
+        return first[:, READ].square().mean()
+
+    for take in ("q", "k"):
+        exact = activation_patching(handle, clean, corrupted, metric, heads={1: None}, positions="each", take=take)
+        estimate = attribution_patching(handle, clean, corrupted, metric, heads={1: None}, positions="each",
+                                        take=take)
+        assert exact.grid.effect.shape == estimate.grid.effect.shape == (len(exact.grid.heads), LENGTH)
+        assert np.isfinite(exact.grid.change).all() and np.isfinite(estimate.grid.change).all()
+        if causal:  # in the last layer, a query or key after the read position changes nothing there
+            assert not exact.grid.change[:, READ + 1:].any()

@@ -237,7 +237,8 @@ def _output_tensor(output: Any) -> Tensor | None:
 
 
 def _is_logits(output: Any) -> bool:
-    return isinstance(getattr(output, "logits", None), Tensor)
+    """A model's output is logits when it says so (``.logits``) or is one bare tensor (a torch model's)."""
+    return isinstance(output, Tensor) or isinstance(getattr(output, "logits", None), Tensor)
 
 
 def _producer(calls: list[tuple[nn.Module, Tensor | None, Tensor | None]], x: Tensor,
