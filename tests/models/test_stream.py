@@ -46,7 +46,8 @@ def test_every_architecture_has_its_points(name):
 
 
 def test_headlab_model_points_are_its_norms():
-    model = TinyTransformer(vocab_sizes=[10], n_classes=10, max_len=16, layers=[AttentionConfig(d_model=16, n_heads=2)] * 2)
+    model = TinyTransformer(vocab_sizes=[10], n_classes=10, max_len=16,
+                            layers=[AttentionConfig(d_model=16, n_heads=2)] * 2)
     handle = headlab.attach(model)
     stream = stream_of(handle, handle.inputs(torch.randint(0, 10, (2, 8))))
     assert [point.module for point in stream.layers] == list(model.norms)
