@@ -8,9 +8,8 @@
   carry it into the tokens' dims, and small, so that the norms' scales hardly move. The MLPs write
   nothing. Corrupting an early token changes A's output, hence B's query: the one head → head edge that
   matters is A → B.q.
-- ``induction()``: the induction experiment's trained 2-layer model (quick), repeated random spans as
-  the clean input, the first copy replaced by other tokens as the corrupted one, and the logit difference
-  between the token the clean first copy predicts and the one the corrupted first copy does.
+- ``induction()``: the induction experiment's trained 2-layer model (quick) on its circuit pair
+  (``headlab.experiments.induction.induction_pair``).
 """
 
 from __future__ import annotations
@@ -97,23 +96,12 @@ def _trained() -> Any:
 def induction() -> tuple[HeadedModel, torch.Tensor, torch.Tensor, Callable[[Any], torch.Tensor],
                          set[tuple[int, int]], set[tuple[int, int]]]:
     """``(handle, clean, corrupted, metric, previous-token heads, induction heads)`` of the induction experiment's
-    trained model (trained once per test session); the heads are those headlab's detectors find
-    (``InductionResult.previous_token_heads``, ``induction_heads``)."""
-    from headlab.analysis.roles import repeated_tokens
+    trained model (trained once per test session) on its circuit pair (``induction_pair``); the heads are those
+    headlab's detectors find (``InductionResult.previous_token_heads``, ``induction_heads``)."""
+    from headlab.experiments.induction import induction_pair
 
     result = _trained()
-    task_vocab, bos, length = result.task["vocab"], result.task["vocab"], 8
-    clean = repeated_tokens(n_seqs=16, length=length, vocab_size=task_vocab, bos_id=bos, seed=1)
-    other = repeated_tokens(n_seqs=16, length=length, vocab_size=task_vocab, bos_id=bos, seed=2)
-    corrupted = clean.clone()
-    corrupted[:, 1: 1 + length] = other[:, 1: 1 + length]
-    positions = torch.arange(1 + length, 2 * length)  # the second copy, each predicting the next token
-    right, wrong = clean[:, positions + 1], corrupted[:, positions + 1 - length]
-
-    def metric(output: Any) -> torch.Tensor:
-        logits = output.logits[:, positions]  # (batch, positions, classes)
-        return (logits.gather(-1, right[..., None]) - logits.gather(-1, wrong[..., None])).mean()
-
+    pair = induction_pair(result)
     previous = {(layer, head) for layer, head in result.previous_token_heads}
     inducing = {(layer, head) for layer, head in result.induction_heads}
-    return headlab.attach(result.model), clean, corrupted, metric, previous, inducing
+    return headlab.attach(result.model), pair.clean, pair.corrupted, pair.metric, previous, inducing

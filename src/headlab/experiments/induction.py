@@ -41,7 +41,7 @@ from headlab.heads import head_label
 from headlab.layer import AttentionConfig
 from headlab.models.handle import evaluating
 
-__all__ = ["InductionResult", "head_scores", "plot_induction", "run_induction"]
+__all__ = ["InductionPair", "InductionResult", "head_scores", "induction_pair", "plot_induction", "run_induction"]
 
 D_MODEL, N_HEADS, N_LAYERS, LR = 32, 4, 2, 1e-2
 STEPS, QUICK_STEPS, EVAL_EVERY = 500, 200, 10
@@ -221,6 +221,44 @@ def run_induction(*, seed: int = 0, steps: int | None = None, quick: bool = Fals
         induction_step=_first_step(history.steps, layer1_induction, lambda v: v > INDUCTION),
         history=history, scores=scores, model=model,
     )
+
+
+@dataclass(frozen=True)
+class InductionPair:
+    """A clean and a corrupted input for the trained model's circuit, and the metric that tells them apart.
+
+    Attributes:
+        clean: ``(n_seqs, 1 + 2 × length)`` int64: ``[BOS] + r + r``.
+        corrupted: the same with the first copy of r replaced by other tokens.
+        metric: on the second copy's positions, mean of ``logit(next token of r) − logit(the token the
+            corrupted first copy puts after it)``: what copying from the first copy predicts, against what
+            it predicts in the corrupted run (differentiable).
+    """
+
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    metric: Callable[[Any], torch.Tensor]
+
+
+def induction_pair(result: InductionResult, *, n_seqs: int = 16, length: int = 8, seed: int = 1) -> InductionPair:
+    """The pair on which the trained model's previous-token → induction circuit shows (``headlab.circuits``).
+
+    Raises:
+        ValueError: a length the task's vocabulary cannot draw distinct tokens for.
+    """
+    vocab = result.task["vocab"]
+    clean = repeated_tokens(n_seqs=n_seqs, length=length, vocab_size=vocab, bos_id=vocab, seed=seed)
+    other = repeated_tokens(n_seqs=n_seqs, length=length, vocab_size=vocab, bos_id=vocab, seed=seed + 1)
+    corrupted = clean.clone()
+    corrupted[:, 1: 1 + length] = other[:, 1: 1 + length]
+    positions = torch.arange(1 + length, 2 * length)  # the second copy, each position predicting the next token
+    right, wrong = clean[:, positions + 1], corrupted[:, positions + 1 - length]
+
+    def metric(output: Any) -> torch.Tensor:
+        logits = output.logits[:, positions]  # (n_seqs, length − 1, classes)
+        return (logits.gather(-1, right[..., None]) - logits.gather(-1, wrong[..., None])).mean()
+
+    return InductionPair(clean, corrupted, metric)
 
 
 def plot_induction(result: InductionResult) -> bytes:

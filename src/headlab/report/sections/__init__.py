@@ -13,6 +13,7 @@ from headlab.report.sections import (
     analysis,
     audit,
     bench,
+    circuits,
     experiments,
     params,
     parity,
@@ -68,8 +69,9 @@ DEFAULT_SECTIONS: list[Section | Part] = [
     Part(
         "heads", "The heads of the report's model",
         "Roles, pattern classes, similarity, importance, pruning and syntax over the corpus; which heads carry "
-        "one behaviour, by exact and attribution patching; then every head of the model in an interactive viewer.",
-        sections=(analysis.SECTION, patching.SECTION, viewer.SECTION),
+        "one behaviour, by exact and attribution patching; how heads work together, in the induction experiment's "
+        "model and in this one; then every head of the model in an interactive viewer.",
+        sections=(analysis.SECTION, patching.SECTION, circuits.SECTION, viewer.SECTION),
     ),
     Part(
         "checks", "Correctness and speed",

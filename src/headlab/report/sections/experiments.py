@@ -27,7 +27,8 @@ def render_experiment(name: str, ctx: ReportContext) -> Html:
     from headlab.experiments import get_experiment  # heavy (torch); only when the section renders
 
     experiment = get_experiment(name)
-    result = experiment.run(seed=ctx.seed, quick=ctx.quick)
+    # kept for the sections that read the same run (the circuits of the induction experiment's model)
+    result = ctx.memo(f"experiment:{name}", lambda: experiment.run(seed=ctx.seed, quick=ctx.quick))
     json_href = ctx.write_file(f"experiments/{name}.json",
                                json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
     plot_href = ctx.write_file(f"assets/experiments/{name}.png", experiment.plot(result))
