@@ -13,7 +13,7 @@ def test_every_seed_question_has_a_part_with_measured_sections() -> None:
     assert list(parts)[:5] == questions
     for q in questions:
         assert parts[q].title.endswith("?") and parts[q].sections, q
-    assert [s.id for s in parts["heads"].sections] == ["analysis", "patching", "viewer"]
+    assert [s.id for s in parts["heads"].sections] == ["analysis", "patching", "circuits", "viewer"]
     _check_ids(DEFAULT_SECTIONS)  # unique ids, every cross-reference lands
 
 

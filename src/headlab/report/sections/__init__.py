@@ -64,7 +64,7 @@ DEFAULT_SECTIONS: list[Section | Part] = [
         "where attention lands and what it carries (sinks, value-weighted attention), which heads copy from far "
         "back and which could keep only a window of keys. The classic surface statistics are in the analysis.",
         sections=(experiments.SYMMETRY, experiments.VARIANTS, experiments.INDUCTION, sinks.SECTION, streaming.SECTION),
-        see_also=("analysis",),
+        see_also=("analysis", "circuits"),
     ),
     Part(
         "heads", "The heads of the report's model",
