@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from headlab.circuits.gradients import projection_calls, receiver_gradients
 from headlab.circuits.graph import INPUT, OUTPUT, ROLES, Edge, EdgeScores, Sender, graph_edges, receiving
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.runs import Metric, Run, difference, interpolated, prepare
@@ -131,13 +132,11 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
     sent = torch.stack([difference(clean_run, corrupted_run, s) for s in senders])  # (senders, batch, pos, d)
     row = {s: i for i, s in enumerate(senders)}
     scores = np.zeros(len(edges))
+    flat = sent.flatten(1)  # (senders, batch · pos · d_model)
     products: dict[tuple[int, str] | str, np.ndarray] = {}  # receiver group -> (senders, receivers)
     for key, gradient in gradients.items():
-        mean = gradient / len(alphas)
-        if key == OUTPUT:
-            products[key] = torch.einsum("sbpd,bpd->s", sent.double(), mean.double())[:, None].numpy()
-        else:
-            products[key] = torch.einsum("sbpd,hbpd->sh", sent.double(), mean.double()).numpy()
+        mean = (gradient / len(alphas)).reshape(-1, flat.shape[1]).to(flat.dtype)  # (receivers, batch · pos · d)
+        products[key] = (flat @ mean.T).double().cpu().numpy()
     for i, edge in enumerate(edges):
         if edge.receiver == OUTPUT:
             scores[i] = products[OUTPUT][row[edge.sender], 0]
@@ -176,7 +175,8 @@ def _receiver_gradients(model: HeadedModel, stream: Stream, clean: Run, corrupte
             site.input_deltas = dict(deltas[site.layer])
             site.tap = _taking(taken, site, roles)
         try:
-            with interpolated(model, clean, corrupted, alpha), stream.hooked(record=streams):
+            with interpolated(model, clean, corrupted, alpha), stream.hooked(record=streams), \
+                    projection_calls(sites) as calls:
                 value = metric(net(**corrupted.inputs))
         finally:
             for site, tap in zip(sites, saved_taps):
@@ -189,38 +189,13 @@ def _receiver_gradients(model: HeadedModel, stream: Stream, clean: Run, corrupte
         out: dict[tuple[int, str] | str, Tensor] = {}
         final = grads[-1]
         out[OUTPUT] = torch.zeros_like(streams["final"]) if final is None else final.detach()
-        i = 0
+        by_site = iter(grads[:-1])
         for site in sites:
-            x = streams[site.layer]
-            for role in roles:
-                g = grads[i]
-                i += 1
-                tensor = taken[site.layer][role]  # (batch, heads, pos, d): in the graph of x
-                out[(site.layer, role)] = _per_head_vjp(tensor, x, g)
+            at_inputs = {role: next(by_site) for role in roles}
+            for role, gradient in receiver_gradients(site, streams[site.layer], taken[site.layer], at_inputs,
+                                                     calls[site.layer]).items():
+                out[(site.layer, role)] = gradient
     return out
-
-
-def _per_head_vjp(tensor: Tensor, x: Tensor, g: Tensor | None) -> Tensor:
-    """For each head h: the gradient ``g`` at head h of ``tensor`` carried back to ``x`` alone.
-
-    Args:
-        tensor: ``(batch, heads, pos, d)``, computed from ``x``.
-        x: ``(batch, pos, d_model)``.
-        g: ``(batch, heads, pos, d)`` or None (no gradient: zeros).
-
-    Returns:
-        ``(heads, batch, pos, d_model)``.
-    """
-    heads = tensor.shape[1]
-    if g is None:
-        return torch.zeros(heads, *x.shape, dtype=x.dtype, device=x.device)
-    eye = torch.eye(heads, dtype=g.dtype, device=g.device)[:, None, :, None, None]  # (heads, 1, heads, 1, 1)
-    cotangents = eye * g.detach()[None]  # (heads, batch, heads, pos, d): head h's gradient alone
-    try:
-        (vjp,) = torch.autograd.grad(tensor, x, cotangents, retain_graph=True, is_grads_batched=True)
-    except RuntimeError:  # an operation without a batching rule: one product per head
-        vjp = torch.stack([torch.autograd.grad(tensor, x, c, retain_graph=True)[0] for c in cotangents])
-    return vjp.detach()
 
 
 def _taking(taken: dict[int, dict[str, Tensor]], site: AttentionSite, roles: Sequence[str]) -> Tap:
