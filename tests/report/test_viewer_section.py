@@ -1,4 +1,5 @@
-"""The report's viewer section: the example sentences, the viewer's assets, corpus roles when the analysis ran."""
+"""The report's viewer section: the example sentences, the viewer's assets, corpus roles when the analysis ran,
+a circuit panel when a section shared edge scores."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from headlab.report import ReportContext
 from headlab.report.sections import viewer
 from headlab.report.viewer import asset_text
+from tests.support.circuits import CLEAN, CORRUPTED, tiny_edges
 from tests.support.tiny import tiny
 
 
@@ -45,3 +47,15 @@ def test_corpus_rows_of_the_analysis_are_shown_when_it_ran(tmp_path: Path) -> No
     corpus = {(i["layer"], i["head"]): i["corpus"] for i in _payload(fragment)["info"]}
     assert corpus[(0, 1)]["roles"] == "previous_token" and corpus[(0, 0)] is None
     assert "on the corpus (from the analysis above)" in fragment
+
+
+def test_edge_scores_a_section_shared_give_the_viewer_a_circuit_panel(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    assert _payload(viewer.render(ctx))["circuit"] is None
+    ctx.memo(viewer.EDGES, lambda: tiny_edges("gpt2"))
+    ctx.memo(viewer.EDGE_TEXTS, lambda: (CLEAN, CORRUPTED))
+    fragment = viewer.render(ctx)
+    circuit = _payload(fragment)["circuit"]
+    assert circuit["method"] == "eap" and (circuit["clean"], circuit["corrupted"]) == (CLEAN, CORRUPTED)
+    assert set(circuit["heads"]) == {f"{layer}.{h}" for layer in range(2) for h in range(4)}
+    assert "The circuit panel lists the open head" in fragment

@@ -10,6 +10,8 @@
   matters is A → B.q.
 - ``induction()``: the induction experiment's trained 2-layer model (quick) on its circuit pair
   (``headlab.experiments.induction.induction_pair``).
+- ``tiny_edges(kind)``: EAP scores of ``tiny(kind)`` (a model with a tokenizer: the viewer's circuit panel)
+  on two texts one word apart.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 import torch
 
 import headlab
+from headlab.circuits.graph import EdgeScores
 from headlab.models import HeadedModel
-from tests.support.tiny import build
+from tests.support.tiny import build, tiny
 
 A, B = (0, 0), (1, 1)  # the planted sender and receiver heads
 # how strongly A writes and B's query reads: a LayerNorm's scale moves with everything written, so in GPT-2
@@ -105,3 +108,18 @@ def induction() -> tuple[HeadedModel, torch.Tensor, torch.Tensor, Callable[[Any]
     previous = {(layer, head) for layer, head in result.previous_token_heads}
     inducing = {(layer, head) for layer, head in result.induction_heads}
     return headlab.attach(result.model), pair.clean, pair.corrupted, pair.metric, previous, inducing
+
+
+CLEAN, CORRUPTED = "the big red dog ran on the mat", "the big red cat ran on the mat"  # one word apart, as many pieces
+
+
+@functools.cache
+def tiny_edges(kind: str) -> EdgeScores:
+    """EAP scores of ``tiny(kind)`` on ``CLEAN`` against ``CORRUPTED``, the metric a logit difference at the
+    changed word; once per session."""
+    from headlab.circuits import edge_attribution
+
+    def metric(output: Any) -> torch.Tensor:
+        return (output.logits[:, 4, 5] - output.logits[:, 4, 7]).mean()  # position 4: "dog" / "cat"
+
+    return edge_attribution(tiny(kind), CLEAN, CORRUPTED, metric)

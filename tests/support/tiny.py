@@ -6,7 +6,8 @@
   biases), ``LIMITS`` or ``UNSUPPORTED`` (architectures that compute attention outside transformers'
   AttentionInterface, with the word their refusal must contain); ``batch`` gives padded inputs.
 - ``pruned_bert``: a 3-layer BERT attached with heads (4, 4, 2) that counts its forwards (capture).
-- ``tiny(kind)``: a ``HeadedModel`` of a BERT or GPT-2 with the word-piece tokenizer (viewer, report).
+- ``tiny(kind)``: a ``HeadedModel`` of a BERT, GPT-2 or grouped-query LLaMA with the word-piece tokenizer
+  (viewer, report).
 - ``save_causal_checkpoint``: a GPT-2 and its tokenizer saved as a user's checkpoint folder (CLI).
 
 Every weight is random (biases and norms included) and larger than transformers' init, so that
@@ -206,8 +207,8 @@ POSITIONS = 2100  # room for the viewer's 2,000-token check
 
 @functools.cache
 def tiny(kind: str, *, layers: int = 2, heads: int = 4):
-    """A ``HeadedModel`` of a random ``kind`` ("bert": bidirectional, "gpt2": causal) with the word-piece
-    tokenizer, attached, on SDPA; one per arguments and session."""
+    """A ``HeadedModel`` of a random ``kind`` ("bert": bidirectional, "gpt2": causal, "llama": causal with
+    grouped-query heads) with the word-piece tokenizer, attached, on SDPA; one per arguments and session."""
     import headlab
     from headlab.models import HeadedModel
 
@@ -219,6 +220,10 @@ def tiny(kind: str, *, layers: int = 2, heads: int = 4):
     elif kind == "gpt2":
         model = build("gpt2", n_layer=layers, n_head=heads, n_positions=POSITIONS, bos_token_id=tok.bos_token_id,
                       eos_token_id=tok.eos_token_id, attn_implementation="sdpa", **ids)
+    elif kind == "llama":  # grouped-query: every two query heads share a key/value head
+        model = build("llama", num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                      max_position_embeddings=POSITIONS, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      attn_implementation="sdpa", **ids)
     else:
         raise ValueError(kind)
     return HeadedModel(model=headlab.attach(model).model, tokenizer=tok, source=f"tiny random {kind}")

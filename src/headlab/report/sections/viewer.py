@@ -6,6 +6,11 @@ phrase (previous-token, duplicate-token and induction heads in causal models) an
 words (several pieces per word, for the piece/word switch). Roles and statistics come from the
 sentences themselves; when the analysis section ran first, each head's corpus-wide roles and
 statistics are shown beside them.
+
+When a section that scores edges ran first (``headlab.circuits.edge_attribution`` and the like, on the
+report's model) and shared its ``EdgeScores`` as ``ctx.memo(EDGES, ...)`` (and, optionally, its clean and
+corrupted texts as ``ctx.memo(EDGE_TEXTS, ...)``), the viewer gets a circuit panel: clicking a head lists
+its strongest incoming and outgoing edges (``headlab.report.viewer.view_data(edges=...)``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ from __future__ import annotations
 from headlab.report.html import Html, escape
 from headlab.report.section import ReportContext, Section
 
-__all__ = ["EXAMPLES", "SECTION", "render"]
+__all__ = ["EDGES", "EDGE_TEXTS", "EXAMPLES", "SECTION", "render"]
+
+EDGES = "edges"  # the memo key of the report's EdgeScores, if a section computed them
+EDGE_TEXTS = "edge_texts"  # ... and of their (clean, corrupted) texts
 
 EXAMPLES = (
     "The keys that the old man left on the kitchen table belong to his daughter.",
@@ -30,7 +38,9 @@ def render(ctx: ReportContext) -> str:
 
     loaded = ctx.load_model()
     analysis = ctx.memoized("analysis")
-    data = view_data(loaded, list(EXAMPLES), corpus_rows=None if analysis is None else analysis.rows())
+    edges = ctx.memoized(EDGES)
+    data = view_data(loaded, list(EXAMPLES), corpus_rows=None if analysis is None else analysis.rows(),
+                     edges=edges, edge_texts=ctx.memoized(EDGE_TEXTS) if edges is not None else None)
     write_assets(ctx.assets_dir)
     corpus = ("Each head's roles and statistics on the corpus (from the analysis above) sit beside those "
               "measured on these sentences." if analysis is not None else
@@ -39,6 +49,8 @@ def render(ctx: ReportContext) -> str:
              "report (pick one above the thumbnails). Click a thumbnail to open a head; hover over a token to see "
              "what it attends to (blue) and what attends to it (orange underline); click a token to pin it. "
              f"Switch between word pieces and words. {escape(corpus)} "
+             + ("The circuit panel lists the open head's strongest edges (the report's edge scores); click a "
+                "head in it to move there. " if edges is not None else "") +
              "<code>headlab view \"your text\"</code> opens the same viewer on any text.</p>")
     return Html(intro + '<link rel="stylesheet" href="assets/viewer.css">'
                 + viewer_fragment(data, element_id="attention-viewer")

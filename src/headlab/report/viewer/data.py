@@ -13,7 +13,8 @@ item's attention rollout through every layer up to the last shown one and, for i
 ``flow_max_length`` pieces, its attention flow (``headlab.analysis.flow``; every head of those layers is
 captured for them); at word level both are pooled from the piece level the way patterns are. Roles come from
 ``headlab.analysis.roles.label_heads`` and pattern classes from ``headlab.analysis.taxonomy.classify``,
-on the viewed texts themselves.
+on the viewed texts themselves. Given edge scores (``headlab.circuits``), the page also carries each shown
+head's strongest incoming and outgoing edges (``circuit.circuit_view``) for its circuit panel.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from headlab.analysis.roles import label_heads
 from headlab.analysis.surface import FIXED_WHEN_CAUSAL, STATISTICS, SurfaceStats, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats, classify
 from headlab.capture import CaptureBatch, LayerCapture, capture, pattern_to_words, tokenize_corpus
+from headlab.circuits.graph import EdgeScores
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.report.provenance import model_name
+from headlab.report.viewer.circuit import TOP_EDGES, CircuitView, circuit_view
 from headlab.report.viewer.encoding import QuantizedPattern, quantize, thumbnails
 
 __all__ = ["MAX_ENTRIES", "HeadInfo", "Level", "ViewerData", "ViewerItem", "view_data"]
@@ -148,6 +151,7 @@ class ViewerData:
         items: the viewed texts.
         max_length: the truncation length in pieces, or None.
         flow_max_length: the longest item (in pieces) whose attention flow is computed.
+        circuit: each shown head's strongest edges (``circuit.CircuitView``), or None: no circuit panel.
     """
 
     name: str
@@ -161,6 +165,7 @@ class ViewerData:
     max_length: int | None = None
     notes: list[str] = field(default_factory=list)
     flow_max_length: int = FLOW_MAX_LENGTH
+    circuit: CircuitView | None = None
 
     def head_index(self, layer: int, head: int) -> int:
         """The position of ``(layer, head)`` in ``heads`` (and in every ``Level.patterns``).
@@ -185,12 +190,15 @@ class ViewerData:
         return {"format": 1, "name": self.name, "source": self.source, "architecture": self.architecture,
                 "causal": self.causal, "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
                 "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
-                "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length}
+                "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length,
+                "circuit": None if self.circuit is None else self.circuit.to_dict()}
 
     def __repr__(self) -> str:
         pieces = sum(item.pieces.n for item in self.items)
+        circuit = "" if self.circuit is None else f", the strongest {self.circuit.method} edges of each head"
         return (f"ViewerData: {len(self.heads)} heads of {self.name} ({self.architecture}) on {len(self.items)} "
-                f"text{'s' if len(self.items) != 1 else ''}, {pieces} word pieces, {self.nbytes:,} bytes encoded")
+                f"text{'s' if len(self.items) != 1 else ''}, {pieces} word pieces, {self.nbytes:,} bytes encoded"
+                f"{circuit}")
 
 
 def view_data(
@@ -201,6 +209,9 @@ def view_data(
     corpus_rows: Sequence[Mapping[str, Any]] | None = None,
     max_entries: int = MAX_ENTRIES,
     flow_max_length: int = FLOW_MAX_LENGTH,
+    edges: EdgeScores | None = None,
+    edge_texts: tuple[str, str] | None = None,
+    top_edges: int = TOP_EDGES,
     progress: bool = False,
 ) -> ViewerData:
     """Run the model on ``texts`` and encode what the viewer shows.
@@ -215,14 +226,21 @@ def view_data(
             head per layer) the page may carry.
         flow_max_length: compute attention flow for items of at most this many pieces (its cost grows like
             pieces⁴; ``headlab.analysis.flow.FLOW_MAX_LENGTH``); 0 for none.
+        edges: edge scores of this model (``headlab.circuits.edge_attribution``, ``edge_patching``,
+            ``path_patching``): clicking a head then shows its strongest incoming and outgoing edges
+            (``circuit.circuit_view``); None: no circuit panel.
+        edge_texts: ``(clean, corrupted)``, the texts the edges were scored on, shown with them (``EdgeScores``
+            does not keep them); None to leave them out.
+        top_edges: most edges each way per head that the page carries.
         progress: show the capture's progress bar.
 
     Returns:
         The viewer's data.
 
     Raises:
-        ValueError: no text, an empty text, a bad selection, a negative ``flow_max_length``, or more
-            than ``max_entries`` entries (the message gives the count and how to cut it).
+        ValueError: no text, an empty text, a bad selection, a negative ``flow_max_length``, more
+            than ``max_entries`` entries (the message gives the count and how to cut it), or edges that do not
+            fit the model, a bad ``top_edges`` or ``edge_texts`` (``circuit.circuit_view``).
         TypeError: the model has no fast tokenizer.
     """
     if isinstance(flow_max_length, bool) or not isinstance(flow_max_length, int) or flow_max_length < 0:
@@ -239,6 +257,10 @@ def view_data(
     n_heads = model.n_heads
     selection = model.heads(heads)
     shown = [(layer, h) for layer, hs in selection.items() for h in hs]
+    if edges is None and edge_texts is not None:
+        raise ValueError("edge_texts name the inputs of edge scores; pass the scores too (edges=)")
+    circuit = None if edges is None else circuit_view(edges, [site.kv_head_of for site in model.sites], heads=shown,
+                                                      top=top_edges, texts=edge_texts)
     max_length = model.max_length
     tokenized = tokenize_corpus(model.tokenizer, texts, max_length=max_length)
     lengths = tokenized.lengths
@@ -276,7 +298,7 @@ def view_data(
              for k, it in enumerate(items) if it.truncated]
     return ViewerData(name=model_name(model.source), source=model.source, architecture=model.architecture,
                       causal=causal, n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length,
-                      notes=notes, flow_max_length=flow_max_length)
+                      notes=notes, flow_max_length=flow_max_length, circuit=circuit)
 
 
 class _Collector:

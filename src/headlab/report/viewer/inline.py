@@ -2,6 +2,7 @@
 
     viewer = headlab.show(loaded, "The cat sat on the mat.")   # the last value of a cell: drawn below it
     viewer.save("view.html")                                    # the same as a standalone page
+    headlab.show(loaded, clean, edges=edge_attribution(loaded, clean, corrupted, metric))  # with a circuit panel
 
 The output is one piece of HTML with everything in it, so it works offline and needs no server: the
 mount point and its payload (``page.viewer_fragment``), the viewer's style and its script, inlined
@@ -23,9 +24,11 @@ from torch import nn
 
 from headlab.analysis.flow import FLOW_MAX_LENGTH
 from headlab.capture.cache import Cache
+from headlab.circuits.graph import EdgeScores
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
 from headlab.report.viewer.cached import cache_view_data
+from headlab.report.viewer.circuit import TOP_EDGES
 from headlab.report.viewer.data import ViewerData, view_data
 from headlab.report.viewer.page import asset_text, viewer_document, viewer_fragment
 
@@ -72,7 +75,8 @@ class InlineViewer:
 
 
 def show(what: HeadedModel | nn.Module | Cache | ViewerData, texts: str | Sequence[str] | None = None, *,
-         heads: HeadSelection = None, flow_max_length: int = FLOW_MAX_LENGTH) -> InlineViewer:
+         heads: HeadSelection = None, flow_max_length: int = FLOW_MAX_LENGTH, edges: EdgeScores | None = None,
+         edge_texts: tuple[str, str] | None = None, top_edges: int = TOP_EDGES) -> InlineViewer:
     """The interactive attention viewer, inline in a notebook.
 
     Args:
@@ -82,22 +86,31 @@ def show(what: HeadedModel | nn.Module | Cache | ViewerData, texts: str | Sequen
         texts: the text or texts to run the model on (a model only).
         heads: the heads to show (``headlab.heads.selection``); None for all (for a cache: all it kept).
         flow_max_length: compute attention flow for texts of at most this many word pieces; 0 for none.
+        edges: edge scores of the model (``headlab.circuits.edge_attribution`` and the like): clicking a head
+            lists its strongest incoming and outgoing edges in a circuit panel (a model only: the panel needs its
+            key/value heads).
+        edge_texts: ``(clean, corrupted)``, the texts the edges were scored on, shown beside them.
+        top_edges: most edges each way per head.
 
     Returns:
         An ``InlineViewer``: the last value of a cell draws it; ``.save(path)`` writes a standalone page.
 
     Raises:
-        TypeError: a model without texts, or texts given with a cache or ``ViewerData``.
+        TypeError: a model without texts, or texts or edges given with a cache or ``ViewerData``.
         ValueError: as ``view_data`` (bad texts, selection or sizes) or ``cache_view_data`` (no pattern kept).
     """
     if isinstance(what, (Cache, ViewerData)):
         if texts is not None:
             raise TypeError(f"show({type(what).__name__}) shows what it holds; texts are for a model: "
                             "show(model, text)")
+        if edges is not None:
+            raise TypeError(f"show({type(what).__name__}, edges=...): the circuit panel needs the model's key/value "
+                            "heads; show(model, text, edges=edges), or view_data(model, text, edges=edges)")
         if isinstance(what, ViewerData):
             return InlineViewer(what)
         return InlineViewer(cache_view_data(what, heads=heads, flow_max_length=flow_max_length))
     if texts is None:
         raise TypeError("show(model, text): give the text (or texts) to run the model on, or pass a cache "
                         "from run_with_cache")
-    return InlineViewer(view_data(what, texts, heads=heads, flow_max_length=flow_max_length))
+    return InlineViewer(view_data(what, texts, heads=heads, flow_max_length=flow_max_length, edges=edges,
+                                  edge_texts=edge_texts, top_edges=top_edges))

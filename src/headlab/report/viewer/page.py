@@ -21,7 +21,8 @@ from headlab.report.viewer.encoding import script_json
 
 __all__ = ["ASSETS", "SCRIPT_PARTS", "asset_text", "viewer_document", "viewer_fragment", "write_assets"]
 
-SCRIPT_PARTS = ("util.js", "ui.js", "panel.js", "tokens.js", "canvas.js", "mount.js")  # static/, joined in this order
+# static/, joined in this order
+SCRIPT_PARTS = ("util.js", "ui.js", "panel.js", "circuit.js", "tokens.js", "canvas.js", "mount.js")
 ASSETS = ("viewer.js", "viewer.css")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 

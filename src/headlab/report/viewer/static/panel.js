@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 3 of 6: the open head's panel: the view buttons' state, its header
+/* headlab attention viewer, part 3 of 7: the open head's panel: the view buttons' state, its header
  * (layer, head, roles, pattern class) and its statistics on this text and on the corpus.
  */
 (function () {

@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 4 of 6: the text as tokens; focusing one shows what it attends to and what
+/* headlab attention viewer, part 5 of 7: the text as tokens; focusing one shows what it attends to and what
  * attends to it (every span then carries data-to and data-from: the test hooks).
  */
 (function () {

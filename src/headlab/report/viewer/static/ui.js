@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 2 of 6: every layer x head as thumbnails, one head opened in full.
+/* headlab attention viewer, part 2 of 7: every layer x head as thumbnails, one head opened in full.
  *
  * Reads the payload written by headlab.report.viewer (data.py, encoding.py) from a
  * script element of type application/json named by the root's data-headlab-viewer attribute.
@@ -206,6 +206,7 @@
     gridScroll.appendChild(grid);
     gridBox.appendChild(gridScroll);
     left.appendChild(gridBox);
+    if (d.circuit) left.appendChild(this.buildCircuit());  // circuit.js: edge scores came with the payload
 
     var statsBox = el("section", "hv-panel");
     this.statsTitle = el("h4");
@@ -298,6 +299,7 @@
     this.thumbButtons.forEach(function (b, i) { if (b) b.setAttribute("aria-pressed", String(i === self.selected)); });
     this.renderHeader(lh, info);
     this.renderStats(lh, info);
+    if (this.circuitBody) this.renderCircuit(lh);
     this.renderText();
     return Promise.all([this.pattern(), this.thumbs()]).then(function (got) {
       if (id !== self.renderId) return;
