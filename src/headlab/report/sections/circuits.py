@@ -7,7 +7,8 @@
   name them in the experiment.
 - The report's model on the patching section's pair (``patching.choose_pair``): its composition
   scores against random matrices of the same shapes, and its strongest edges by EAP-IG, confirmed one by
-  one by exact edge patching.
+  one by exact edge patching. The EAP-IG scores are shared with the viewer section, whose circuit panel
+  lists each head's strongest edges.
 
 Every sentence is generated from the numbers of this run.
 """
@@ -119,6 +120,7 @@ def _model(ctx: ReportContext) -> str:
     from headlab.circuits import composition_scores, edge_attribution, edge_patching, plot_composition
     from headlab.report.provenance import model_name
     from headlab.report.sections.patching import choose_pair
+    from headlab.report.sections.viewer import EDGE_TEXTS, EDGES
 
     loaded = ctx.load_model()
     name = model_name(loaded.source)
@@ -133,7 +135,9 @@ def _model(ctx: ReportContext) -> str:
                          number(c.score), number(c.ratio, digits=1), number(c.z, digits=1)]
                         for kind in ("q", "k", "v") for c in composition.top(kind, COMPOSITION_TOP)]
     edge_rows = [[e.label, e.role or "output", number(estimate[e]), number(exact[e])] for e in top]
-    texts = tuple(loaded.tokenizer.decode(ids[0]) for ids in (pair.clean, pair.corrupted))
+    texts = (loaded.tokenizer.decode(pair.clean[0]), loaded.tokenizer.decode(pair.corrupted[0]))
+    ctx.memo(EDGES, lambda: estimate)  # the viewer's circuit panel shows them
+    ctx.memo(EDGE_TEXTS, lambda: texts)
     document = {"model": loaded.source, "clean": texts[0], "corrupted": texts[1], "metric": pair.definition,
                 "composition": composition.to_dict(), "eap_ig": estimate.to_dict(), "exact": exact.to_dict(),
                 "spearman_top": agreement}
