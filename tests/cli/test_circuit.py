@@ -120,3 +120,40 @@ def test_a_missing_model_and_an_out_that_is_a_file_are_one_line(tmp_path):
         result = CliRunner().invoke(app, ["circuit", "--clean", CLEAN, "--corrupt", CORRUPT, *args])
         said = " ".join(result.output.split())
         assert result.exit_code == 2 and "Traceback" not in result.output and message in said, result.output
+
+
+def test_the_progress_bar_counts_forwards():
+    from headlab.cli.circuit import _forwards_bar
+
+    with _forwards_bar(False, "exact") as bar:
+        assert bar is None
+    with _forwards_bar(True, "exact") as bar:
+        assert bar is not None
+        bar(1, 83)
+        bar(83, 83)
+
+
+def test_ctrl_c_mid_run_exits_1_and_leaves_the_old_output_as_it_was(causal_checkpoint, tmp_path, monkeypatch):
+    import headlab.circuits.circuit as library
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "circuit.json").write_text("old")
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(library, "faithfulness", interrupt)
+    result = CliRunner().invoke(app, ["circuit", str(causal_checkpoint), *CAUSAL, "--method", "eap",
+                                      "--out", str(out)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.strip().splitlines()[-1] == f"interrupted; {out} left as it was"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in out.iterdir()] == ["circuit.json"]
+    assert (out / "circuit.json").read_text() == "old"
+
+
+def test_help_lists_the_command_and_its_options():
+    assert "circuit" in CliRunner().invoke(app, ["--help"]).output
+    said = CliRunner().invoke(app, ["circuit", "--help"], env={"COLUMNS": "200"}).output
+    assert all(option in said for option in ("--clean", "--corrupt", "--metric", "--method", "--steps", "--top",
+                                             "--out", "--json"))
