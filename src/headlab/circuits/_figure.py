@@ -4,7 +4,7 @@ The graph: one row per layer (the input below the first, the output above the la
 dot and the heads the circuit touches labelled; an edge runs from its sender to its receiver, ending at
 the receiver's q (left), k (middle) or v (right), its width ∝ |score|, its colour its role and its
 line solid for a positive score, dashed for a negative one. With grouped-query attention a key/value
-head's k and v edges end at the middle of the query heads that read it (consecutive groups, as
+head (``L1 KV0``) is drawn at the middle of the query heads that read it (consecutive groups, as
 transformers' ``repeat_kv`` makes them).
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from headlab.circuits.graph import Edge, Receiver, Sender, node_label
+from headlab.circuits.graph import Edge, node_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -30,9 +30,6 @@ class Drawn(Protocol):
     scored: int
     heads: list[tuple[int, int]] | None
     faithfulness: float | None
-
-    @property
-    def nodes(self) -> list[Sender | Receiver]: ...
 
     def __len__(self) -> int: ...
 
@@ -92,11 +89,19 @@ def plot_circuit(circuit: Drawn, path: str | Path) -> Path:
             (x0, y0 + 0.15), (x1 + _SHIFT[role], y1 - 0.15), arrowstyle="-|>", mutation_scale=9,
             connectionstyle="arc3,rad=0.12", color=COLOURS[role], alpha=0.85, zorder=2,
             linewidth=0.6 + 4.4 * abs(score) / (largest or 1.0), linestyle="-" if score >= 0 else "--"))
-    for node in circuit.nodes:
-        x, y = place(node)
-        ax.text(x, y, node if isinstance(node, str) else node_label(node), ha="center", va="center", fontsize=7,
-                zorder=3, bbox=dict(boxstyle="round,pad=0.25", facecolor="#eeeeee" if isinstance(node, str) else
-                                    "white", edgecolor="#333333", linewidth=0.8))
+    labels: dict[tuple[float, float], str] = {}  # every node an edge touches, where it is drawn
+    for edge in circuit.edges:
+        labels[place(edge.sender)] = node_label(edge.sender)
+        if isinstance(edge.receiver, str):
+            labels[place(edge.receiver)] = edge.receiver
+            continue
+        layer, head, role = edge.receiver
+        grouped = role != "q" and heads[layer][1] < heads[layer][0]
+        labels[place(edge.receiver[:2], role)] = f"L{layer} KV{head}" if grouped else node_label((layer, head))
+    for (x, y), label in labels.items():
+        ax.text(x, y, label, ha="center", va="center", fontsize=7, zorder=3,
+                bbox=dict(boxstyle="round,pad=0.25", facecolor="#eeeeee" if label in ("input", "output") else "white",
+                          edgecolor="#333333", linewidth=0.8))
     ax.set_xlim(-widest / 2 - 0.8, widest / 2 + 0.8)
     ax.set_ylim(-1.6, layers + 0.6)
     ax.set_yticks(range(-1, layers + 1), ["input", *(f"layer {layer}" for layer in range(layers)), "output"])

@@ -104,7 +104,8 @@ class Circuit(display.Shown):
 
     @property
     def nodes(self) -> list[Sender | Receiver]:
-        """The input, heads ``(layer, head)`` and output the edges touch, in the order they first appear."""
+        """The input, heads ``(layer, head)`` and output the edges touch, in the order they first appear (a k or v
+        receiver as ``(layer, key/value head)``)."""
         found: dict[Any, None] = {}
         for edge in self.edges:
             found[edge.sender] = None
