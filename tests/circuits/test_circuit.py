@@ -200,6 +200,7 @@ def test_top_edges_by_magnitude_and_bad_arguments():
     assert list(top_edges(scores, k=2).scores) == [-0.5, 0.3]
     assert top_edges(scores, threshold=0.3).edges == [edges[1], edges[2], edges[3]]
     assert len(top_edges(scores, k=0)) == 0 and len(top_edges(scores, k=10)) == 4
+    assert len(top_edges(scores, k=np.int64(2))) == 2 and len(top_edges(scores, threshold=np.float32(0.2))) == 3
     for kwargs, message in [({}, "exactly one of k and threshold"), ({"k": 2, "threshold": 0.1}, "exactly one"),
                             ({"k": -1}, r"k=-1; expected an int ≥ 0"), ({"k": 1.5}, r"k=1.5; expected"),
                             ({"threshold": -0.1}, r"threshold=-0.1; expected a finite number ≥ 0"),

@@ -36,6 +36,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -176,11 +177,11 @@ def top_edges(scores: EdgeScores, *, k: int | None = None, threshold: float | No
     magnitude = np.abs(scores.scores)
     order = np.argsort(-magnitude, kind="stable")
     if k is not None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
             raise ValueError(f"k={k!r}; expected an int ≥ 0 (the circuit's edges)")
-        chosen = order[:k]
+        chosen = order[:int(k)]
     else:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not math.isfinite(threshold) \
                 or threshold < 0:
             raise ValueError(f"threshold={threshold!r}; expected a finite number ≥ 0 (the smallest |score| kept)")
         chosen = order[magnitude[order] >= threshold]
@@ -285,7 +286,7 @@ def faithfulness_curve(model: HeadedModel, clean: Inputs, corrupted: Inputs, met
     n = len(scores)
     if sizes is None:
         sizes = [0, *sorted({round(float(k)) for k in np.geomspace(1, max(n, 1), num=min(max(n, 1), 16))})]
-    bad = [k for k in sizes if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= n]
+    bad = [k for k in sizes if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= n]
     if bad or not sizes:
         raise ValueError(f"sizes={list(sizes)!r}; expected one or more ints from 0 to {n} (the scored edges)")
     chosen = sorted({int(k) for k in sizes})
