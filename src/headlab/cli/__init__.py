@@ -17,6 +17,7 @@ import typer
 from headlab.cli import analyze as _analyze
 from headlab.cli import audit as _audit
 from headlab.cli import bench as _bench
+from headlab.cli import circuit as _circuit
 from headlab.cli import experiment as _experiment
 from headlab.cli import params as _params
 from headlab.cli import patch as _patch
@@ -64,6 +65,7 @@ app.command("audit")(_audit.audit)
 app.command("view")(_view.view)
 app.command("experiment")(_experiment.experiment)
 app.command("patch")(_patch.patch)
+app.command("circuit")(_circuit.circuit)
 
 
 def main() -> None:
