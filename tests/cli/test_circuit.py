@@ -110,7 +110,7 @@ def test_a_logit_metric_on_a_model_without_logits_is_one_line(tmp_path):
                                       "--answer", "mat", "--wrong", "cat", "--out", str(tmp_path / "out")])
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert "the logit-diff metric needs logits; the packaged MiniLM outputs hidden states" in said
+    assert "the logit-diff metric needs logits; BertModel outputs hidden states" in said
 
 
 def test_a_missing_model_and_an_out_that_is_a_file_are_one_line(tmp_path):

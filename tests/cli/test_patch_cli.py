@@ -59,6 +59,8 @@ def test_a_causal_checkpoint_with_a_logit_difference(causal_checkpoint, tmp_path
     (["--corrupt", ""], "--clean and --corrupt are both needed"),
     (["--corrupt", CORRUPT, "--metric", "loss"], "metric 'loss'; expected 'logit-diff'"),
     (["--corrupt", CORRUPT, "--metric", "logit-diff"], "needs --answer"),
+    (["--corrupt", CORRUPT, "--metric", "logit-diff", "--answer", "cat", "--wrong", "dog"],
+     "the logit-diff metric needs logits; BertModel outputs hidden states"),
     (["--corrupt", CORRUPT, "--method", "fast"], "--method: 'fast' is not one of exact, attribution, both"),
     (["--corrupt", CORRUPT, "--layers", "9"], "layers has layer 9, which does not exist"),
 ])

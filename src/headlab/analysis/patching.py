@@ -55,6 +55,7 @@ from headlab.heads.scoped import intervening
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
 from headlab.models.handle import Inputs, given_tokenizer
+from headlab.models.stream import stream_of
 
 Metric = Callable[[Any], Tensor]  # the model's output -> a scalar tensor (differentiable for AtP)
 
@@ -358,6 +359,9 @@ def text_metric(model: HeadedModel, clean: str, *, name: str | None = None, answ
     if answer is None or wrong is None:
         raise ValueError("the logit-diff metric needs --answer (the clean text's next token) and --wrong "
                          "(the corrupted text's)")
+    if stream_of(model, model.inputs(clean)).unembedding is None:
+        raise ValueError(f"the logit-diff metric needs logits; {model.architecture} outputs hidden states (no "
+                         "language-model head): use the similarity metric, or a causal language model")
     ids = []
     for option, token in (("--answer", answer), ("--wrong", wrong)):
         pieces = model.tokenizer(token, add_special_tokens=False)["input_ids"]

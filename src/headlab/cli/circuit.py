@@ -15,7 +15,7 @@ from headlab.cli.loading import load_model
 from headlab.cli.output import output_folder, staged_files
 
 if TYPE_CHECKING:
-    from headlab.models import HeadedModel
+    pass
 
 METHODS = ("eap", "eap-ig", "path", "exact")  # headlab.circuits.circuit.SCORING, here so that --help stays instant
 METRICS = ("logit-diff", "similarity")
@@ -77,8 +77,6 @@ def circuit(
         loaded = load_model(model)
         name = metric or ("logit-diff" if any(site.causal for site in loaded.sites) else "similarity")
         try:
-            if name == "logit-diff":
-                _check_logits(loaded, clean, model)
             chosen, described = text_metric(loaded, clean, name=name, answer=answer, wrong=wrong)
             with _forwards_bar(method in ("path", "exact") and sys.stderr.isatty(), method) as bar:
                 scores = score_edges(loaded, clean, corrupt, chosen, method=method, steps=steps, progress=bar)
@@ -108,16 +106,6 @@ def circuit(
                   f"other edge corrupted (clean {scores.clean_metric:.4g}, corrupted {scores.corrupted_metric:.4g})")
     console.print(f"{scores.method}: {scores.forwards} forwards, {scores.backwards} backwards, {scores.seconds:.2f} s")
     console.print(f"wrote {escape(', '.join(str(out / f) for f in FILES))}")
-
-
-def _check_logits(loaded: HeadedModel, clean: str, model: str | None) -> None:
-    """Refuse a logit metric on a model whose output has no logits (an encoder without its language-model head)."""
-    from headlab.circuits.inputs import forward_inputs
-    from headlab.models.stream import stream_of
-
-    if stream_of(loaded, forward_inputs(loaded, clean)).unembedding is None:
-        raise ValueError(f"the logit-diff metric needs logits; {model or 'the packaged MiniLM'} outputs hidden states "
-                         "(no language-model head): use --metric similarity, or a causal language model")
 
 
 @contextmanager

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from headlab.report.html import Html, escape, link, number, table
+from headlab.display import short
+from headlab.report.html import Html, escape, link, table
 from headlab.report.section import ReportContext, Section
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ __all__ = ["SECTION", "STEPS", "TOP", "induction_sentences", "render"]
 STEPS = 5  # EAP-IG's integration steps
 TOP = 10  # edges confirmed by exact edge patching, and shown
 COMPOSITION_TOP = 3  # strongest pairs shown per kind
+LEVEL = 0.8  # the faithfulness the smallest circuit named must keep
 ASSET_DIR = "assets/circuits"
 
 
@@ -89,7 +91,7 @@ def _induction(ctx: ReportContext) -> str:
     document: dict[str, Any] = {"previous_token_heads": sorted(previous), "induction_heads": sorted(inducing)}
     k_ok = best.sender in previous and best.receiver in inducing
     methods.append(("K-composition", f"{head_label(*best.sender)} → {head_label(*best.receiver)}.k", k_ok))
-    rows.append(["K-composition (weights)", methods[-1][1], number(best.score), f"z {number(best.z, digits=1)}",
+    rows.append(["K-composition (weights)", methods[-1][1], short(best.score), f"z {short(best.z)}",
                  "no forward", "yes" if k_ok else "no"])
     document["composition"] = composition.to_dict()
     for name, scores in scored:
@@ -97,7 +99,7 @@ def _induction(ctx: ReportContext) -> str:
         ok = edge.sender in previous and edge.role == "k" and receiving(edge.receiver)[:2] in inducing
         methods.append((name, edge.label, ok))
         effect = scores.effects[scores.edges.index(edge)]
-        rows.append([name, edge.label, number(scores[edge]), f"effect {number(effect)}",
+        rows.append([name, edge.label, short(scores[edge]), f"effect {short(effect)}",
                      f"{scores.forwards} forwards, {scores.backwards} backwards", "yes" if ok else "no"])
         document[name] = scores.to_dict()
     href = ctx.write_file(f"{ASSET_DIR}/induction.json", json.dumps(document, indent=1, default=_plain) + "\n")
@@ -117,7 +119,17 @@ def _induction(ctx: ReportContext) -> str:
 
 def _model(ctx: ReportContext) -> str:
     from headlab.analysis.importance import spearman
-    from headlab.circuits import composition_scores, edge_attribution, edge_patching, plot_composition
+    from headlab.circuits import (
+        composition_scores,
+        edge_attribution,
+        edge_patching,
+        faithfulness,
+        faithfulness_curve,
+        plot_circuit,
+        plot_composition,
+        plot_faithfulness,
+        top_edges,
+    )
     from headlab.report.provenance import model_name
     from headlab.report.sections.patching import choose_pair
     from headlab.report.sections.viewer import EDGE_TEXTS, EDGES
@@ -131,29 +143,43 @@ def _model(ctx: ReportContext) -> str:
     top = estimate.top(TOP)
     exact = edge_patching(loaded, pair.clean, pair.corrupted, pair.metric, edges=top)
     agreement = spearman([estimate[e] for e in top], [exact[e] for e in top])
+    circuit = top_edges(estimate, k=TOP)
+    kept = faithfulness(loaded, pair.clean, pair.corrupted, pair.metric, circuit)
+    figure = plot_circuit(circuit, ctx.assets_dir / "circuits" / "circuit.png")
+    curve = faithfulness_curve(loaded, pair.clean, pair.corrupted, pair.metric, estimate)
+    curve_plot = plot_faithfulness(curve, ctx.assets_dir / "circuits" / "faithfulness.png")
+    enough = curve.smallest(LEVEL)
     composition_rows = [[kind.upper(), f"{c.sender[0]}.{c.sender[1]} → {c.receiver[0]}.{c.receiver[1]}",
-                         number(c.score), number(c.ratio, digits=1), number(c.z, digits=1)]
+                         short(c.score), short(c.ratio), short(c.z)]
                         for kind in ("q", "k", "v") for c in composition.top(kind, COMPOSITION_TOP)]
-    edge_rows = [[e.label, e.role or "output", number(estimate[e]), number(exact[e])] for e in top]
+    edge_rows = [[e.label, e.role or "output", short(estimate[e]), short(exact[e])] for e in top]
     texts = (loaded.tokenizer.decode(pair.clean[0]), loaded.tokenizer.decode(pair.corrupted[0]))
     ctx.memo(EDGES, lambda: estimate)  # the viewer's circuit panel shows them
     ctx.memo(EDGE_TEXTS, lambda: texts)
     document = {"model": loaded.source, "clean": texts[0], "corrupted": texts[1], "metric": pair.definition,
                 "composition": composition.to_dict(), "eap_ig": estimate.to_dict(), "exact": exact.to_dict(),
-                "spearman_top": agreement}
+                "spearman_top": agreement, "circuit": circuit.to_dict(), "faithfulness_curve": curve.to_dict()}
     href = ctx.write_file(f"{ASSET_DIR}/model.json", json.dumps(document, indent=1, default=_plain) + "\n")
     strongest = _strongest(composition)
     said = [f"By the weights alone, the strongest composition in {name} is {strongest}.",
             f"On the patching section's pair ({texts[0]!r} against {texts[1]!r}; {pair.definition}), EAP-IG with "
             f"{STEPS} steps scores all {len(estimate)} edges in {estimate.forwards} forwards and {estimate.backwards} "
             f"backwards; its strongest edge is {top[0].label}. Exact edge patching of its top {len(top)} edges "
-            f"({exact.forwards} forwards) ranks them with Spearman {number(agreement)} against the estimate."]
+            f"({exact.forwards} forwards) ranks them with Spearman {short(agreement)} against the estimate.",
+            f"As a circuit, those {len(circuit)} edges keep {short(kept)} of the clean − corrupted gap with every "
+            "other edge between heads carrying its corrupted value (faithfulness, one forward); "
+            + (f"the smallest circuit of the curve keeping {short(LEVEL)} of it has {enough} edges."
+               if enough is not None else f"no circuit of the curve keeps {short(LEVEL)} of it.")]
     parts = [f"<h3>{escape(name)}: composition and the strongest edges</h3>"]
     parts += [f"<p>{escape(s)}</p>" for s in said]
     parts.append(table(["kind", "sender → receiver (layer.head)", "score", "× chance", "z"], composition_rows))
     parts.append(f'<p><img src="{escape(f"{ASSET_DIR}/{plot.name}")}" alt="composition scores: senders by '
                  'receivers, one panel per kind" style="max-width:100%"></p>')
     parts.append(table(["edge", "receiver's input", f"EAP-IG ({STEPS} steps)", "exact"], edge_rows))
+    circuit_href, curve_href = (escape(f"{ASSET_DIR}/{path.name}") for path in (figure, curve_plot))
+    parts.append(f'<p><img src="{circuit_href}" alt="the circuit: heads by layer, its edges by receiver input and '
+                 f'score" style="max-width:48%"> <img src="{curve_href}" alt="faithfulness against the number of '
+                 'edges kept" style="max-width:48%"></p>')
     parts.append(f'<p class="note">In a post-norm model such as MiniLM a head\'s output is normalised before later '
                  "layers read it; the edges add it unnormalised (docs/circuits.md). Composition scores ignore "
                  f"norms, positions and biases. All of it as JSON: {link(href, href)}.</p>")
@@ -169,7 +195,7 @@ def _strongest_between_heads(scores: EdgeScores) -> Any:
 def _strongest(composition: CompositionScores) -> str:
     best = max((c for kind in ("q", "k", "v") for c in composition.top(kind, 1)), key=lambda c: c.z)
     return (f"{best.kind.upper()}-composition from layer {best.sender[0]} head {best.sender[1]} into layer "
-            f"{best.receiver[0]} head {best.receiver[1]} ({number(best.score)}, {number(best.ratio, digits=1)}× "
+            f"{best.receiver[0]} head {best.receiver[1]} ({short(best.score)}, {short(best.ratio)}× "
             "the score of random matrices of the same shapes)")
 
 
