@@ -34,22 +34,8 @@ from headlab.circuits.graph import INPUT, OUTPUT, Edge, EdgeScores, graph_edges
 from headlab.circuits.paths import path_patching
 from headlab.experiments.model import TinyTransformer
 from headlab.layer import AttentionConfig
-from tests.support.circuits import A, B, planted
+from tests.support.circuits import A, B, planted, random_pair
 from tests.support.tiny import build
-
-
-def _random(name: str = "gpt2"):
-    """A tiny random model in float64, two items of 8 tokens and the same with token 2 changed, a logit metric."""
-    handle = headlab.attach(build(name).double())
-    generator = torch.Generator().manual_seed(0)
-    clean = torch.randint(3, 100, (2, 8), generator=generator)
-    corrupted = clean.clone()
-    corrupted[:, 2] = torch.randint(3, 100, (2,), generator=generator)
-
-    def metric(output):
-        return (output.logits[:, -1, 5] - output.logits[:, -1, 7]).mean()
-
-    return handle, clean, corrupted, metric
 
 
 def _attention_only():
@@ -85,7 +71,7 @@ def test_in_an_attention_only_model_every_edge_is_the_clean_run_and_none_the_cor
 
 def test_in_a_gpt2_no_edge_is_not_the_corrupted_run():
     """The MLPs (and everything else but the heads) stay clean: the empty circuit keeps some of the behaviour."""
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     scores = _scored(handle, clean, corrupted, metric)
     every = top_edges(scores, k=len(scores))
     assert faithfulness(handle, clean, corrupted, metric, every) == pytest.approx(1, abs=1e-6)
@@ -96,7 +82,7 @@ def test_a_circuit_of_one_edge_equals_a_reference_by_hooks():
     """The circuit {input → L0 H2.v} on a GPT-2 (float64), by transformers hooks: L0 H2's value reads the clean
     stream and every other layer-0 input the corrupted one; layer 1 and the output read their stream minus the
     input's and every head's (now − corrupted) difference."""
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     one = Circuit("by hand", [Edge(INPUT, (0, 2, "v"))], np.ones(1))
     measured = faithfulness(handle, clean, corrupted, metric, one)
     empty = faithfulness(handle, clean, corrupted, metric, Circuit("", [], np.ones(0)))
@@ -162,7 +148,7 @@ def test_the_planted_edge_makes_a_small_circuit_faithful():
 
 
 def test_one_extra_attention_call_per_distinct_own_stream(monkeypatch):
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     scores = _scored(handle, clean, corrupted, metric)
     calls = []
     extra = inputs._inputs_from  # the extra call of own_inputs: a receiver's q, k, v from its own stream
@@ -176,7 +162,7 @@ def test_one_extra_attention_call_per_distinct_own_stream(monkeypatch):
 
 
 def test_the_path_method_scores_every_edge():
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     seen = []
     scores = score_edges(handle, clean, corrupted, metric, method="path", progress=lambda d, t: seen.append((d, t)))
     edges = graph_edges(handle)
@@ -214,7 +200,7 @@ def test_top_edges_by_magnitude_and_bad_arguments():
 
 
 def test_an_edge_the_model_does_not_have_is_refused():
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     with pytest.raises(ValueError, match=r"L1 H0 → L0 H1.q.* not edges of this model"):
         faithfulness(handle, clean, corrupted, metric, Circuit("", [Edge((1, 0), (0, 1, "q"))], np.ones(1)))
 
@@ -261,7 +247,7 @@ def test_a_circuit_writes_its_files_and_shows_short(tmp_path):
 
 
 def test_the_figure_draws_grouped_query_heads_and_an_empty_circuit(tmp_path):
-    handle, clean, corrupted, metric = _random("llama")
+    handle, clean, corrupted, metric = random_pair("llama")
     scores = _scored(handle, clean, corrupted, metric)
     assert top_edges(scores, k=1).heads == [(4, 2), (4, 2)]
     assert plot_circuit(top_edges(scores, k=40), tmp_path / "llama.svg").stat().st_size > 1000

@@ -21,22 +21,8 @@ from headlab.circuits.graph import INPUT, OUTPUT, Edge, EdgeScores, graph_edges
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.paths import path_patching
 from headlab.circuits.runs import difference, prepare
-from tests.support.circuits import A, B, induction, planted
+from tests.support.circuits import A, B, induction, planted, random_pair
 from tests.support.tiny import ARCHITECTURES, build
-
-
-def _random(name: str = "gpt2", *, std: float = 0.2):
-    """A tiny random model in float64, two items of 8 tokens and the same with token 2 changed, a logit metric."""
-    handle = headlab.attach(build(name, std=std).double())
-    generator = torch.Generator().manual_seed(0)
-    clean = torch.randint(3, 100, (2, 8), generator=generator)
-    corrupted = clean.clone()
-    corrupted[:, 2] = torch.randint(3, 100, (2,), generator=generator)
-
-    def metric(output):
-        return (output.logits[:, -1, 5] - output.logits[:, -1, 7]).mean()
-
-    return handle, clean, corrupted, metric
 
 
 def _head_to_head(scores: EdgeScores) -> list[Edge]:
@@ -71,7 +57,7 @@ def _slope(handle, stream, run, edge, added, metric):
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_eap_is_the_first_order_term_of_edge_patching(name):
     """EAP's score of an edge is the slope of the edge's patch at zero."""
-    handle, clean, corrupted, metric = _random(name)
+    handle, clean, corrupted, metric = random_pair(name)
     estimate = edge_attribution(handle, clean, corrupted, metric)
     stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
     for edge in [Edge(INPUT, (0, 1, "q")), Edge((0, 2), (1, 1, "k")), Edge((0, 0), (1, 3, "q")),
@@ -81,7 +67,7 @@ def test_eap_is_the_first_order_term_of_edge_patching(name):
 
 
 def test_one_step_of_eap_ig_is_the_gradient_at_the_midpoint():
-    handle, clean, corrupted, metric = _random("llama")
+    handle, clean, corrupted, metric = random_pair("llama")
     estimate = edge_attribution(handle, clean, corrupted, metric, method="eap-ig", steps=1)
     stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
     embedding = handle.model.get_input_embeddings()
@@ -98,7 +84,7 @@ def test_one_step_of_eap_ig_is_the_gradient_at_the_midpoint():
 
 def test_edge_patching_equals_a_reference_by_hooks():
     """The receiver L1 H2's query alone reads the stream plus L0 H1's clean − corrupted result (GPT-2, float64)."""
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     scores = edge_patching(handle, clean, corrupted, metric, edges=[Edge((0, 1), (1, 2, "q"))])
     reference = build("gpt2", std=0.2).double()  # the same weights, transformers' own attention
     d_head, blocks = 8, reference.transformer.h
@@ -136,7 +122,7 @@ def test_edge_patching_equals_a_reference_by_hooks():
 
 
 def test_eap_ig_with_many_steps_ranks_edges_as_edge_patching_does():
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     exact = edge_patching(handle, clean, corrupted, metric)
     estimate = edge_attribution(handle, clean, corrupted, metric, method="eap-ig", steps=20)
     assert spearmanr(exact.scores, estimate.scores).statistic > 0.9
@@ -187,7 +173,7 @@ def test_every_architecture_runs_eap(name):
 
 
 def test_bad_arguments_say_what_was_expected():
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     with pytest.raises(ValueError, match=r"method='acdc'; expected one of \('eap', 'eap-ig'\)"):
         edge_attribution(handle, clean, corrupted, metric, method="acdc")
     with pytest.raises(ValueError, match=r"steps=0; expected a positive int"):
@@ -203,7 +189,7 @@ def test_bad_arguments_say_what_was_expected():
 
 
 def test_scores_show_and_write(tmp_path):
-    handle, clean, corrupted, metric = _random("gpt2")
+    handle, clean, corrupted, metric = random_pair("gpt2")
     scores = edge_patching(handle, clean, corrupted, metric, edges=graph_edges(handle)[:5])
     assert repr(scores).startswith("EdgeScores: edge patching, 5 edges")
     assert "<table" in scores._repr_html_()

@@ -1,5 +1,6 @@
 """Circuits with a known answer: planted in tiny random transformers, and the induction experiment's.
 
+- ``random_pair(name)``: a tiny random model in float64, a clean and a corrupted input, a logit metric.
 - ``planted(name)``: a tiny GPT-2 or grouped-query LLaMA whose only working heads are A = L0 H0 and
   B = L1 H1, with A feeding B through B's query: token embeddings live in dims 0..15; A attends
   uniformly (zero q, k) and writes its values of the tokens into dims 16..23; B's query reads dims
@@ -32,6 +33,22 @@ A, B = (0, 0), (1, 1)  # the planted sender and receiver heads
 # A writes small and B reads it with a large gain
 GAINS = {"gpt2": (0.3, 12.0), "llama": (3.0, 3.0)}
 TOKENS, WRITTEN, MIRROR = slice(0, 16), slice(16, 24), slice(24, 32)  # the tokens' dims, and the dims A writes
+
+
+def random_pair(name: str = "gpt2", *, std: float = 0.2) -> tuple[HeadedModel, torch.Tensor, torch.Tensor,
+                                                                   Callable[[Any], torch.Tensor]]:
+    """A tiny random ``name`` in float64, two items of 8 tokens and the same with token 2 changed, and a logit
+    difference at the last position."""
+    handle = headlab.attach(build(name, std=std).double())
+    generator = torch.Generator().manual_seed(0)
+    clean = torch.randint(3, 100, (2, 8), generator=generator)
+    corrupted = clean.clone()
+    corrupted[:, 2] = torch.randint(3, 100, (2,), generator=generator)
+
+    def metric(output: Any) -> torch.Tensor:
+        return (output.logits[:, -1, 5] - output.logits[:, -1, 7]).mean()
+
+    return handle, clean, corrupted, metric
 
 
 def planted(name: str) -> tuple[HeadedModel, torch.Tensor, torch.Tensor, Callable[[Any], torch.Tensor]]:

@@ -50,7 +50,17 @@ from torch import Tensor
 from headlab import display
 from headlab.circuits._figure import plot_circuit, plot_faithfulness
 from headlab.circuits.edges import METHODS, edge_attribution, edge_patching
-from headlab.circuits.graph import INPUT, OUTPUT, Edge, EdgeScores, Receiver, Sender, graph_edges, node_label
+from headlab.circuits.graph import (
+    INPUT,
+    OUTPUT,
+    Edge,
+    EdgeScores,
+    Receiver,
+    Sender,
+    check_edges,
+    graph_edges,
+    node_label,
+)
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.paths import path_patching
 from headlab.circuits.runs import Metric, Run, prepare
@@ -211,7 +221,7 @@ def faithfulness(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: M
     """
     handle = headed(model)
     stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
-    _check(handle, circuit.edges)
+    check_edges(handle, circuit.edges)
     value = _relative(_circuit_metric(handle, stream, clean_run, corrupted_run, metric, set(circuit.edges)),
                       clean_run, corrupted_run)
     circuit.faithfulness = value
@@ -293,7 +303,7 @@ def faithfulness_curve(model: HeadedModel, clean: Inputs, corrupted: Inputs, met
     start = time.perf_counter()
     handle = headed(model)
     stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
-    _check(handle, scores.edges)
+    check_edges(handle, scores.edges)
     values = []
     for done, k in enumerate(chosen, 1):
         circuit = top_edges(scores, k=k)
@@ -416,14 +426,6 @@ def _circuit_metric(model: HeadedModel, stream: Stream, clean: Run, corrupted: R
 
 def _relative(value: float, clean: Run, corrupted: Run) -> float:
     return (value - corrupted.metric) / (clean.metric - corrupted.metric)
-
-
-def _check(model: HeadedModel, edges: Sequence[Edge]) -> None:
-    known = set(graph_edges(model))
-    unknown = [edge.label for edge in edges if edge not in known]
-    if unknown:
-        raise ValueError(f"edges {unknown[:3]} are not edges of this model's graph (a sender must be in an earlier "
-                         "layer than its receiver; k and v receivers are key/value heads)")
 
 
 def _heads_of(edges: Sequence[Edge]) -> list[tuple[int, int]]:

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from headlab.circuits.gradients import projection_calls, receiver_gradients
-from headlab.circuits.graph import INPUT, OUTPUT, ROLES, Edge, EdgeScores, Sender, graph_edges, receiving
+from headlab.circuits.graph import INPUT, OUTPUT, ROLES, Edge, EdgeScores, Sender, check_edges, graph_edges, receiving
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.runs import Metric, Run, difference, interpolated, prepare
 from headlab.heads.scoped import intervening
@@ -81,7 +81,7 @@ def edge_patching(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: 
     handle = headed(model)
     stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
     edges = list(graph_edges(handle, roles=roles, output=output) if edges is None else edges)
-    _check_edges(handle, edges)
+    check_edges(handle, edges)
     net, scores = handle.model, []
     with handle.running(grad=False):
         for done, edge in enumerate(edges, 1):
@@ -224,9 +224,3 @@ def _with_edge(model: HeadedModel, stream: Stream, net: torch.nn.Module, corrupt
         return net(**corrupted.inputs)
 
 
-def _check_edges(model: HeadedModel, edges: Sequence[Edge]) -> None:
-    known = set(graph_edges(model))
-    unknown = [edge.label for edge in edges if edge not in known]
-    if unknown:
-        raise ValueError(f"edges {unknown[:3]} are not edges of this model's graph (a sender must be in an earlier "
-                         "layer than its receiver; k and v receivers are key/value heads)")

@@ -128,6 +128,19 @@ def graph_edges(model: HeadedModel, *, roles: Sequence[str] = ROLES, output: boo
     return edges
 
 
+def check_edges(model: HeadedModel, edges: Sequence[Edge]) -> None:
+    """Raise unless every edge is an edge of ``model``'s graph.
+
+    Raises:
+        ValueError: the first few edges that are not, and why an edge may not be.
+    """
+    known = set(graph_edges(model))
+    unknown = [edge.label for edge in edges if edge not in known]
+    if unknown:
+        raise ValueError(f"edges {unknown[:3]} are not edges of this model's graph (a sender must be in an earlier "
+                         "layer than its receiver; k and v receivers are key/value heads)")
+
+
 @dataclass(repr=False)
 class EdgeScores(display.Shown):
     """A score for each edge: the metric's change when the edge carries the clean run's value into the

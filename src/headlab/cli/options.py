@@ -1,10 +1,22 @@
-"""Option parsing shared by the commands: comma-separated integer lists (``--layers 0,3,5``), seed range."""
+"""Options shared by the commands: the model and text-pair arguments of ``patch`` and ``circuit``, comma-separated
+integer lists (``--layers 0,3,5``), the seed range."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-__all__ = ["check_seed", "int_list"]
+__all__ = ["Answer", "Clean", "Corrupt", "MetricName", "ModelArgument", "Wrong", "check_seed", "int_list"]
+
+ModelArgument = Annotated[str | None, typer.Argument(help="Checkpoint directory or hub id (default: packaged MiniLM).")]
+Clean = Annotated[str, typer.Option("--clean", help="The text that shows the behaviour.")]
+Corrupt = Annotated[str, typer.Option("--corrupt", help="The same text changed so that it does not; as many tokens.")]
+MetricName = Annotated[str | None, typer.Option("--metric", help="logit-diff (language models; needs --answer "
+                                                                 "and --wrong) or similarity; default by the model's "
+                                                                 "kind.")]
+Answer = Annotated[str | None, typer.Option("--answer", help="logit-diff: the clean text's next token.")]
+Wrong = Annotated[str | None, typer.Option("--wrong", help="logit-diff: the corrupted text's next token.")]
 
 
 def check_seed(seed: int) -> int:

@@ -9,21 +9,17 @@ import typer
 
 from headlab.cli.errors import INPUT_ERRORS, fail
 from headlab.cli.loading import load_model
-from headlab.cli.options import int_list
+from headlab.cli.options import Answer, Clean, Corrupt, MetricName, ModelArgument, Wrong, int_list
 from headlab.cli.output import output_folder, staged_files
 
 
 def patch(
-    model: Annotated[str | None, typer.Argument(help="Checkpoint directory or hub id (default: packaged MiniLM).")]
-    = None,
-    clean: Annotated[str, typer.Option("--clean", help="The text that shows the behaviour.")] = "",
-    corrupt: Annotated[str, typer.Option("--corrupt", help="The same text changed so that it does not; "
-                                                            "as many tokens.")] = "",
-    metric: Annotated[str | None, typer.Option("--metric", help="logit-diff (language models; needs --answer and "
-                                                                "--wrong) or similarity; default by the model's "
-                                                                "kind.")] = None,
-    answer: Annotated[str | None, typer.Option("--answer", help="logit-diff: the clean text's next token.")] = None,
-    wrong: Annotated[str | None, typer.Option("--wrong", help="logit-diff: the corrupted text's next token.")] = None,
+    model: ModelArgument = None,
+    clean: Clean = "",
+    corrupt: Corrupt = "",
+    metric: MetricName = None,
+    answer: Answer = None,
+    wrong: Wrong = None,
     method: Annotated[str, typer.Option("--method", help="exact, attribution, or both.")] = "both",
     layers: Annotated[str | None, typer.Option("--layers", help="Layers to patch, e.g. 0,3.")] = None,
     heads: Annotated[str | None, typer.Option("--heads", help="Heads to patch in each layer, e.g. 0,3.")] = None,
