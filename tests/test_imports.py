@@ -14,8 +14,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 # DESIGN's order (cli → report → (circuits, analysis, audit, experiments, bench) → (capture, heads) → models →
 # interop → layer), made total where rooms of one group use each other: capture reads the heads' interventions,
-# and experiments, the benchmarks and circuits use analysis;
-# the benchmarks time the circuits. A room may import rooms of a lower rank only.
+# experiments, the benchmarks and circuits use analysis, and the benchmarks time circuits. A room may import
+# rooms of a lower rank only.
 RANK = {"data": 0, "display": 0, "layer": 0, "interop": 1, "models": 2, "heads": 3, "capture": 4, "analysis": 5,
         "audit": 5, "circuits": 6, "experiments": 6, "bench": 7, "report": 8, "cli": 9}
 

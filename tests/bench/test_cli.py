@@ -21,8 +21,8 @@ def _flat(output: str) -> str:
     return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
 
 
-AREAS = ["layer", "inspection", "decode", "models", "capture", "analysis", "importance", "patching", "pruning",
-         "distributed"]
+AREAS = ["layer", "inspection", "decode", "models", "capture", "analysis", "importance", "patching", "circuits",
+         "pruning", "distributed"]
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,9 @@ def test_rows_cover_the_peers_the_issue_names(ran: tuple[dict, Path]) -> None:
     assert {r["peer"] for r in rows["patching"]} == {"exact activation patching, every head"}
     assert all(-1.0 <= r["details"]["spearman |effect|"] <= 1.0 for r in rows["patching"])
     assert {r["contender"] for r in rows["pruning"]} >= {"headlab, half the heads pruned", "headlab, all heads"}
+    assert {r["goal"] for r in rows["circuits"] if r["unit"] == "s"} == {3.0, 12.0, None}
+    assert all(r["peer"].startswith(("forward + backward", "peak memory of the forward + backward"))
+               for r in rows["circuits"])
 
 
 def test_the_single_process_goals_of_issue_17_are_rows_measured_against_their_peers(ran: tuple[dict, Path]) -> None:
@@ -174,3 +177,24 @@ def test_a_keyboard_interrupt_in_an_area_still_stops_the_run(tiny_plan: Plan, mo
     monkeypatch.setattr("headlab.bench.suite._OWN_AREAS", (("interrupted", "Interrupted", interrupted),))
     with pytest.raises(KeyboardInterrupt):
         run_plan(tiny_plan, quick=True, progress=False)
+
+
+def test_area_runs_only_the_areas_named(tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("headlab.bench.suite.plan_for", lambda device, quick: tiny_plan)
+    result = CliRunner().invoke(app, ["bench", "--quick", "--json", "--area", "decode", "--area", "layer"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [a["name"] for a in document["areas"]] == ["layer", "decode"]  # in the suite's order
+    assert document["command"] == "headlab bench --device cpu --quick --area decode --area layer --json"
+
+
+def test_an_unknown_area_is_a_usage_error_naming_the_areas() -> None:
+    result = CliRunner().invoke(app, ["bench", "--area", "circuit"])
+    assert result.exit_code == 2
+    assert "unknown area(s) 'circuit'" in _flat(result.output) and "circuits" in _flat(result.output)
+
+
+def test_area_with_out_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "--area", "circuits", "--out", str(tmp_path / "RESULTS.md")])
+    assert result.exit_code == 2 and "--out records whole runs" in _flat(result.output)
+    assert not (tmp_path / "RESULTS.md").exists()

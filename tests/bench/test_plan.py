@@ -38,3 +38,19 @@ def test_plan_round_trips() -> None:
 def test_unknown_device_is_named() -> None:
     with pytest.raises(ValueError, match="device='tpu'"):
         plan_for("tpu", quick=False)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_circuits_run_128_tokens_and_time_edge_patching_on_a_sample(device: str) -> None:
+    quick, full = plan_for(device, quick=True), plan_for(device, quick=False)
+    assert quick.circuit_tokens == full.circuit_tokens == 128
+    assert quick.circuit_edges == 200 and full.circuit_edges is not None and full.circuit_edges >= 200
+    assert 1 <= quick.memory_rounds <= full.memory_rounds
+
+
+def test_a_plan_stored_before_the_circuits_area_reads_with_its_defaults() -> None:
+    stored = plan_for("cpu", quick=False).to_dict()
+    for key in ("circuit_tokens", "circuit_edges", "memory_rounds"):
+        del stored[key]
+    plan = Plan.from_dict(stored)
+    assert (plan.circuit_tokens, plan.circuit_edges, plan.memory_rounds) == (128, 200, 3)

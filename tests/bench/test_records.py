@@ -73,3 +73,22 @@ def test_suite_result_round_trips_through_its_dict() -> None:
 def test_from_dict_names_a_document_that_is_not_a_run() -> None:
     with pytest.raises(ValueError, match="not a headlab bench result"):
         SuiteResult.from_dict({"plan": {}})
+
+
+def test_a_memory_row_compares_bytes_and_has_no_rates() -> None:
+    row = Comparison("c", "peak memory of EAP", "peak memory of the peer", Timing((3 * 2**20,)), Timing((2**20,)),
+                     goal=2.0, flops=10**9, tokens=100, unit="bytes")
+    assert row.ratio == pytest.approx(3.0) and row.met() is False
+    assert row.flops_per_s() is None and row.tokens_per_s() is None and row.fraction_of_ceiling(1e9) is None
+    assert Comparison.from_dict(row.to_dict()) == row
+
+
+def test_an_unknown_unit_is_named() -> None:
+    with pytest.raises(ValueError, match="unit='MiB'"):
+        comparison(1.0, 1.0, unit="MiB")
+
+
+def test_a_row_stored_before_units_reads_as_seconds() -> None:
+    stored = comparison(1.0, 2.0).to_dict()
+    del stored["unit"]
+    assert Comparison.from_dict(stored).unit == "s"

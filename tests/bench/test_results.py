@@ -10,7 +10,16 @@ import pytest
 
 from headlab.bench import read_results, to_markdown, write_results
 from headlab.bench.records import Area, Comparison
-from headlab.bench.results import TABLE_HEADERS, format_seconds, inconclusive, json_path, noise, noise_note, table_rows
+from headlab.bench.results import (
+    TABLE_HEADERS,
+    format_bytes,
+    format_seconds,
+    inconclusive,
+    json_path,
+    noise,
+    noise_note,
+    table_rows,
+)
 from headlab.bench.timing import Timing
 from tests.support.bench import suite_result
 
@@ -86,6 +95,20 @@ def test_table_cells() -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(5e-4, "500 µs"), (0.0123, "12.3 ms"), (2.5, "2.5 s")])
 def test_format_seconds(seconds: float, text: str) -> None:
     assert format_seconds(seconds) == text
+
+
+@pytest.mark.parametrize(("n", "text"), [(812 * 2**10, "812 KiB"), (12.3 * 2**20, "12.3 MiB"),
+                                         (1.5 * 2**30, "1.5 GiB")])
+def test_format_bytes(n: float, text: str) -> None:
+    assert format_bytes(n) == text
+
+
+def test_a_memory_rows_cells_hold_bytes() -> None:
+    row = Comparison("c", "peak memory of EAP", "peak memory of the peer", Timing((48 * 2**20,)),
+                     Timing((16 * 2**20,)), goal=2.0, unit="bytes")
+    cell = dict(zip(TABLE_HEADERS, table_rows(Area("circuits", "Circuits", "what ran", [row]), 1e9)[0]))
+    assert (cell["time"], cell["peer time"], cell["ratio"], cell["met"], cell["rate"]) == (
+        "48 MiB", "16 MiB", "3.000", "no", "")
 
 
 def test_a_row_noisier_than_its_effect_says_it_cannot_conclude() -> None:

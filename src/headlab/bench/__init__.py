@@ -12,9 +12,12 @@
     capture.py     capture vs the plain Hugging Face forward; accumulators; importance
     patching.py    attribution patching (AtP) vs exact activation patching, on the default model
                    and a tiny causal one: speed and rank correlation
+    circuits.py    edge attribution (EAP, EAP-IG) and exact edge patching (on a sample) vs one forward +
+                   backward of the default model at 128 tokens: speed, rank correlation, peak memory
     pruning.py     half the heads pruned vs the full, masked and plain models
     distributed.py the Ray engine: 2 workers of one thread vs 1, analyze's accumulators, merged
                    results compared (skipped without headlab[ray])
+    memory.py      peak memory of a call (the process's resettable peak RSS on Linux; CUDA's allocator)
     records.py     Comparison, Area, SuiteResult (JSON round trip)
     results.py     benchmarks/RESULTS.md and RESULTS.json
     suite.py       run_suite

@@ -3,8 +3,9 @@
 CPU runs float32 at 128, 1k and 2k positions; CUDA runs bfloat16 and adds 4k positions
 (the GPU goal is stated there). Batches shrink as positions grow so that every case is a
 few thousand tokens; the tiny causal model of the models area runs ``causal_shape``.
-``--quick`` keeps every benchmark but drops the longest positions, halves the batches and
-takes fewer rounds and a slice of the corpus.
+The circuits area runs the default model at ``circuit_tokens`` and times exact edge patching on a
+seeded sample of ``circuit_edges`` edges. ``--quick`` keeps every benchmark but drops the longest
+positions, halves the batches and takes fewer rounds and a slice of the corpus.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class Plan:
         ceiling_goal_positions: positions at which the forward must reach ``ceiling_goal``.
         ceiling_goal: fraction of the matmul ceiling the attention forward must reach there.
         causal_shape: ``(batch, positions)`` of the tiny causal model in the models area.
+        circuit_tokens: tokens of the circuits area's clean and corrupted inputs.
+        circuit_edges: edges of the seeded sample that the circuits area scores by exact edge patching (its
+            time over every edge is extrapolated from them); None for every edge.
+        memory_rounds: rounds of peak-memory measurements (each call measured once per round).
     """
 
     device: str
@@ -67,6 +72,9 @@ class Plan:
     ceiling_goal_positions: int | None = None
     ceiling_goal: float | None = None
     causal_shape: tuple[int, int] = (4, 512)
+    circuit_tokens: int = 128  # defaults: runs stored before the circuits area lack these
+    circuit_edges: int | None = 200
+    memory_rounds: int = 3
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -112,6 +120,7 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             analysis_items=32 if quick else None, analysis_rounds=1 if quick else 5,
             importance_pairs=16 if quick else None, matmul_size=1024 if quick else 2048, copy_mib=64 if quick else 256,
             causal_shape=(2, 512) if quick else (4, 512),
+            circuit_tokens=128, circuit_edges=200 if quick else 400, memory_rounds=1 if quick else 3,
         )
     if device == "cuda":
         return Plan(
@@ -123,5 +132,6 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             analysis_items=None, analysis_rounds=2 if quick else 3,
             importance_pairs=None, matmul_size=8192, copy_mib=1024,
             ceiling_goal_positions=4096, ceiling_goal=0.5, causal_shape=(8, 2048),
+            circuit_tokens=128, circuit_edges=200 if quick else 1000, memory_rounds=2 if quick else 3,
         )
     raise ValueError(f"device={device!r}; expected 'cpu' or 'cuda'")

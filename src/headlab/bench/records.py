@@ -3,8 +3,9 @@
 A ``Comparison`` holds both timings; its ratio is the contender's median time over the
 peer's (below 1: the contender is faster). A goal is a bound on that ratio, and, on the
 device runs that have one, a floor on the fraction of the machine's measured FLOP/s
-ceiling. ``SuiteResult`` is one run: the machine, its ceilings and every area's rows; it
-round-trips through JSON (``to_dict`` / ``from_dict``).
+ceiling. A row of ``unit="bytes"`` compares peak memory instead (``headlab.bench.memory``):
+its two ``Timing``s hold bytes, one sample per round. ``SuiteResult`` is one run: the machine,
+its ceilings and every area's rows; it round-trips through JSON (``to_dict`` / ``from_dict``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from headlab.bench.ceilings import Ceilings
 from headlab.bench.plan import Plan
 from headlab.bench.timing import Timing
 
-__all__ = ["Area", "Comparison", "SuiteResult"]
+__all__ = ["UNITS", "Area", "Comparison", "SuiteResult"]
+
+UNITS = ("s", "bytes")  # what a Comparison's two Timings hold: seconds per call, or peak bytes of a call
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class Comparison:
         tokens: tokens processed by one call (throughput rows), or None.
         ceiling_goal: the contender must reach this fraction of the FLOP/s ceiling, or None.
         details: further numbers of the row (padding, batches, correlations …).
+        unit: what ``contender_time`` and ``peer_time`` hold (``UNITS``): "s", seconds per call; or
+            "bytes", the peak memory of a call above what was in use before it (no rates then).
     """
 
     case: str
@@ -47,10 +52,15 @@ class Comparison:
     tokens: int | None = None
     ceiling_goal: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    unit: str = "s"
+
+    def __post_init__(self) -> None:
+        if self.unit not in UNITS:
+            raise ValueError(f"unit={self.unit!r}; expected one of {UNITS}")
 
     @property
     def ratio(self) -> float:
-        """Contender median time / peer median time."""
+        """Contender median time / peer median time (median bytes for a memory row)."""
         return self.contender_time.median / self.peer_time.median
 
     @property
@@ -59,14 +69,14 @@ class Comparison:
         return self.peer_time.median / self.contender_time.median
 
     def flops_per_s(self, side: str = "contender") -> float | None:
-        """FLOP/s of one side ("contender" or "peer"), or None without a FLOP count."""
-        if self.flops is None:
+        """FLOP/s of one side ("contender" or "peer"), or None without a FLOP count (or on a memory row)."""
+        if self.flops is None or self.unit != "s":
             return None
         return self.flops / (self.contender_time if side == "contender" else self.peer_time).median
 
     def tokens_per_s(self, side: str = "contender") -> float | None:
-        """Tokens/s of one side, or None without a token count."""
-        if self.tokens is None:
+        """Tokens/s of one side, or None without a token count (or on a memory row)."""
+        if self.tokens is None or self.unit != "s":
             return None
         return self.tokens / (self.contender_time if side == "contender" else self.peer_time).median
 
@@ -95,7 +105,7 @@ class Comparison:
             "case": self.case, "contender": self.contender, "peer": self.peer,
             "contender_time": self.contender_time.to_dict(), "peer_time": self.peer_time.to_dict(),
             "ratio": self.ratio, "speedup": self.speedup, "goal": self.goal, "flops": self.flops,
-            "tokens": self.tokens, "ceiling_goal": self.ceiling_goal, "details": dict(self.details),
+            "tokens": self.tokens, "ceiling_goal": self.ceiling_goal, "details": dict(self.details), "unit": self.unit,
             "contender_flops_per_s": self.flops_per_s("contender"), "peer_flops_per_s": self.flops_per_s("peer"),
             "contender_tokens_per_s": self.tokens_per_s("contender"), "peer_tokens_per_s": self.tokens_per_s("peer"),
         }
@@ -107,7 +117,7 @@ class Comparison:
             case=data["case"], contender=data["contender"], peer=data["peer"],
             contender_time=Timing.from_dict(data["contender_time"]), peer_time=Timing.from_dict(data["peer_time"]),
             goal=data["goal"], flops=data["flops"], tokens=data["tokens"], ceiling_goal=data["ceiling_goal"],
-            details=dict(data["details"]),
+            details=dict(data["details"]), unit=data.get("unit", "s"),  # runs stored before memory rows lack it
         )
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from headlab.bench.records import Area, Comparison, SuiteResult
 
-__all__ = ["DEVICES", "FORMAT", "WITHIN_NOISE", "format_seconds", "inconclusive", "json_path", "noise", "noise_note",
-           "read_results", "table_rows", "to_markdown", "write_results"]
+__all__ = ["DEVICES", "FORMAT", "WITHIN_NOISE", "format_bytes", "format_measure", "format_seconds", "inconclusive",
+           "json_path", "noise", "noise_note", "read_results", "table_rows", "to_markdown", "write_results"]
 
 FORMAT = "headlab-bench/1"
 DEVICES = {"cpu": "CPU", "cuda": "GPU (CUDA)"}
@@ -35,6 +35,20 @@ def format_seconds(seconds: float) -> str:
     if seconds < 1.0:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds:.3g} s"
+
+
+def format_bytes(n: float) -> str:
+    """``"812 KiB"``, ``"12.3 MiB"`` or ``"1.23 GiB"``."""
+    if n < 2**20:
+        return f"{n / 2**10:.0f} KiB"
+    if n < 2**30:
+        return f"{n / 2**20:.3g} MiB"
+    return f"{n / 2**30:.3g} GiB"
+
+
+def format_measure(value: float, unit: str) -> str:
+    """A row's time (``format_seconds``) or, for a memory row (``unit="bytes"``), its bytes (``format_bytes``)."""
+    return format_bytes(value) if unit == "bytes" else format_seconds(value)
 
 
 def noise(row: Comparison) -> float:
@@ -92,7 +106,8 @@ def table_rows(area: Area, ceiling_flops_per_s: float) -> list[list[str]]:
         ceiling_flops_per_s: the run's matmul ceiling.
 
     Returns:
-        One list of cells per comparison. Ratio = contender time / peer time, followed by
+        One list of cells per comparison; a memory row's "time" cells hold its peak bytes. Ratio = contender
+        time / peer time (bytes / bytes on a memory row), followed by
         ``WITHIN_NOISE`` when the row is ``inconclusive``; noise = the larger interquartile range of
         the two timings, relative to its median.
     """
@@ -100,7 +115,8 @@ def table_rows(area: Area, ceiling_flops_per_s: float) -> list[list[str]]:
     for r in area.rows:
         met = r.met(ceiling_flops_per_s)
         rows.append([
-            r.case, r.contender, format_seconds(r.contender_time.median), r.peer, format_seconds(r.peer_time.median),
+            r.case, r.contender, format_measure(r.contender_time.median, r.unit), r.peer,
+            format_measure(r.peer_time.median, r.unit),
             f"{r.ratio:.3f}" + (f", {WITHIN_NOISE}" if inconclusive(r) else ""), _goal(r),
             "" if met is None else ("yes" if met else "no"), _rate(r, ceiling_flops_per_s), f"{noise(r):.0%}",
             "; ".join(f"{k} {_detail(v)}" for k, v in r.details.items()),

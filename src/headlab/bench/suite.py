@@ -2,10 +2,10 @@
 
 Order: the machine's ceilings, headlab's own layer, inspection, decoding, then headlab's
 attention in real models (the default model, or the checkpoint given, and a tiny causal one),
-capture, analysis and importance on that model, patching (both models again), pruning, and the
-Ray engine. Each area's contenders are timed in interleaved rounds (``headlab.bench.timing``);
-the machine is described at the start (and its load average at the end, to show whether it was
-quiet).
+capture, analysis and importance on that model, patching (both models again), circuits (edge
+attribution and edge patching), pruning, and the Ray engine; ``areas`` runs some of them only.
+Each area's contenders are timed in interleaved rounds (``headlab.bench.timing``); the machine
+is described at the start (and its load average at the end, to show whether it was quiet).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from functools import partial
 from types import TracebackType
@@ -23,6 +23,7 @@ import torch
 
 from headlab.bench.capture import bench_analysis, bench_capture, bench_importance
 from headlab.bench.ceilings import describe_machine, measure_ceilings
+from headlab.bench.circuits import bench_circuits
 from headlab.bench.decode import bench_decode
 from headlab.bench.distributed import bench_distributed
 from headlab.bench.inspection import bench_inspection
@@ -34,14 +35,23 @@ from headlab.bench.pruning import bench_pruning
 from headlab.bench.records import Area, SuiteResult
 from headlab.models import HeadedModel
 
-__all__ = ["check_device", "run_plan", "run_suite"]
+__all__ = ["AREAS", "check_areas", "check_device", "run_plan", "run_suite"]
 
 _OWN_AREAS = (("layer", "Layer", bench_layer), ("inspection", "Inspection", bench_inspection),
               ("decode", "Decode", bench_decode))
 _MODEL_AREAS = (("models", "Models", bench_models), ("capture", "Capture", bench_capture),
                 ("analysis", "Analysis", bench_analysis), ("importance", "Importance", bench_importance),
-                ("patching", "Patching", bench_patching), ("pruning", "Pruning", bench_pruning),
-                ("distributed", "Ray", bench_distributed))
+                ("patching", "Patching", bench_patching), ("circuits", "Circuits", bench_circuits),
+                ("pruning", "Pruning", bench_pruning), ("distributed", "Ray", bench_distributed))
+AREAS = tuple(name for name, _, _ in (*_OWN_AREAS, *_MODEL_AREAS))  # every area's name, in the order run
+
+
+def check_areas(areas: Sequence[str] | None) -> None:
+    """Raise ValueError unless every name in ``areas`` is an area of the suite (None: all of them)."""
+    known = [name for name, _, _ in (*_OWN_AREAS, *_MODEL_AREAS)]
+    unknown = [name for name in areas or () if name not in known]
+    if unknown:
+        raise ValueError(f"unknown area(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(known)}")
 
 
 def check_device(device: str) -> None:
@@ -55,7 +65,8 @@ def check_device(device: str) -> None:
 
 
 def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True, command: str = "headlab bench",
-              model: str | os.PathLike[str] | HeadedModel | None = None) -> SuiteResult:
+              model: str | os.PathLike[str] | HeadedModel | None = None,
+              areas: Sequence[str] | None = None) -> SuiteResult:
     """Run every benchmark on ``device`` with the plan ``plan_for(device, quick=quick)``.
 
     Args:
@@ -66,20 +77,24 @@ def run_suite(*, device: str = "cpu", quick: bool = False, progress: bool = True
         model: the model areas' checkpoint (a directory or hub id, as ``headlab.load`` takes it), loaded
             in the plan's dtype and on its device before anything is timed; or such a ``HeadedModel``
             itself; None for the packaged default model.
+        areas: the names of the areas to run (``AREAS``), in the suite's order whatever their order here; None
+            for every area. The machine's ceilings are measured either way.
 
     Returns:
         The run's result.
 
     Raises:
-        ValueError: an unknown device, or CUDA asked for where there is none.
+        ValueError: an unknown device or area, or CUDA asked for where there is none.
         ValueError, OSError: a ``model`` that does not load (``headlab.load``'s errors).
     """
     check_device(device)
-    return run_plan(plan_for(device, quick=quick), quick=quick, progress=progress, command=command, model=model)
+    return run_plan(plan_for(device, quick=quick), quick=quick, progress=progress, command=command, model=model,
+                    areas=areas)
 
 
 def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "headlab bench",
-             model: str | os.PathLike[str] | HeadedModel | None = None) -> SuiteResult:
+             model: str | os.PathLike[str] | HeadedModel | None = None,
+             areas: Sequence[str] | None = None) -> SuiteResult:
     """Run every benchmark with an explicit plan (``run_suite`` picks the plan).
 
     Args:
@@ -88,37 +103,42 @@ def run_plan(plan: Plan, *, quick: bool, progress: bool = True, command: str = "
         progress: show a progress bar (on stderr).
         command: the command line recorded in the result.
         model: as ``run_suite`` takes it.
+        areas: as ``run_suite`` takes it.
 
     Returns:
         The run's result.
 
     Raises:
+        ValueError: an unknown area.
         ValueError, OSError: a ``model`` that does not load (``headlab.load``'s errors); the packaged
             default model missing is not an error: the model areas are skipped with a note.
     """
     check_device(plan.device)
-    loaded, reason = _load_model(plan, model)  # a bad checkpoint is refused before minutes of timing
+    check_areas(areas)
+    own = [area for area in _OWN_AREAS if areas is None or area[0] in areas]
+    with_model = [area for area in _MODEL_AREAS if areas is None or area[0] in areas]
+    loaded, reason = _load_model(plan, model) if with_model else (None, "")  # a bad checkpoint: before any timing
     start, started = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     machine = describe_machine(plan.device)
-    with _Bar(progress, total=4 + len(_MODEL_AREAS)) as bar:
+    with _Bar(progress, total=1 + len(own) + len(with_model)) as bar:
         bar.tick("ceilings")
         ceilings = measure_ceilings(device=plan.device, dtype=plan.torch_dtype, matmul_size=plan.matmul_size,
                                     copy_mib=plan.copy_mib, rounds=plan.rounds, min_block_s=plan.min_block_s)
-        areas = []
-        for name, title, bench in _OWN_AREAS:
+        done: list[Area] = []
+        for name, title, bench in own:
             bar.advance()
-            areas.append(_timed(name, title, partial(bench, plan, tick=bar.tick)))
-        for name, title, bench_model in _MODEL_AREAS:
+            done.append(_timed(name, title, partial(bench, plan, tick=bar.tick)))
+        for name, title, bench_model in with_model:
             bar.advance()
             if loaded is None:
-                areas.append(Area(name, title, "Not run.", notes=[f"skipped: {reason}"]))
+                done.append(Area(name, title, "Not run.", notes=[f"skipped: {reason}"]))
             else:
-                areas.append(_timed(name, title, partial(bench_model, plan, loaded, tick=bar.tick)))
+                done.append(_timed(name, title, partial(bench_model, plan, loaded, tick=bar.tick)))
         bar.advance()
     if hasattr(os, "getloadavg"):
         machine["load average at end (1, 5, 15 min)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return SuiteResult(plan=plan, quick=quick, command=command, started=started,
-                       seconds=time.perf_counter() - start, machine=machine, ceilings=ceilings, areas=areas)
+                       seconds=time.perf_counter() - start, machine=machine, ceilings=ceilings, areas=done)
 
 
 def _timed(name: str, title: str, run: Callable[[], Area]) -> Area:

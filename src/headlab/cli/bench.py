@@ -3,6 +3,8 @@
 ``--out FILE`` stores the run as its device's latest (the JSON beside FILE) and regenerates
 FILE from it: ``headlab bench --out benchmarks/RESULTS.md`` is how RESULTS.md is written.
 ``--json`` prints the run as one JSON document on stdout (tables and progress go to stderr).
+``--area NAME`` (repeatable) runs only those areas, for a look at one of them; RESULTS.md records
+whole runs, so it does not go with ``--out``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ def bench(
                      help="torch CPU threads for the run, at most this machine's CPUs (default: torch's choice). On "
                      "a shared machine, fewer threads than free cores keep workers from waiting on each other."),
     ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--area", help="Run only this area (repeat the option for more), e.g. --area circuits; an "
+                     "unknown name is refused with the list. Not with --out: RESULTS.md records whole runs."),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", help="Markdown results file to regenerate (e.g. benchmarks/RESULTS.md); the JSON "
@@ -48,9 +55,9 @@ def bench(
 ) -> None:
     """Time headlab against nn.MultiheadAttention, Hugging Face and the raw floor, with the machine's ceilings.
 
-    Exits with status 2 on a bad --device, --device cuda where CUDA is not available, an --out that
-    cannot be written or whose JSON file is not a headlab bench results file, or a MODEL that does
-    not load (all checked before anything is timed);
+    Exits with status 2 on a bad --device or --area, --area with --out, --device cuda where CUDA is not
+    available, an --out that cannot be written or whose JSON file is not a headlab bench results file,
+    or a MODEL that does not load (all checked before anything is timed);
     1 when interrupted (--out and its JSON left as they were), or when an area raised: the run goes on
     with the other areas, and --out records it with the error.
     """
@@ -65,12 +72,20 @@ def bench(
     from headlab.bench import check_device, read_results, run_suite, write_results
     from headlab.bench.plan import plan_for
     from headlab.bench.results import TABLE_HEADERS, json_path, table_rows
+    from headlab.bench.suite import check_areas
 
     console = Console(stderr=as_json)
     try:
         check_device(device)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--device") from None
+    try:
+        check_areas(only)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--area") from None
+    if only and out is not None:
+        raise typer.BadParameter("--area runs part of the suite and --out records whole runs; drop one of them",
+                                 param_hint="--area")
     if out is not None:  # refuse a results file that cannot be updated before the run, not after it
         if json_path(out) == out:
             raise typer.BadParameter(f"{str(out)!r} is the JSON file; expected the Markdown file, e.g. "
@@ -91,13 +106,14 @@ def bench(
     command = " ".join(["headlab bench", *([model] if model is not None else []), f"--device {device}",
                         *(["--quick"] if quick else []),
                         *([f"--threads {threads}"] if threads is not None else []),
+                        *(f"--area {name}" for name in only or ()),
                         *(["--json"] if as_json else []), *([f"--out {out}"] if out is not None else [])])
     quiet_loading()  # the packaged model too loads without transformers' "Loading weights" bar
     # In the run's dtype and on its device, before anything is timed: one that does not load ends the command.
     loaded = None if model is None else load_model(model, dtype=plan_for(device, quick=quick).torch_dtype,
                                                    device=device)
     with nullcontext() if out is None else staged_files(out.parent, shown=out) as work:
-        result = run_suite(device=device, quick=quick, progress=True, command=command, model=loaded)
+        result = run_suite(device=device, quick=quick, progress=True, command=command, model=loaded, areas=only)
         if work is not None and out is not None:  # staged where out is given
             if json_path(out).exists():  # write_results keeps the other device's run from the JSON beside it
                 shutil.copyfile(json_path(out), work / json_path(out).name)
