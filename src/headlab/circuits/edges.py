@@ -123,39 +123,38 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
     stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
     edges = graph_edges(handle, roles=roles, output=output)
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
-    gradients: dict[tuple[int, str] | str, Tensor] = {}  # (layer, role): (heads, batch, pos, d_model); OUTPUT
-    for alpha in alphas:
-        step = _receiver_gradients(handle, stream, clean_run, corrupted_run, metric, alpha, roles)
-        for key, value in step.items():
-            gradients[key] = gradients[key] + value if key in gradients else value
     senders: list[Sender] = [INPUT, *((site.layer, h) for site in handle.sites for h in range(site.n_heads))]
-    sent = torch.stack([difference(clean_run, corrupted_run, s) for s in senders])  # (senders, batch, pos, d)
+    # what each sender sends differently, (senders, batch · pos · d_model); the runs' results are not needed after
+    sent = torch.stack([difference(clean_run, corrupted_run, s).flatten() for s in senders])
+    for run in (clean_run, corrupted_run):
+        run.results.clear()
+    # receiver group (layer, role) or OUTPUT -> (senders, receivers): the products, summed over the steps; each
+    # step's gradients are multiplied as they come and let go, never kept for every receiver at once
+    products: dict[tuple[int, str] | str, Tensor] = {}
+    for alpha in alphas:
+        _receiver_products(handle, stream, clean_run, corrupted_run, metric, alpha, roles, sent, products)
     row = {s: i for i, s in enumerate(senders)}
     scores = np.zeros(len(edges))
-    flat = sent.flatten(1)  # (senders, batch · pos · d_model)
-    products: dict[tuple[int, str] | str, np.ndarray] = {}  # receiver group -> (senders, receivers)
-    for key, gradient in gradients.items():
-        mean = (gradient / len(alphas)).reshape(-1, flat.shape[1]).to(flat.dtype)  # (receivers, batch · pos · d)
-        products[key] = (flat @ mean.T).double().cpu().numpy()
+    mean = {key: (value / len(alphas)).double().cpu().numpy() for key, value in products.items()}
     for i, edge in enumerate(edges):
         if edge.receiver == OUTPUT:
-            scores[i] = products[OUTPUT][row[edge.sender], 0]
+            scores[i] = mean[OUTPUT][row[edge.sender], 0]
         else:
             layer, head, role = receiving(edge.receiver)
-            scores[i] = products[(layer, role)][row[edge.sender], head]
+            scores[i] = mean[(layer, role)][row[edge.sender], head]
     passes = len(alphas)
     return EdgeScores(method, edges, scores, clean_run.metric, corrupted_run.metric,
                       forwards=2 + passes, backwards=passes, seconds=time.perf_counter() - start,
                       details={"steps": steps} if method == "eap-ig" else None)
 
 
-def _receiver_gradients(model: HeadedModel, stream: Stream, clean: Run, corrupted: Run, metric: Metric,
-                        alpha: float, roles: Sequence[str]) -> dict[tuple[int, str] | str, Tensor]:
+def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted: Run, metric: Metric,
+                       alpha: float, roles: Sequence[str], sent: Tensor,
+                       products: dict[tuple[int, str] | str, Tensor]) -> None:
     """One forward and backward at the corrupted run (its embeddings moved ``alpha`` of the way to the clean
-    run's): the gradient reaching each receiver's stream through its input alone.
-
-    Returns:
-        ``{(layer, role): (heads, batch, pos, d_model), OUTPUT: (batch, pos, d_model)}``.
+    run's): the gradient reaching each receiver's stream through its input alone, multiplied with what each
+    sender sends differently (``sent``, ``(senders, batch · pos · d_model)``) and added into ``products``
+    (``{(layer, role): (senders, heads), OUTPUT: (senders, 1)}``).
     """
     sites = model.sites
     streams: dict[int | str, Tensor] = {}
@@ -186,16 +185,24 @@ def _receiver_gradients(model: HeadedModel, stream: Stream, clean: Run, corrupte
                              "differentiable metric of the output")
         wrt = [deltas[s.layer][r] for s in sites for r in roles]
         grads = torch.autograd.grad(value, [*wrt, streams["final"]], retain_graph=True, allow_unused=True)
-        out: dict[tuple[int, str] | str, Tensor] = {}
         final = grads[-1]
-        out[OUTPUT] = torch.zeros_like(streams["final"]) if final is None else final.detach()
+        if final is not None:
+            _add(products, OUTPUT, sent @ final.detach().reshape(-1, 1).to(sent.dtype))
         by_site = iter(grads[:-1])
         for site in sites:
             at_inputs = {role: next(by_site) for role in roles}
             for role, gradient in receiver_gradients(site, streams[site.layer], taken[site.layer], at_inputs,
                                                      calls[site.layer]).items():
-                out[(site.layer, role)] = gradient
-    return out
+                _add(products, (site.layer, role), sent @ gradient.reshape(gradient.shape[0], -1).T.to(sent.dtype))
+    for site in sites:  # receivers the metric does not reach score 0
+        for role in roles:
+            heads = site.n_heads if role == "q" else site.n_kv_heads
+            _add(products, (site.layer, role), torch.zeros(sent.shape[0], heads, dtype=sent.dtype))
+    _add(products, OUTPUT, torch.zeros(sent.shape[0], 1, dtype=sent.dtype))
+
+
+def _add(products: dict[tuple[int, str] | str, Tensor], key: tuple[int, str] | str, value: Tensor) -> None:
+    products[key] = products[key] + value.to(products[key].device) if key in products else value
 
 
 def _taking(taken: dict[int, dict[str, Tensor]], site: AttentionSite, roles: Sequence[str]) -> Tap:
