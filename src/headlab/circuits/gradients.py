@@ -69,7 +69,7 @@ def receiver_gradients(site: AttentionSite, x: Tensor, taken: Mapping[str, Tenso
     """
     roles = list(taken)
     live = [r for r in roles if grads[r] is not None]
-    out = {r: torch.zeros(taken[r].shape[1], *x.shape, dtype=x.dtype, device=x.device) for r in roles}
+    out = {r: torch.zeros(taken[r].shape[1], *x.shape, dtype=x.dtype, device=x.device) for r in roles if r not in live}
     if not live:
         return out
     staged = _by_projections(site, x, {r: taken[r] for r in live}, {r: grads[r] for r in live}, calls)
