@@ -197,3 +197,14 @@ def test_scores_show_and_write(tmp_path):
     assert csv_path.read_text().count("\n") == 6 and '"method": "edge patching"' in json_path.read_text()
     with pytest.raises(ValueError, match=r"k=0; expected a positive int"):
         scores.top(0)
+
+
+def test_k_composition_names_the_induction_circuit_too():
+    """By the weights alone: the strongest K-composition of the trained model is a previous-token head into an
+    induction head."""
+    from headlab.circuits import composition_scores
+
+    handle, _, _, _, previous, inducing = induction()
+    best = composition_scores(handle, kinds="k").top("k", 1)[0]
+    assert best.sender in previous and best.receiver in inducing, (best.sender, best.receiver)
+    assert best.z > 3
