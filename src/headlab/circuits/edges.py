@@ -125,7 +125,9 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
     senders: list[Sender] = [INPUT, *((site.layer, h) for site in handle.sites for h in range(site.n_heads))]
     # what each sender sends differently, (senders, batch · pos · d_model); the runs' results are not needed after
-    sent = torch.stack([difference(clean_run, corrupted_run, s).flatten() for s in senders])
+    sent = torch.cat([difference(clean_run, corrupted_run, INPUT).flatten()[None], *(
+        (clean_run.results[site.layer] - corrupted_run.results[site.layer]).transpose(0, 1).flatten(1)
+        for site in handle.sites)])  # the input, then every head in layer order
     for run in (clean_run, corrupted_run):
         run.results.clear()
     # receiver group (layer, role) or OUTPUT -> (senders, receivers): the products, summed over the steps; each
@@ -193,7 +195,11 @@ def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted
             at_inputs = {role: next(by_site) for role in roles}
             for role, gradient in receiver_gradients(site, streams[site.layer], taken[site.layer], at_inputs,
                                                      calls[site.layer]).items():
-                _add(products, (site.layer, role), sent @ gradient.reshape(gradient.shape[0], -1).T.to(sent.dtype))
+                # only the input and earlier layers' heads send to this layer: their rows; the rest stay 0
+                earlier = 1 + sum(s.n_heads for s in sites[: site.layer])
+                block = torch.zeros(sent.shape[0], gradient.shape[0], dtype=sent.dtype, device=sent.device)
+                block[:earlier] = sent[:earlier] @ gradient.reshape(gradient.shape[0], -1).T.to(sent.dtype)
+                _add(products, (site.layer, role), block)
     for site in sites:  # receivers the metric does not reach score 0
         for role in roles:
             heads = site.n_heads if role == "q" else site.n_kv_heads

@@ -18,6 +18,7 @@ With grouped-query attention a key/value head is one receiver of its ``k`` edges
 from __future__ import annotations
 
 import csv
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,19 +114,23 @@ def graph_edges(model: HeadedModel, *, roles: Sequence[str] = ROLES, output: boo
     unknown = [r for r in roles if r not in ROLES]
     if unknown or not roles:
         raise ValueError(f"roles={tuple(roles)!r}; expected one or more of {ROLES}")
-    sites = model.sites
+    geometry = tuple((site.n_heads, site.n_kv_heads) for site in model.sites)
+    return list(_edges(geometry, tuple(r for r in ROLES if r in roles), output))
+
+
+@functools.lru_cache(maxsize=32)
+def _edges(geometry: tuple[tuple[int, int], ...], roles: tuple[str, ...], output: bool) -> tuple[Edge, ...]:
+    """The edges of a graph of layers with ``(n_heads, n_kv_heads)`` each (kept: a model's graph is asked for often)."""
     edges: list[Edge] = []
-    for site in sites:
-        senders: list[Sender] = [INPUT, *((s.layer, h) for s in sites[: site.layer] for h in range(s.n_heads))]
-        for role in ROLES:
-            if role not in roles:
-                continue
-            count = site.n_heads if role == "q" else site.n_kv_heads
-            edges += [Edge(sender, (site.layer, head, role)) for head in range(count) for sender in senders]
+    for layer, (n_heads, n_kv_heads) in enumerate(geometry):
+        senders: list[Sender] = [INPUT, *((s, h) for s in range(layer) for h in range(geometry[s][0]))]
+        for role in roles:
+            count = n_heads if role == "q" else n_kv_heads
+            edges += [Edge(sender, (layer, head, role)) for head in range(count) for sender in senders]
     if output:
-        senders = [INPUT, *((s.layer, h) for s in sites for h in range(s.n_heads))]
+        senders = [INPUT, *((s, h) for s in range(len(geometry)) for h in range(geometry[s][0]))]
         edges += [Edge(sender, OUTPUT) for sender in senders]
-    return edges
+    return tuple(edges)
 
 
 def check_edges(model: HeadedModel, edges: Sequence[Edge]) -> None:
