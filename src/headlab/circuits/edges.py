@@ -120,7 +120,7 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
         raise ValueError(f"steps={steps!r}; expected a positive int")
     start = time.perf_counter()
     handle = headed(model)
-    stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
+    stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric, take=("result",))
     edges = graph_edges(handle, roles=roles, output=output)
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
     senders: list[Sender] = [INPUT, *((site.layer, h) for site in handle.sites for h in range(site.n_heads))]
@@ -133,8 +133,9 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
     # receiver group (layer, role) or OUTPUT -> (senders, receivers): the products, summed over the steps; each
     # step's gradients are multiplied as they come and let go, never kept for every receiver at once
     products: dict[tuple[int, str] | str, Tensor] = {}
+    apart: dict[int, bool] = {}  # each layer's heads checked apart once, at the first step
     for alpha in alphas:
-        _receiver_products(handle, stream, clean_run, corrupted_run, metric, alpha, roles, sent, products)
+        _receiver_products(handle, stream, clean_run, corrupted_run, metric, alpha, roles, sent, products, apart)
     row = {s: i for i, s in enumerate(senders)}
     scores = np.zeros(len(edges))
     mean = {key: (value / len(alphas)).double().cpu().numpy() for key, value in products.items()}
@@ -152,7 +153,7 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
 
 def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted: Run, metric: Metric,
                        alpha: float, roles: Sequence[str], sent: Tensor,
-                       products: dict[tuple[int, str] | str, Tensor]) -> None:
+                       products: dict[tuple[int, str] | str, Tensor], apart: dict[int, bool]) -> None:
     """One forward and backward at the corrupted run (its embeddings moved ``alpha`` of the way to the clean
     run's): the gradient reaching each receiver's stream through its input alone, multiplied with what each
     sender sends differently (``sent``, ``(senders, batch · pos · d_model)``) and added into ``products``
@@ -166,13 +167,14 @@ def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted
     with intervening(model), model.running(grad=True) as net:
         deltas: dict[int, dict[str, Tensor]] = {}
         for site in sites:
-            batch, _, positions, _ = corrupted.z[site.layer].shape
+            batch, positions, _ = corrupted.streams[0].shape
+            like = corrupted.streams[0]
             deltas[site.layer] = {}
             for role in roles:
                 heads = site.n_heads if role == "q" else site.n_kv_heads
                 d = site.d_head if role in ("q", "k") else site.d_head_v
-                deltas[site.layer][role] = torch.zeros(batch, heads, positions, d, dtype=corrupted.z[site.layer].dtype,
-                                                       device=corrupted.z[site.layer].device, requires_grad=True)
+                deltas[site.layer][role] = torch.zeros(batch, heads, positions, d, dtype=like.dtype,
+                                                       device=like.device, requires_grad=True)
             site.input_deltas = dict(deltas[site.layer])
             site.tap = _taking(taken, site, roles)
         try:
@@ -194,7 +196,7 @@ def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted
         for site in sites:
             at_inputs = {role: next(by_site) for role in roles}
             for role, gradient in receiver_gradients(site, streams[site.layer], taken[site.layer], at_inputs,
-                                                     calls[site.layer]).items():
+                                                     calls[site.layer], apart=apart).items():
                 # only the input and earlier layers' heads send to this layer: their rows; the rest stay 0
                 earlier = 1 + sum(s.n_heads for s in sites[: site.layer])
                 block = torch.zeros(sent.shape[0], gradient.shape[0], dtype=sent.dtype, device=sent.device)

@@ -54,7 +54,8 @@ def projection_calls(sites: list[AttentionSite]) -> Iterator[Calls]:
 
 
 def receiver_gradients(site: AttentionSite, x: Tensor, taken: Mapping[str, Tensor], grads: Mapping[str, Tensor | None],
-                       calls: Mapping[int, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+                       calls: Mapping[int, tuple[Tensor, Tensor]], *, apart: dict[int, bool] | None = None
+                       ) -> dict[str, Tensor]:
     """Each receiver's gradient at the stream ``x`` through its input alone.
 
     Args:
@@ -63,6 +64,8 @@ def receiver_gradients(site: AttentionSite, x: Tensor, taken: Mapping[str, Tenso
         taken: role -> every head's q (or key/value head's k, v) as the attention function saw it, in the graph.
         grads: role -> ∂metric/∂ that tensor, or None where the metric does not depend on it.
         calls: the site's projections' ``(input, output)`` of this forward (``projection_calls``).
+        apart: whether each layer's heads were found apart by an earlier forward of the same model and
+            inputs (filled here; checked once per layer).
 
     Returns:
         role -> ``(heads, batch, pos, d_model)``.
@@ -72,7 +75,8 @@ def receiver_gradients(site: AttentionSite, x: Tensor, taken: Mapping[str, Tenso
     out = {r: torch.zeros(taken[r].shape[1], *x.shape, dtype=x.dtype, device=x.device) for r in roles if r not in live}
     if not live:
         return out
-    staged = _by_projections(site, x, {r: taken[r] for r in live}, {r: grads[r] for r in live}, calls)
+    staged = _by_projections(site, x, {r: taken[r] for r in live}, {r: grads[r] for r in live}, calls,
+                             {} if apart is None else apart)
     for role in live:
         gradient = grads[role]
         assert gradient is not None
@@ -81,7 +85,7 @@ def receiver_gradients(site: AttentionSite, x: Tensor, taken: Mapping[str, Tenso
 
 
 def _by_projections(site: AttentionSite, x: Tensor, taken: dict[str, Tensor], grads: Mapping[str, Tensor | None],
-                    calls: Mapping[int, tuple[Tensor, Tensor]]) -> dict[str, Tensor] | None:
+                    calls: Mapping[int, tuple[Tensor, Tensor]], apart: dict[int, bool]) -> dict[str, Tensor] | None:
     """The products by the projections' own weights, or None where this site cannot take that way."""
     if site.layout is None:
         return None
@@ -94,7 +98,9 @@ def _by_projections(site: AttentionSite, x: Tensor, taken: dict[str, Tensor], gr
     hidden = calls[id(projections[0].module)][0]
     outputs = [calls[id(p.module)][1] for p in projections]
     roles = list(taken)
-    if not _heads_apart(site, projections, outputs, roles, taken):
+    if site.layer not in apart:
+        apart[site.layer] = _heads_apart(site, projections, outputs, roles, taken)
+    if not apart[site.layer]:
         return None
     at_outputs = torch.autograd.grad([taken[r] for r in roles], outputs, [grads[r] for r in roles],
                                      retain_graph=True, allow_unused=True)

@@ -54,7 +54,8 @@ class Run:
         return self.results[sender[0]][:, sender[1]]
 
 
-def run(model: HeadedModel, stream: Stream, inputs: Mapping[str, Any], metric: Metric) -> Run:
+def run(model: HeadedModel, stream: Stream, inputs: Mapping[str, Any], metric: Metric, *,
+        take: tuple[str, ...] = ("result", "z")) -> Run:
     """Run ``inputs`` once without gradients, taking every head's result and z and the stream at every point."""
     streams: dict[int | str, Tensor] = {}
     embeddings: dict[str, Tensor] = {}
@@ -64,9 +65,9 @@ def run(model: HeadedModel, stream: Stream, inputs: Mapping[str, Any], metric: M
                 lambda m, args, out, name=name: embeddings.__setitem__(name, out.detach())).remove)
         stack.enter_context(torch.no_grad())
         stack.enter_context(stream.hooked(record=streams))
-        cache = run_with_cache(model, inputs, take=("result", "z"), grad=False)
-    results = {site.layer: cache["result", site.layer] for site in model.sites}
-    z = {site.layer: cache["z", site.layer] for site in model.sites}
+        cache = run_with_cache(model, inputs, take=take, grad=False)
+    results = {site.layer: cache["result", site.layer] for site in model.sites} if "result" in take else {}
+    z = {site.layer: cache["z", site.layer] for site in model.sites} if "z" in take else {}
     return Run(dict(inputs), float(metric(cache.output)), results, z, {k: v.detach() for k, v in streams.items()},
                embeddings)
 
@@ -103,8 +104,9 @@ def interpolated(model: HeadedModel, clean: Run, corrupted: Run, alpha: float) -
         yield
 
 
-def prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: Metric) -> tuple[Stream, Run, Run]:
-    """The model's stream and the clean and corrupted runs.
+def prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: Metric, *,
+            take: tuple[str, ...] = ("result", "z")) -> tuple[Stream, Run, Run]:
+    """The model's stream and the clean and corrupted runs, each taking ``take`` of every head.
 
     Raises:
         ValueError: inputs of different shapes, or runs that score the same.
@@ -115,7 +117,8 @@ def prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: Metric
         raise ValueError(f"clean and corrupted inputs must have the same shape to patch between them: clean {a},"
                          f" corrupted {b} (batch, tokens); reword one so both have as many tokens")
     stream = stream_of(model, corrupted_inputs)
-    clean_run, corrupted_run = run(model, stream, clean_inputs, metric), run(model, stream, corrupted_inputs, metric)
+    clean_run = run(model, stream, clean_inputs, metric, take=take)
+    corrupted_run = run(model, stream, corrupted_inputs, metric, take=take)
     gap = clean_run.metric - corrupted_run.metric
     if not abs(gap) > 1e-9 * max(1.0, abs(clean_run.metric)):
         raise ValueError(f"the clean and corrupted runs score the same ({clean_run.metric:.6g} and "
