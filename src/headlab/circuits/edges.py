@@ -15,8 +15,8 @@ norm, projections and positions (``headlab.circuits.inputs``); one forward per e
     score(s → r) ≈ (a_s(clean) − a_s(corrupted)) · ∂metric/∂x_r
 
 where ∂metric/∂x_r is the gradient reaching the stream through receiver r's input only: the gradient
-at r's q (or k, v) carried back to the stream by autograd through the model's own norm and projection
-modules (a vector–Jacobian product per receiver, batched over a layer's heads). One clean forward,
+at r's q (or k, v) carried back to the stream through the model's own norm and projection modules
+(``headlab.circuits.gradients``: by the projections' own weights, a head's rows each). One clean forward,
 one corrupted forward and backward, and the products: the cost does not grow with the edges.
 
 **EAP-IG** (Hanna et al. 2024) averages the gradient over ``steps`` points between the corrupted and
