@@ -59,11 +59,13 @@ from headlab.circuits.graph import (
     Sender,
     check_edges,
     graph_edges,
+    graph_senders,
     node_label,
 )
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.paths import path_patching
-from headlab.circuits.runs import Metric, Run, prepare
+from headlab.circuits.runs import Metric, Run, difference, prepare
+from headlab.heads.scoped import intervening
 from headlab.layer.taps import Tap, TapOutput
 from headlab.models import HeadedModel, headed
 from headlab.models.handle import Inputs
@@ -370,8 +372,7 @@ def _circuit_metric(model: HeadedModel, stream: Stream, clean: Run, corrupted: R
                     kept: set[Edge]) -> float:
     """``m(C)``: the clean forward with every edge outside ``kept`` carrying its corrupted value."""
     sites = model.sites
-    senders: list[Sender] = [INPUT, *((site.layer, h) for site in sites for h in range(site.n_heads))]
-    row = {s: i for i, s in enumerate(senders)}
+    row = {s: i for i, s in enumerate(graph_senders(model))}
     # per layer: {missing senders' rows: [(role, head)]}; receivers missing none read the stream as it is
     missing: dict[int, dict[tuple[int, ...], list[tuple[str, int]]]] = {site.layer: {} for site in sites}
     into: dict[Receiver, list[int]] = {}
@@ -383,7 +384,7 @@ def _circuit_metric(model: HeadedModel, stream: Stream, clean: Run, corrupted: R
             layer, head, role = receiver
             missing[layer].setdefault(tuple(rows), []).append((role, head))
     now: dict[int, Tensor] = {}  # layer -> every head's result in this forward (batch, head, pos, d_model)
-    sent_input = clean.streams[0] - corrupted.streams[0]
+    sent_input = difference(clean, corrupted, INPUT)
 
     def differences(layers: int) -> Tensor:
         """(senders before layer ``layers``, batch, pos, d_model): a_s(now) − a_s(corrupted)."""
@@ -412,16 +413,11 @@ def _circuit_metric(model: HeadedModel, stream: Stream, clean: Run, corrupted: R
         assert out.result is not None
         now[layer] = out.result
 
-    saved = [site.tap for site in sites]
-    try:
+    with intervening(model):
         for site in sites:
             site.tap = Tap(sink, result=list(range(site.n_heads)))
         with model.running(grad=False) as net, own_inputs(model, stream, own), stream.hooked(final=final):
-            value = float(metric(net(**clean.inputs)))
-    finally:
-        for site, tap in zip(sites, saved):
-            site.tap = tap
-    return value
+            return float(metric(net(**clean.inputs)))
 
 
 def _relative(value: float, clean: Run, corrupted: Run) -> float:

@@ -42,7 +42,17 @@ import torch
 from torch import Tensor
 
 from headlab.circuits.gradients import projection_calls, receiver_gradients
-from headlab.circuits.graph import INPUT, OUTPUT, ROLES, Edge, EdgeScores, Sender, check_edges, graph_edges, receiving
+from headlab.circuits.graph import (
+    INPUT,
+    OUTPUT,
+    ROLES,
+    Edge,
+    EdgeScores,
+    check_edges,
+    graph_edges,
+    graph_senders,
+    receiving,
+)
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.runs import Metric, Run, difference, interpolated, prepare
 from headlab.heads.scoped import intervening
@@ -123,7 +133,7 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
     stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric, take=("result",))
     edges = graph_edges(handle, roles=roles, output=output)
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
-    senders: list[Sender] = [INPUT, *((site.layer, h) for site in handle.sites for h in range(site.n_heads))]
+    senders = graph_senders(handle)
     # what each sender sends differently, (senders, batch · pos · d_model); the runs' results are not needed after
     sent = torch.cat([difference(clean_run, corrupted_run, INPUT).flatten()[None], *(
         (clean_run.results[site.layer] - corrupted_run.results[site.layer]).transpose(0, 1).flatten(1)
@@ -163,7 +173,6 @@ def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted
     streams: dict[int | str, Tensor] = {}
     taken: dict[int, dict[str, Tensor]] = {}
 
-    saved_taps = [site.tap for site in sites]
     with intervening(model), model.running(grad=True) as net:
         deltas: dict[int, dict[str, Tensor]] = {}
         for site in sites:
@@ -177,13 +186,9 @@ def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted
                                                        device=like.device, requires_grad=True)
             site.input_deltas = dict(deltas[site.layer])
             site.tap = _taking(taken, site, roles)
-        try:
-            with interpolated(model, clean, corrupted, alpha), stream.hooked(record=streams), \
-                    projection_calls(sites) as calls:
-                value = metric(net(**corrupted.inputs))
-        finally:
-            for site, tap in zip(sites, saved_taps):
-                site.tap = tap
+        with interpolated(model, clean, corrupted, alpha), stream.hooked(record=streams), \
+                projection_calls(sites) as calls:
+            value = metric(net(**corrupted.inputs))
         if not value.requires_grad:
             raise ValueError("the metric does not depend on the model's heads (no gradient): edge attribution needs a "
                              "differentiable metric of the output")

@@ -133,6 +133,12 @@ def _edges(geometry: tuple[tuple[int, int], ...], roles: tuple[str, ...], output
     return tuple(edges)
 
 
+def graph_senders(model: HeadedModel) -> list[Sender]:
+    """Every sender of ``model``'s graph, in the order the edges list them: the input, then the heads by layer and
+    head (the rows of the senders' differences that edge attribution and a circuit's forward stack)."""
+    return [INPUT, *((site.layer, h) for site in model.sites for h in range(site.n_heads))]
+
+
 def check_edges(model: HeadedModel, edges: Sequence[Edge]) -> None:
     """Raise unless every edge is an edge of ``model``'s graph.
 

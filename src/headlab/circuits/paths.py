@@ -113,21 +113,13 @@ def _sender_run(model: HeadedModel, net: torch.nn.Module, base: Run, source: Run
     layers = sorted({receiving(r)[0] for r in receivers if r != OUTPUT})
     taken: dict[tuple[int, str], Tensor] = {}
     with intervening(model) as sites:
-        saved = [site.tap for site in sites]
-        try:
-            for site in sites:
-                values = base.z[site.layer].clone()
-                if site.layer == layer_s:
-                    values[:, head_s] = source.z[layer_s][:, head_s]
-                site.replacement = Replacement(torch.arange(site.n_heads), values)
-                if site.layer in layers:
-                    site.tap = _inputs_tap(site.n_heads, site.kv_head_of, taken)
-                else:
-                    site.tap = None
-            value = float(metric(net(**base.inputs)))
-        finally:
-            for site, tap in zip(sites, saved):
-                site.tap = tap
+        for site in sites:
+            values = base.z[site.layer].clone()
+            if site.layer == layer_s:
+                values[:, head_s] = source.z[layer_s][:, head_s]
+            site.replacement = Replacement(torch.arange(site.n_heads), values)
+            site.tap = _inputs_tap(site.n_heads, site.kv_head_of, taken) if site.layer in layers else None
+        value = float(metric(net(**base.inputs)))
     return value, taken
 
 

@@ -9,8 +9,8 @@
 
 ``intervening(model)`` is the scope itself: it records every site's gates (the persistent
 affine and the per-call gate, replacement and delta of ``headlab.layer.gates``, the
-replacements and deltas of the heads' inputs, and the key windows of ``windowed``) and sets
-them back exactly when the block ends. The persistent forms (``headlab.heads.mask`` …) are for saving.
+replacements and deltas of the heads' inputs, and the key windows of ``windowed``) and its tap,
+and sets them back exactly when the block ends. The persistent forms (``headlab.heads.mask`` …) are for saving.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from headlab.models.site import HeadWindow
 
 Model = HeadedModel | nn.Module  # a handle, or an attached model (headlab.attach)
 
-_GATES = ("scale", "shift", "head_mask", "replacement", "delta", "windows", "input_replacements", "input_deltas")
+# what intervening records and sets back: the gates, and the tap a block may set beside them
+_GATES = ("scale", "shift", "head_mask", "replacement", "delta", "windows", "input_replacements", "input_deltas",
+          "tap")
 
 
 @contextmanager
 def intervening(model: Model) -> Iterator[list[AttentionSite]]:
-    """Every site's gates as they are now, set back when the block ends (also on error).
+    """Every site's gates and tap as they are now, set back when the block ends (also on error).
 
     Yields:
         The model's sites, to change inside the block.
