@@ -46,6 +46,7 @@ from headlab.analysis.positions import (
     prepare,
     replace,
     row_label,
+    save_effects,
     values_of,
     zero_delta,
 )
@@ -313,13 +314,7 @@ def plot_patching(results: Sequence[PatchingResult], path: str | Path, *, title:
         ax.set_ylabel("layer")
         ax.set_yticks(range(len(result.table.layers)), [str(layer) for layer in result.table.layers])
         ax.set_title(f"{result.method} patching")
-    fig.colorbar(image, ax=fig.axes, label="effect (share of the clean − corrupted gap)")
-    if title:
-        fig.suptitle(title, fontsize="small")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return save_effects(fig, image, path, title=title)
 
 
 def _denominator(clean_metric: float, corrupted_metric: float) -> float:

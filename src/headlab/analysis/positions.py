@@ -42,7 +42,7 @@ from headlab.layer.gates import Replacement
 from headlab.models import AttentionSite, HeadedModel
 from headlab.models.handle import Inputs
 
-__all__ = ["DIRECTIONS", "TAKES", "PatchRuns", "PositionGrid", "Unit", "plot_positions", "prepare"]
+__all__ = ["DIRECTIONS", "TAKES", "PatchRuns", "PositionGrid", "Unit", "plot_positions", "prepare", "save_effects"]
 
 TAKES = ("z", "q", "k", "v", "pattern")  # the head tensors a patch can replace
 DIRECTIONS = ("denoise", "noise")  # the corrupted run receives clean values, or the clean run corrupted ones
@@ -395,6 +395,11 @@ def plot_positions(grids: Sequence[tuple[str, PositionGrid]], path: str | Path, 
         ax.set_xlabel("position")
         ax.set_title(name, fontsize="medium")
     assert image is not None
+    return save_effects(fig, image, path, title=title)
+
+
+def save_effects(fig: Any, image: Any, path: str | Path, *, title: str = "") -> Path:
+    """Finish a figure of patching effects (its colour bar, its title) and write it as a PNG: both patching plots'."""
     fig.colorbar(image, ax=fig.axes, label="effect (share of the clean − corrupted gap)")
     if title:
         fig.suptitle(title, fontsize="small")
