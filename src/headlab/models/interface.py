@@ -129,10 +129,10 @@ def attention(
     wants_weights = _weights_requested(kwargs)
     if site is None:
         _check_plain(module)
-    else:  # some heads' q, k or v replaced, or given a delta (headlab.circuits): before anything reads them
-        query, key, value = site.gate_inputs(query, key, value)
     if not wants_weights and softcap is None and (site is None or site.idle):
         return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, kwargs=kwargs)
+    if site is not None:  # some heads' q, k or v replaced, or given a delta (headlab.circuits): before anything reads
+        query, key, value = site.gate_inputs(query, key, value)
 
     if kwargs.get("position_bias") is not None:
         raise ValueError(f"{type(module).__name__}: a position_bias (T5-style relative attention) is not supported "
