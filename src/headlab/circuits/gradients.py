@@ -133,10 +133,11 @@ def _heads_apart(site: AttentionSite, projections: list[Projection], outputs: li
                  taken: dict[str, Tensor]) -> bool:
     """Whether a gradient at one head's q, k or v reaches only that head's rows of the projections' outputs
     (positions and per-head norms keep heads apart; a norm over every head's queries does not)."""
+    generator = torch.Generator(device=taken[roles[0]].device).manual_seed(0)  # the caller's random state untouched
     probes = []
     for role in roles:
         probe = torch.zeros_like(taken[role])
-        probe[:, 0] = torch.randn_like(probe[:, 0])
+        probe[:, 0] = torch.randn(probe[:, 0].shape, generator=generator, device=probe.device, dtype=probe.dtype)
         probes.append(probe)
     reached = torch.autograd.grad([taken[r] for r in roles], outputs, probes, retain_graph=True, allow_unused=True)
     for projection, gradient in zip(projections, reached):
