@@ -16,13 +16,14 @@ import torch
 from scipy.stats import spearmanr
 
 import headlab
+from headlab.circuits import edges as edges_module
 from headlab.circuits.edges import edge_attribution, edge_patching
 from headlab.circuits.graph import INPUT, OUTPUT, Edge, EdgeScores, graph_edges
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.paths import path_patching
 from headlab.circuits.runs import difference, prepare
 from tests.support.circuits import A, B, induction, planted, random_pair
-from tests.support.tiny import ARCHITECTURES, build
+from tests.support.tiny import ARCHITECTURES, LIMITS, build
 
 
 def _head_to_head(scores: EdgeScores) -> list[Edge]:
@@ -154,22 +155,68 @@ def test_the_induction_circuit_is_the_top_edge():
         assert top.sender in previous and top.receiver[:2] in inducing and top.role == "k", (scores.method, top.label)
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_every_architecture_runs_eap(name):
-    handle = headlab.attach(build(name))
+def _architecture_pair(name: str, edit=lambda model: None):
+    """A tiny random ``name`` in float64 (any of ``ARCHITECTURES`` and ``LIMITS``; ``edit`` changes the model before
+    it is attached), two inputs one token apart, and a metric of its output at the last position."""
+    model = build(name).double()
+    edit(model)
+    handle = headlab.attach(model)
     generator = torch.Generator().manual_seed(0)
     clean = torch.randint(3, 100, (1, 6), generator=generator)
     corrupted = clean.clone()
     corrupted[:, 1] = (clean[:, 1] + 1) % 97 + 3
+    causal = (ARCHITECTURES | LIMITS)[name].causal
 
     def metric(output):
-        first = output.logits if ARCHITECTURES[name].causal else output.last_hidden_state
+        first = output.logits if causal else output.last_hidden_state
         return first[:, -1].square().mean()
 
-    scores = edge_attribution(handle, clean, corrupted, metric)
-    assert len(scores) == len(graph_edges(handle))
-    assert bool(torch.isfinite(torch.as_tensor(scores.scores)).all())
-    assert any(abs(s) > 0 for s in scores.scores)
+    return handle, clean, corrupted, metric
+
+
+def _first_order_everywhere(handle, clean, corrupted, metric, scores):
+    """EAP's scores equal the slope of each edge's patch at zero, on an edge of every kind."""
+    stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
+    for edge in [Edge(INPUT, (0, 1, "q")), Edge((0, 2), (1, 1, "q")), Edge((0, 1), (1, 0, "k")),
+                 Edge((0, 3), (1, 0, "v")), Edge((1, 2), OUTPUT)]:
+        slope = _slope(handle, stream, corrupted_run, edge, difference(clean_run, corrupted_run, edge.sender), metric)
+        assert scores[edge] == pytest.approx(slope, rel=1e-8, abs=1e-12), edge.label
+
+
+@pytest.mark.parametrize("name", [*sorted(ARCHITECTURES), *sorted(LIMITS)])
+def test_every_architecture_gives_the_first_order_term(name):
+    """Every way to a receiver's stream (by the projections with the norm run again a chunk of positions at a time;
+    head by head where heads share a q norm or the layout is not recognised) gives the slope of the exact patch; the
+    first call, which finds the way, and the next, which takes it, score alike."""
+    handle, clean, corrupted, metric = _architecture_pair(name)
+    first = edge_attribution(handle, clean, corrupted, metric)
+    again = edge_attribution(handle, clean, corrupted, metric)
+    assert len(first) == len(graph_edges(handle)) and bool(torch.isfinite(torch.as_tensor(first.scores)).all())
+    assert first.scores == pytest.approx(again.scores, rel=1e-10, abs=1e-14)
+    _first_order_everywhere(handle, clean, corrupted, metric, again)
+
+
+class PositionNorm(torch.nn.Module):
+    """A norm over positions (not per position): its gradient goes through the forward's graph."""
+
+    def forward(self, x):
+        return x / x.norm(dim=1, keepdim=True)
+
+
+def test_chunks_of_positions_change_nothing(monkeypatch):
+    handle, clean, corrupted, metric = _architecture_pair("llama")
+    everything = edge_attribution(handle, clean, corrupted, metric, method="eap-ig", steps=2)
+    monkeypatch.setattr(edges_module._Sent, "CHUNK", 1)  # one position at a time
+    chunked = edge_attribution(handle, clean, corrupted, metric, method="eap-ig", steps=2)
+    assert chunked.scores == pytest.approx(everything.scores, rel=1e-10, abs=1e-14)
+
+
+def test_a_norm_over_positions_takes_the_forward_graph():
+    def edit(model):
+        model.transformer.h[1].ln_1 = PositionNorm()
+
+    handle, clean, corrupted, metric = _architecture_pair("gpt2", edit)
+    _first_order_everywhere(handle, clean, corrupted, metric, edge_attribution(handle, clean, corrupted, metric))
 
 
 def test_bad_arguments_say_what_was_expected():

@@ -15,9 +15,9 @@ carried back through every layer to the input embeddings (``torch.autograd.grad`
 gradient is kept), the pass EAP is built on. In one interleaved group: the peer, EAP, EAP-IG with
 ``EAP_IG_STEPS`` steps, and exact edge patching of a seeded sample of ``plan.circuit_edges`` edges (one
 forward per edge; its time over every edge is extrapolated from the sample's, per forward). Goals: EAP
-(three forwards and one backward whatever the edge count, so about twice the peer's passes) at most
-``EAP_GOAL`` × the peer; EAP-IG (two forwards, then a forward and backward per step) at most
-``EAP_IG_GOAL`` ×. Their rank agreement (Spearman) with exact edge patching on the sampled edges is
+(two forwards and one backward whatever the edge count, so about 1.3 × the peer's passes, and the
+products) at most ``EAP_GOAL`` × the peer; EAP-IG (two forwards, then a forward and backward per step)
+at most ``EAP_IG_GOAL`` ×. Their rank agreement (Spearman) with exact edge patching on the sampled edges is
 reported, from the last timed run of each, without a goal. Peak memory (``headlab.bench.memory``) of
 EAP and EAP-IG, each at most ``MEMORY_GOAL`` × the peer's, measured after the timings in
 ``plan.memory_rounds`` interleaved rounds.

@@ -16,8 +16,10 @@ norm, projections and positions (``headlab.circuits.inputs``); one forward per e
 
 where ∂metric/∂x_r is the gradient reaching the stream through receiver r's input only: the gradient
 at r's q (or k, v) carried back to the stream through the model's own norm and projection modules
-(``headlab.circuits.gradients``: by the projections' own weights, a head's rows each). One clean forward,
-one corrupted forward and backward, and the products: the cost does not grow with the edges.
+(``headlab.circuits.gradients``: by the projections' own weights, a head's rows each). One corrupted
+forward and backward, one clean forward, and the products, taken a chunk of positions at a time (they
+sum over positions): neither the cost nor the memory grows with the edges, and the memory beyond the
+forward and backward does not grow with the sequence.
 
 **EAP-IG** (Hanna et al. 2024) averages the gradient over ``steps`` points between the corrupted and
 the clean input (every embedding's output interpolated, at the midpoints α = (k − ½)/steps), which
@@ -35,13 +37,26 @@ Axis legend:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.circuits.gradients import projection_calls, receiver_gradients
+from headlab.circuits.gradients import (
+    Receivers,
+    by_projections,
+    check_apart,
+    head_by_head,
+    norm_outputs,
+    per_position,
+    projection_calls,
+    projection_input,
+    projection_outputs,
+    receivers,
+)
 from headlab.circuits.graph import (
     INPUT,
     OUTPUT,
@@ -50,16 +65,26 @@ from headlab.circuits.graph import (
     EdgeScores,
     check_edges,
     graph_edges,
-    graph_senders,
     receiving,
 )
 from headlab.circuits.inputs import own_inputs
-from headlab.circuits.runs import Metric, Run, difference, interpolated, prepare
+from headlab.circuits.runs import (
+    Metric,
+    Run,
+    check_gap,
+    difference,
+    embeddings_of,
+    input_shape,
+    interpolated,
+    paired,
+    prepare,
+    run,
+)
 from headlab.heads.scoped import intervening
 from headlab.layer.taps import Tap, TapOutput
 from headlab.models import AttentionSite, HeadedModel, headed
 from headlab.models.handle import Inputs
-from headlab.models.stream import Stream
+from headlab.models.stream import Stream, stream_of
 
 METHODS = ("eap", "eap-ig")
 
@@ -130,103 +155,266 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
         raise ValueError(f"steps={steps!r}; expected a positive int")
     start = time.perf_counter()
     handle = headed(model)
-    stream, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric, take=("result",))
+    clean_inputs, corrupted_inputs = paired(handle, clean, corrupted)
+    stream = stream_of(handle, corrupted_inputs)
+    runs = _Runs(handle, stream, clean_inputs, corrupted_inputs, metric, interpolate=method == "eap-ig")
     edges = graph_edges(handle, roles=roles, output=output)
+    roles = tuple(role for role in ROLES if role in roles)  # the graph's order
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
-    senders = graph_senders(handle)
-    # what each sender sends differently, (senders, batch · pos · d_model); the runs' results are not needed after
-    sent = torch.cat([difference(clean_run, corrupted_run, INPUT).flatten()[None], *(
-        (clean_run.results[site.layer] - corrupted_run.results[site.layer]).transpose(0, 1).flatten(1)
-        for site in handle.sites)])  # the input, then every head in layer order
-    for run in (clean_run, corrupted_run):
-        run.results.clear()
-    # receiver group (layer, role) or OUTPUT -> (senders, receivers): the products, summed over the steps; each
-    # step's gradients are multiplied as they come and let go, never kept for every receiver at once
-    products: dict[tuple[int, str] | str, Tensor] = {}
-    apart: dict[int, bool] = {}  # each layer's heads checked apart once, at the first step
+    # each layer's (senders, its receivers of every role in order), and the output's (senders, 1): the products,
+    # summed over the steps; each step's gradients are multiplied as they come and let go
+    senders = [1 + sum(site.n_heads for site in handle.sites[:layer]) for layer in range(len(handle.sites) + 1)]
+    counts = {site.layer: [site.n_heads if role == "q" else site.n_kv_heads for role in roles] for site in handle.sites}
+    dtype = torch.promote_types(handle.dtype, torch.float32)
+    products: dict[int | str, Tensor] = {
+        OUTPUT: torch.zeros(senders[-1], 1, dtype=dtype, device=handle.device),
+        **{layer: torch.zeros(senders[-1], sum(c), dtype=dtype, device=handle.device) for layer, c in counts.items()}}
     for alpha in alphas:
-        _receiver_products(handle, stream, clean_run, corrupted_run, metric, alpha, roles, sent, products, apart)
-    row = {s: i for i, s in enumerate(senders)}
-    scores = np.zeros(len(edges))
-    mean = {key: (value / len(alphas)).double().cpu().numpy() for key, value in products.items()}
-    for i, edge in enumerate(edges):
-        if edge.receiver == OUTPUT:
-            scores[i] = mean[OUTPUT][row[edge.sender], 0]
-        else:
-            layer, head, role = receiving(edge.receiver)
-            scores[i] = mean[(layer, role)][row[edge.sender], head]
+        _receiver_products(handle, stream, runs, alpha, roles, products)
+    clean_run, corrupted_run = runs.both()
+    # the graph lists the edges into each (layer, role) receiver by receiver, then sender; the output's last
+    scores = torch.cat([
+        *(block[: senders[layer]].T.reshape(-1) for layer, c in counts.items()
+          for block in products[layer].split(c, dim=1)),
+        *([products[OUTPUT][:, 0]] if output else [])]).double().cpu().numpy() / len(alphas)
+    assert len(scores) == len(edges)
     passes = len(alphas)
     return EdgeScores(method, edges, scores, clean_run.metric, corrupted_run.metric,
-                      forwards=2 + passes, backwards=passes, seconds=time.perf_counter() - start,
-                      details={"steps": steps} if method == "eap-ig" else None)
+                      forwards=1 + passes + (method == "eap-ig"), backwards=passes,
+                      seconds=time.perf_counter() - start, details={"steps": steps} if method == "eap-ig" else None)
 
 
-def _receiver_products(model: HeadedModel, stream: Stream, clean: Run, corrupted: Run, metric: Metric,
-                       alpha: float, roles: Sequence[str], sent: Tensor,
-                       products: dict[tuple[int, str] | str, Tensor], apart: dict[int, bool]) -> None:
-    """One forward and backward at the corrupted run (its embeddings moved ``alpha`` of the way to the clean
-    run's): the gradient reaching each receiver's stream through its input alone, multiplied with what each
-    sender sends differently (``sent``, ``(senders, batch · pos · d_model)``) and added into ``products``
-    (``{(layer, role): (senders, heads), OUTPUT: (senders, 1)}``).
+class _Runs:
+    """The clean and corrupted runs without gradients, each made when it is first needed: after a pass's backward,
+    so that it takes the memory the pass let go.
+
+    Attributes:
+        inputs: ``{"clean": ..., "corrupted": ...}``: the forwards' keyword arguments.
+        embeddings: the clean input's embeddings (``embeddings_of``), where the passes move to them (EAP-IG).
+        clean, corrupted: the runs, once made; EAP's one pass at ``alpha = 0`` is the corrupted run itself.
+    """
+
+    def __init__(self, model: HeadedModel, stream: Stream, clean: dict[str, Any], corrupted: dict[str, Any],
+                 metric: Metric, *, interpolate: bool) -> None:
+        self.model, self.stream, self.metric = model, stream, metric
+        self.inputs = {"clean": clean, "corrupted": corrupted}
+        self.embeddings = embeddings_of(model, stream, clean) if interpolate else None
+        self.clean: Run | None = None
+        self.corrupted: Run | None = None
+        self._sent: _Sent | None = None
+
+    def both(self) -> tuple[Run, Run]:
+        """The clean and corrupted runs.
+
+        Raises:
+            ValueError: they score the same.
+        """
+        if self.clean is None:
+            self.clean = run(self.model, self.stream, self.inputs["clean"], self.metric, take=("z",))
+        if self.corrupted is None:
+            self.corrupted = run(self.model, self.stream, self.inputs["corrupted"], self.metric, take=("z",))
+        check_gap(self.clean.metric, self.corrupted.metric)
+        return self.clean, self.corrupted
+
+    def sent(self) -> _Sent:
+        """What each sender sends differently (made once)."""
+        if self._sent is None:
+            self._sent = _Sent(self.model, *self.both())
+        return self._sent
+
+
+class _Sent:
+    """What each sender sends differently, clean − corrupted, a chunk of positions at a time.
+
+    A sender's row is ``(batch · positions · d_model)``: the input's stream difference, or a head's result
+    difference (its z difference through its slice of W_O: the result is linear in z), made from the z
+    differences when a chunk is multiplied, so that no more than about ``CHUNK`` numbers of them are held.
+    Products are taken in float32 or wider.
+    """
+
+    CHUNK = 1 << 19  # numbers of sender rows made at once
+
+    def __init__(self, model: HeadedModel, clean: Run, corrupted: Run) -> None:
+        self.sites = model.sites
+        self.input = difference(clean, corrupted, INPUT)  # (batch, pos, d_model)
+        self.dtype = torch.promote_types(self.input.dtype, torch.float32)
+        # (head, batch, pos, d_head_v) and (head, d_head_v, d_model) of each layer
+        self.dz = {site.layer: (clean.z[site.layer] - corrupted.z[site.layer]).transpose(0, 1).to(self.dtype)
+                   .contiguous() for site in self.sites}
+        self.W_O = {site.layer: site.W_O.detach().to(self.dtype) for site in self.sites}
+        self.count = 1 + sum(site.n_heads for site in self.sites)
+
+    @property
+    def step(self) -> int:
+        """Positions of a chunk: every sender's rows over them hold at most about ``CHUNK`` numbers, the chunks
+        as even as the positions allow (each chunk's memory is then the last one's, free to be taken again)."""
+        batch, positions, d_model = self.input.shape
+        most = max(1, self.CHUNK // (self.count * batch * d_model))
+        return -(-positions // -(-positions // most))  # ceil(positions / number of chunks)
+
+    def rows(self, span: slice) -> Tensor:
+        """Every sender's row at the positions ``span``: ``(senders, batch · positions · d_model)``."""
+        batch, _, d_model = self.input.shape
+        width = span.stop - span.start
+        rows = torch.empty(self.count, batch, width, d_model, dtype=self.dtype, device=self.input.device)
+        rows[0] = self.input[:, span]
+        row = 1
+        for site in self.sites:
+            z = self.dz[site.layer][:, :, span].flatten(1, 2)  # (heads, batch · positions, d_head_v)
+            torch.bmm(z, self.W_O[site.layer], out=rows[row: row + site.n_heads].view(-1, batch * width, d_model))
+            row += site.n_heads
+        return rows.view(self.count, -1)
+
+    def senders(self, layers: int) -> int:
+        """How many senders the first ``layers`` layers' heads and the input are (those that send to layer
+        ``layers``)."""
+        return 1 + sum(site.n_heads for site in self.sites[:layers])
+
+
+@dataclass
+class _Pass:
+    """What one forward and backward of the corrupted input leaves for the products.
+
+    Attributes:
+        streams: ``{layer: stream, "final": stream}`` as the heads and the output read it (in the graph).
+        final: ∂metric/∂ the final point's stream, or None where the metric does not depend on it.
+        staged: the layers whose receivers take the way by the projections (``headlab.circuits.gradients``).
+        taken, at_inputs: the other layers' (head by head): q, k, v as the attention saw them (in the graph),
+            and ∂metric/∂ them.
+    """
+
+    streams: dict[int | str, Tensor]
+    final: Tensor | None
+    staged: dict[int, Receivers]
+    taken: dict[int, dict[str, Tensor]]
+    at_inputs: dict[int, dict[str, Tensor | None]]
+    _whole: dict[int, Tensor] = field(default_factory=dict)
+
+    def gradients(self, site: AttentionSite, roles: Sequence[str], span: slice) -> Tensor:
+        """Each receiver of ``site``'s gradient at its stream through its input alone, at the positions ``span``:
+        ``(receivers, batch, positions, d_model)``, the receivers of ``roles`` in order. Taken at those positions
+        alone where the way allows (``Receivers.chunked``); else at every position once, and kept."""
+        layer, x = site.layer, self.streams[site.layer]
+        if layer in self.staged and self.staged[layer].chunked(x):
+            return self.staged[layer].at_stream(x, span)
+        if layer not in self._whole:
+            self._whole[layer] = self._every_position(site, roles)
+        return self._whole[layer][:, :, span]
+
+    def _every_position(self, site: AttentionSite, roles: Sequence[str]) -> Tensor:
+        layer, x = site.layer, self.streams[site.layer]
+        if layer in self.staged:
+            return self.staged[layer].at_stream(x)
+        parts = []
+        for role in roles:
+            tensor, gradient = self.taken[layer][role], self.at_inputs[layer][role]
+            parts.append(torch.zeros(tensor.shape[1], *x.shape, dtype=x.dtype, device=x.device) if gradient is None
+                         else head_by_head(tensor, x, gradient))
+        return torch.cat(parts)
+
+
+def _forward_backward(model: HeadedModel, stream: Stream, runs: _Runs, alpha: float, roles: Sequence[str]) -> _Pass:
+    """One forward of the corrupted input, its embeddings moved ``alpha`` of the way to the clean run's, and its
+    backward to what the receivers' gradients start from. At ``alpha = 0`` the forward is the corrupted run, kept
+    as ``runs.corrupted``.
+
+    Raises:
+        ValueError: the metric has no gradient.
     """
     sites = model.sites
     streams: dict[int | str, Tensor] = {}
     taken: dict[int, dict[str, Tensor]] = {}
-
+    ways = {site.layer: by_projections(site) for site in sites}  # True, False, or None: checked on this run
+    inputs = runs.inputs["corrupted"]
+    corrupted_here = runs.corrupted is None and not alpha
     with intervening(model), model.running(grad=True) as net:
-        deltas: dict[int, dict[str, Tensor]] = {}
+        deltas = _input_deltas(model, ways, roles, input_shape(inputs))
         for site in sites:
-            batch, positions, _ = corrupted.streams[0].shape
-            like = corrupted.streams[0]
-            deltas[site.layer] = {}
-            for role in roles:
-                heads = site.n_heads if role == "q" else site.n_kv_heads
-                d = site.d_head if role in ("q", "k") else site.d_head_v
-                deltas[site.layer][role] = torch.zeros(batch, heads, positions, d, dtype=like.dtype,
-                                                       device=like.device, requires_grad=True)
             site.input_deltas = dict(deltas[site.layer])
-            site.tap = _taking(taken, site, roles)
-        with interpolated(model, clean, corrupted, alpha), stream.hooked(record=streams), \
-                projection_calls(sites) as calls:
-            value = metric(net(**corrupted.inputs))
-        if not value.requires_grad:
-            raise ValueError("the metric does not depend on the model's heads (no gradient): edge attribution needs a "
-                             "differentiable metric of the output")
-        wrt = [deltas[s.layer][r] for s in sites for r in roles]
-        grads = torch.autograd.grad(value, [*wrt, streams["final"]], retain_graph=True, allow_unused=True)
-        final = grads[-1]
-        if final is not None:
-            _add(products, OUTPUT, sent @ final.detach().reshape(-1, 1).to(sent.dtype))
-        by_site = iter(grads[:-1])
-        for site in sites:
-            at_inputs = {role: next(by_site) for role in roles}
-            for role, gradient in receiver_gradients(site, streams[site.layer], taken[site.layer], at_inputs,
-                                                     calls[site.layer], apart=apart).items():
-                # only the input and earlier layers' heads send to this layer: their rows; the rest stay 0
-                earlier = 1 + sum(s.n_heads for s in sites[: site.layer])
-                block = torch.zeros(sent.shape[0], gradient.shape[0], dtype=sent.dtype, device=sent.device)
-                block[:earlier] = sent[:earlier] @ gradient.reshape(gradient.shape[0], -1).T.to(sent.dtype)
-                _add(products, (site.layer, role), block)
-    for site in sites:  # receivers the metric does not reach score 0
+            site.tap = _taking(taken, site, roles if ways[site.layer] is not True else (), z=corrupted_here)
+        with interpolated(model, runs.embeddings, alpha), stream.hooked(record=streams), \
+                projection_calls(sites) as calls, norm_outputs(stream) as normed:
+            value = runs.metric(net(**inputs))
+    if corrupted_here:
+        z = {at: t.pop("z").detach() for at, t in taken.items()}
+        runs.corrupted = Run(dict(inputs), float(value.detach()), {}, z, streams[0].detach())
+    if not value.requires_grad:
+        raise ValueError("the metric does not depend on the model's heads (no gradient): edge attribution needs a "
+                         "differentiable metric of the output")
+    outputs = {s.layer: made for s in sites if ways[s.layer] is not False
+               and (made := projection_outputs(s, calls[s.layer])) is not None}
+    # where the projections read the output of the norm at the stream's point, that norm is run again for the last
+    # product; the forward's graph is kept after its backward only where some receiver needs it
+    norms = {layer: stream.layers[layer].module for layer in outputs
+             if normed.get(layer) is projection_input(sites[layer], calls[layer])
+             and per_position(stream.layers[layer].module, streams[layer], normed[layer])}
+    keep = any(ways[s.layer] is not True or (projection_input(s, calls[s.layer]) is not streams[s.layer]
+                                             and s.layer not in norms) for s in sites)
+    wanted = [streams["final"], *(o for made in outputs.values() for o in made),
+              *(deltas[s.layer][r] for s in sites for r in deltas[s.layer])]
+    found: Iterator[Tensor | None] = iter(torch.autograd.grad(value, wanted, retain_graph=keep, allow_unused=True))
+    final = next(found)
+    at_outputs = {layer: [next(found) for _ in projections] for layer, projections in outputs.items()}
+    at_inputs = {s.layer: {r: next(found) for r in deltas[s.layer]} for s in sites}
+    for site in sites:  # the first run on an attention module: which way its receivers take
+        if ways[site.layer] is None:
+            ways[site.layer] = check_apart(site, calls[site.layer], taken[site.layer], at_inputs[site.layer],
+                                           at_outputs.get(site.layer))
+    staged = {layer: receivers(sites[layer], projection_input(sites[layer], calls[layer]), at_outputs[layer], roles,
+                               norm=norms.get(layer)) for layer in outputs if ways[layer]}
+    return _Pass(streams, final, staged, taken, at_inputs)
+
+
+def _receiver_products(model: HeadedModel, stream: Stream, runs: _Runs, alpha: float, roles: Sequence[str],
+                       products: dict[int | str, Tensor]) -> None:
+    """One forward and backward (``_forward_backward``): the gradient reaching each receiver's stream through its
+    input alone, multiplied with what each sender sends differently and added into ``products`` (``{layer:
+    (senders, the layer's receivers of every role in order), OUTPUT: (senders, 1)}``)."""
+    done = _forward_backward(model, stream, runs, alpha, roles)
+    sent = runs.sent()  # a run still missing takes the memory the backward let go
+    positions = done.streams[0].shape[1]
+    with model.running(grad=False):  # the norms run again in eval mode, as in the forward
+        for start in range(0, positions, sent.step):  # a chunk of positions at a time: the products sum over them
+            span = slice(start, min(start + sent.step, positions))
+            rows = sent.rows(span)  # every sender's, made once for every receiver
+            if done.final is not None:
+                products[OUTPUT].addmm_(rows, done.final.detach()[:, span].reshape(-1, 1).to(rows.dtype))
+            for site in model.sites:  # the input and earlier layers' heads send to a layer
+                gradients = done.gradients(site, roles, span)
+                senders = sent.senders(site.layer)
+                products[site.layer][:senders].addmm_(rows[:senders], gradients.flatten(1).to(rows.dtype).T)
+
+
+def _input_deltas(model: HeadedModel, ways: dict[int, bool | None], roles: Sequence[str],
+                  shape: tuple[int, ...]) -> dict[int, dict[str, Tensor]]:
+    """Additive zeros on every head's q, k and v (inputs of ``shape``, ``(batch, tokens)``) of the sites not known
+    to take the way by the projections: their gradients are ∂metric/∂q, ∂k, ∂v."""
+    batch, positions = shape[0], shape[1]
+    deltas: dict[int, dict[str, Tensor]] = {site.layer: {} for site in model.sites}
+    for site in model.sites:
+        if ways[site.layer] is True:
+            continue
         for role in roles:
             heads = site.n_heads if role == "q" else site.n_kv_heads
-            _add(products, (site.layer, role), torch.zeros(sent.shape[0], heads, dtype=sent.dtype))
-    _add(products, OUTPUT, torch.zeros(sent.shape[0], 1, dtype=sent.dtype))
+            d = site.d_head if role in ("q", "k") else site.d_head_v
+            deltas[site.layer][role] = torch.zeros(batch, heads, positions, d, dtype=model.dtype,
+                                                   device=model.device, requires_grad=True)
+    return deltas
 
 
-def _add(products: dict[tuple[int, str] | str, Tensor], key: tuple[int, str] | str, value: Tensor) -> None:
-    products[key] = products[key] + value.to(products[key].device) if key in products else value
-
-
-def _taking(taken: dict[int, dict[str, Tensor]], site: AttentionSite, roles: Sequence[str]) -> Tap:
-    """A tap on every head's q and every key/value head's k and v, kept in the graph."""
+def _taking(taken: dict[int, dict[str, Tensor]], site: AttentionSite, roles: Sequence[str], *, z: bool) -> Tap | None:
+    """A tap on every head's q and every key/value head's k and v (``roles``), kept in the graph, and on every
+    head's z where ``z``; None where it takes nothing."""
+    if not roles and not z:
+        return None
     firsts = [site.kv_head_of.index(g) for g in range(site.n_kv_heads)]
 
     def sink(at: int, out: TapOutput) -> None:
-        taken[at] = {role: getattr(out, role) for role in roles}
+        taken[at] = {role: getattr(out, role) for role in (*roles, *("z" if z else ()))}
 
     return Tap(sink, q=list(range(site.n_heads)) if "q" in roles else None,
-               k=firsts if "k" in roles else None, v=firsts if "v" in roles else None)
+               k=firsts if "k" in roles else None, v=firsts if "v" in roles else None,
+               z=list(range(site.n_heads)) if z else None)
 
 
 def _with_edge(model: HeadedModel, stream: Stream, net: torch.nn.Module, corrupted: Run, edge: Edge,

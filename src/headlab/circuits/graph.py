@@ -180,7 +180,11 @@ class EdgeScores(display.Shown):
     def __post_init__(self) -> None:
         if len(self.scores) != len(self.edges):
             raise ValueError(f"{len(self.scores)} scores for {len(self.edges)} edges")
-        self._index = {edge: i for i, edge in enumerate(self.edges)}
+
+    @functools.cached_property
+    def _index(self) -> dict[Edge, int]:
+        """Each edge's position (made when an edge is first looked up)."""
+        return {edge: i for i, edge in enumerate(self.edges)}
 
     def __len__(self) -> int:
         return len(self.edges)

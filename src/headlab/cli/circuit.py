@@ -42,7 +42,7 @@ def circuit(
     """Score every edge between heads (sender head → a later head's q, k or v, or → the output), keep the
     --top edges with the largest |score| as the circuit, and measure its faithfulness.
 
-    eap: 3 forwards, 1 backward; eap-ig: 2 + steps forwards, steps backwards; path: path patching of
+    eap: 2 forwards, 1 backward; eap-ig: 2 + steps forwards, steps backwards; path: path patching of
     every head → receiver pair (the input's edges by edge patching), a forward per pair; exact: edge
     patching, a forward per edge. Faithfulness: one forward of the clean text in which every edge
     outside the circuit carries its corrupted value (MLPs stay clean), as a share of the clean −

@@ -311,7 +311,7 @@ def head_results(z: Tensor, W_O: Tensor, heads: Sequence[int] | None = None) -> 
         ``(batch, len(heads), query_pos, d_model)``; over all heads they sum, with the output bias, to
         the output projection's output.
     """
-    if heads is not None:
+    if heads is not None and list(heads) != list(range(z.shape[1])):  # every head in order: no copy
         z, W_O = copy_heads(z, heads), copy_heads(W_O, heads, dim=0)
     return torch.einsum("bhqd,hdm->bhqm", z, W_O.to(z.dtype))
 

@@ -260,7 +260,9 @@ def evaluating(module: nn.Module, *, grad: bool | None = None) -> Iterator[None]
         grad: True runs with autograd, False without; None leaves it as it is.
     """
     was_training = module.training
-    module.eval()
+    switch = any(m.training for m in module.modules())  # a model already in eval mode is left alone (a walk less)
+    if switch:
+        module.eval()
     try:
         if grad is None:
             yield
@@ -268,7 +270,8 @@ def evaluating(module: nn.Module, *, grad: bool | None = None) -> Iterator[None]
             with torch.set_grad_enabled(grad):
                 yield
     finally:
-        module.train(was_training)
+        if switch:
+            module.train(was_training)
 
 
 def module_of(model: HeadedModel | nn.Module) -> nn.Module:
