@@ -111,7 +111,7 @@ def test_bad_arguments(model, tokenizer, texts, kwargs, error, match):
 
 
 def test_truncation_is_reported_never_silent(model, tokenizer, texts):
-    with pytest.warns(TruncationWarning, match=r"3 of 8 items are longer than max_length=8 pieces.*2, 5, 7"):
+    with pytest.warns(TruncationWarning, match=r"3 of 8 inputs are longer than max_length=8 pieces.*2, 5, 7"):
         result, batches = run(model, tokenizer, texts, max_length=8)
     full = tokenize_corpus(tokenizer, texts).lengths
     assert result.truncated == [i for i, n in enumerate(full) if n > 8] == [2, 5, 7]

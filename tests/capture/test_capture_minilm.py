@@ -57,7 +57,7 @@ class Keep:
 
 def test_capture_matches_transformers_eager_attention(loaded, texts, eager_reference):
     keep = Keep()
-    with pytest.warns(TruncationWarning, match="of 16 items are longer than max_length=64"):
+    with pytest.warns(TruncationWarning, match="of 16 inputs are longer than max_length=64"):
         result = capture(loaded, corpus=texts, consumers=[keep], heads=Heads(layers=[0, 3, 5], heads=[0, 7, 11]),
                          max_length=64, batch_tokens=256, progress=False)
     assert result.layers == {0: [0, 7, 11], 3: [0, 7, 11], 5: [0, 7, 11]} and result.batches > 2
@@ -102,7 +102,7 @@ def test_the_whole_bundled_corpus_one_head(loaded):
     corpus = load_corpus()
     full = tokenize_corpus(loaded.tokenizer, corpus.texts).lengths
     too_long = [i for i, n in enumerate(full) if n > 64]
-    with pytest.warns(TruncationWarning, match=f"{len(too_long)} of {len(corpus)} items"):
+    with pytest.warns(TruncationWarning, match=f"{len(too_long)} of {len(corpus)} inputs"):
         result = capture(loaded, consumers=[Count()], heads=Heads(layers=[4], heads=[5]), max_length=64, progress=False)
     assert sum(counts) == result.items == len(corpus)
     assert result.truncated == too_long and len(too_long) >= 15 and result.tokens_per_second > 0

@@ -278,7 +278,7 @@ def test_merged_results_equal_one_process(engine, checkpoint, shards):
 def test_truncated_items_are_reported_with_corpus_indices(engine):
     long = " ".join(["the cat sat on the mat"] * 8)  # 50 pieces; every item of TEXTS has at most 23
     corpus = [*TEXTS[:3], long, *TEXTS[3:], long]
-    with pytest.warns(UserWarning, match="2 of 10 items are longer than max_length=40"):
+    with pytest.warns(UserWarning, match="2 of 10 inputs are longer than max_length=40"):
         run = engine.run(corpus, consumers=accumulators, max_length=40, take=OPTIONS["take"], progress=False)
     assert run.capture.truncated == [3, 9] and run.capture.max_length == 40
 

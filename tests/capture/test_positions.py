@@ -10,6 +10,7 @@ import torch
 
 import headlab
 from headlab.capture import TruncationWarning, capture, model_max_length
+from headlab.models.handle import truncation_message
 from tests.support.text import fake_tokenizer
 from tests.support.tiny import build
 
@@ -62,5 +63,4 @@ def test_capture_analyze_and_view_truncate_a_long_text_with_the_usual_warning(ro
     with pytest.warns(TruncationWarning, match=f"max_length={limit} pieces"):
         data = view_data(roberta, LONG)
     assert data.items[0].truncated and data.items[0].pieces.n == limit
-    assert data.notes == [f"text 0 has {data.items[0].full_length} pieces; only the first {limit} (the model's "
-                          "limit) are shown"]
+    assert data.notes == [truncation_message([0], 1, limit)]

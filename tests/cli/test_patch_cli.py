@@ -126,3 +126,13 @@ def test_a_position_out_of_range_is_one_line(causal_checkpoint, tmp_path):
                                       "--positions", "7", "--out", str(tmp_path)])
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "error: position 7 is out of range: these inputs have 7 query positions" in said
+
+
+def test_one_head_by_both_methods_has_no_rank_agreement(causal_checkpoint, tmp_path):
+    """A Spearman of one value is undefined: left out, not an error."""
+    result = CliRunner().invoke(app, ["patch", str(causal_checkpoint), "--clean", "the cat sat on the",
+                                      "--corrupt", "the dog sat on the", "--answer", "mat", "--wrong", "cat",
+                                      "--layers", "1", "--heads", "2", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [len(r["heads"]["rows"]) for r in document["results"]] == [1, 1] and "spearman" not in document

@@ -74,7 +74,7 @@ def test_text_from_a_file_and_a_head_selection(checkpoint: Path, tmp_path: Path)
 def test_truncation_is_printed(checkpoint: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["view", str(checkpoint), " ".join(["cat"] * 80), "--out", str(tmp_path / "v.html")])
     assert result.exit_code == 0, result.output
-    assert "note: text 0 has 82 pieces; only the first 64" in result.output.replace("\n", " ")
+    assert "warning: 1 of 1 inputs are longer than max_length=64 pieces" in result.output.replace("\n", " ")
 
 
 def test_serve_serves_the_written_file(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

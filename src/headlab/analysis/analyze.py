@@ -59,6 +59,7 @@ from headlab.capture import capture, load_corpus
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
+from headlab.models.stream import has_logits
 
 __all__ = [  # the orchestration, and the names it gathers from the modules it calls
     "ENGINES", "FIDELITY_METRIC", "LM_METRIC", "METRIC_FORMATS", "PROBE_LENGTH", "RETRIEVAL_METRIC",
@@ -209,6 +210,9 @@ def analyze(
         skipped["retrieval and streaming heads"] = "not asked for (streaming=True, --streaming)"
     elif model.tokenizer is None:
         skipped["retrieval and streaming heads"] = "the model has no tokenizer; both run on corpus text"
+    elif causal and not has_logits(model):
+        skipped["retrieval and streaming heads"] = (f"{model.architecture} is causal but has no language-model head: "
+                                                    "both measure the next-token loss")
     else:
         try:
             result.context = context_heads(model, texts, quick=quick)
@@ -224,9 +228,16 @@ def analyze(
 
 
 def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
-    """Gradient and ablation importance on the model's task, their correlation, and pruning curves."""
+    """Gradient and ablation importance on the model's task, their correlation, and pruning curves: next-token
+    loss for a causal language model, the output embedding's similarity for any other (a causal model without
+    a language-model head included, said in ``result.skipped``)."""
     tokenizer = model.tokenizer
     limit = model.max_length
+    if causal and not has_logits(model):
+        causal = False
+        result.skipped["next-token importance"] = (
+            f"{model.architecture} has no language-model head (its output is hidden states, not logits): importance "
+            "and the pruning curves use the output embedding's similarity instead")
     if causal:
         batches = lm_batches(tokenizer, texts[: 16 if quick else 64],
                              max_length=LM_MAX_LENGTH if limit is None else min(LM_MAX_LENGTH, limit))

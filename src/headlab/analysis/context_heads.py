@@ -78,7 +78,8 @@ def context_heads(model: HeadedModel | nn.Module, corpus: Any = None, *, quick: 
         seed: where the needles are hidden.
     """
     from headlab.analysis.retrieval import retrieval_scores
-    from headlab.analysis.streaming import has_logits, streaming_simulation
+    from headlab.analysis.streaming import streaming_simulation
+    from headlab.models.stream import has_logits
     model = headed(model)
     settings = QUICK if quick else FULL
     limit = model.max_length or 10**9

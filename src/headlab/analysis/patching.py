@@ -56,7 +56,7 @@ from headlab.heads.scoped import intervening
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
 from headlab.models.handle import Inputs, given_tokenizer
-from headlab.models.stream import stream_of
+from headlab.models.stream import has_logits
 
 Metric = Callable[[Any], Tensor]  # the model's output -> a scalar tensor (differentiable for AtP)
 
@@ -354,7 +354,7 @@ def text_metric(model: HeadedModel, clean: str, *, name: str | None = None, answ
     if answer is None or wrong is None:
         raise ValueError("the logit-diff metric needs --answer (the clean text's next token) and --wrong "
                          "(the corrupted text's)")
-    if stream_of(model, model.inputs(clean)).unembedding is None:
+    if not has_logits(model):
         raise ValueError(f"the logit-diff metric needs logits; {model.architecture} outputs hidden states (no "
                          "language-model head): use the similarity metric, or a causal language model")
     ids = []

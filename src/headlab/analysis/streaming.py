@@ -42,9 +42,10 @@ from headlab import display
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads import HeadTable, windowed
 from headlab.models import HeadedModel, headed
+from headlab.models.stream import has_logits
 
 __all__ = [
-    "BUDGETS", "Conversion", "StreamingChanges", "StreamingResult", "StreamingStats", "corpus_batches", "has_logits",
+    "BUDGETS", "Conversion", "StreamingChanges", "StreamingResult", "StreamingStats", "corpus_batches",
     "streaming_simulation",
 ]
 
@@ -317,15 +318,6 @@ def corpus_batches(tokenizer: Any, texts: Sequence[str], *, length: int, count: 
                             return_tensors="pt")
         batches.append({k: encoded[k].to(device) for k in ("input_ids", "attention_mask")})
     return batches
-
-
-def has_logits(model: HeadedModel | nn.Module) -> bool:
-    """The model's output has logits (a language-model head), checked with a one-token forward."""
-    model = headed(model)
-    bos = getattr(model.tokenizer, "bos_token_id", None)
-    ids = torch.tensor([[bos or 0]], device=model.device)
-    with torch.no_grad():
-        return getattr(model(input_ids=ids), "logits", None) is not None
 
 
 def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None,

@@ -26,7 +26,7 @@ from headlab.capture.encoding import tokenize_corpus
 from headlab.capture.taps import renamed_take, tapped
 from headlab.layer.selection import HeadSelection
 from headlab.models import HeadedModel, TapOutput, model_max_length
-from headlab.models.handle import given_tokenizer
+from headlab.models.handle import TruncationWarning, given_tokenizer, truncation_message
 from headlab.models.interface import reuse_pattern_memory
 
 __all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "model_max_length"]
@@ -38,10 +38,6 @@ class Consumer(Protocol):
     .Accumulator``) add ``merge`` and ``result``, so that a corpus can be split and their results joined."""
 
     def update(self, batch: CaptureBatch) -> None: ...
-
-
-class TruncationWarning(UserWarning):
-    """Items were cut to ``max_length``; ``CaptureResult.truncated`` lists them."""
 
 
 @dataclass(repr=False)
@@ -210,14 +206,11 @@ def capture(
     )
 
 
-def warn_truncated(truncated: Sequence[int], items: int, max_length: int | None) -> None:
-    """A ``TruncationWarning`` naming the first truncated items, attributed to the caller's caller
-    (the user's call of ``capture`` or of the Ray engine); nothing when none was truncated."""
+def warn_truncated(truncated: Sequence[int], items: int, max_length: int | None, *, stacklevel: int = 3) -> None:
+    """A ``TruncationWarning`` (``truncation_message``), attributed to the caller's caller (the user's call of
+    ``capture`` or of the Ray engine by default); nothing when none was truncated."""
     if truncated:
-        shown = ", ".join(map(str, truncated[:10])) + (" …" if len(truncated) > 10 else "")
-        warnings.warn(f"{len(truncated)} of {items} items are longer than max_length={max_length} pieces and were "
-                      f"truncated (corpus indices {shown}); CaptureResult.truncated lists them all",
-                      TruncationWarning, stacklevel=3)
+        warnings.warn(truncation_message(truncated, items, max_length), TruncationWarning, stacklevel=stacklevel)
 
 
 class RateProgress:

@@ -9,8 +9,10 @@ the end (``headlab.cli.output``): Ctrl-C gives exit status 1 and leaves the old 
 
 from __future__ import annotations
 
+import sys
+import warnings
 from importlib import metadata
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -55,6 +57,16 @@ def _root(
     ] = False,
 ) -> None:
     """Multi-head attention, head by head."""
+    warnings.showwarning = _show_warning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """headlab's own warnings as one line on stderr, ``warning: …`` (others as Python shows them)."""
+    if category.__module__.startswith("headlab."):
+        typer.echo(f"warning: {message}", err=True)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 app.command("report")(_report.report)

@@ -51,6 +51,7 @@ def patch(
     """
     import json
 
+    import numpy as np
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -88,9 +89,9 @@ def patch(
         document = {"model": loaded.source, "clean": clean, "corrupted": corrupt, "metric": described,
                     "take": take, "direction": direction, "positions": results[0].positions,
                     "results": [r.to_dict() for r in results]}
-        if len(results) == 2:  # over the heads, or over every (head, position) cell
-            document["spearman"] = spearman(*(r.table["effect"] if r.grid is None else r.grid.effect
-                                              for r in results))
+        effects = [np.ravel(r.table["effect"] if r.grid is None else r.grid.effect) for r in results]
+        if len(results) == 2 and len(effects[0]) >= 2:  # over the heads, or every (head, position) cell; one: none
+            document["spearman"] = spearman(*effects)
         (work / "patching.json").write_text(json.dumps(document, indent=2) + "\n")
         plot_patching(results, work / "patching.png", title=f"{clean!r} → {corrupt!r}")
     if as_json:

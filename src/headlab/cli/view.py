@@ -109,12 +109,15 @@ def view(
     with staged_files(out.parent, shown=out) as work:
         loaded = load_model(model)  # an architecture headlab cannot serve is refused here, with the reason
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", TruncationWarning)  # printed below, and shown in the page
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TruncationWarning)
                 limit: dict[str, Any] = {} if flow_max_length is None else {"flow_max_length": flow_max_length}
                 data = view_data(loaded, text, heads=selection, progress=False, **limit)
         except INPUT_ERRORS as err:
             fail(str(err))
+        for warning in caught:  # said as every command says it; the page shows it among its notes
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        warned = {str(warning.message) for warning in caught}
         (work / out.name).write_text(viewer_document(data), encoding="utf-8")
 
     item = data.items[0]
@@ -129,7 +132,8 @@ def view(
         table.add_row(escape(role), escape(", ".join(members)))
     console.print(table)
     for note in data.notes:
-        console.print(f"[yellow]note:[/yellow] {escape(note)}")
+        if note not in warned:
+            console.print(f"[yellow]note:[/yellow] {escape(note)}")
     console.print(f"wrote {escape(str(out))} ({out.stat().st_size / 1e6:.1f} MB)")
     if serve:
         from headlab.cli.serving import serve_until_interrupted

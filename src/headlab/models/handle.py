@@ -148,6 +148,9 @@ class HeadedModel(display.Shown):
         Raises:
             TypeError: inputs of another type, or texts without a tokenizer.
             ValueError: an empty text, or input ids that are not an integer ``(batch, pos)`` tensor.
+
+        Warns:
+            TruncationWarning: texts longer than the model's limit (``max_length``), cut to it.
         """
         device = self.device
         if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs
@@ -158,7 +161,13 @@ class HeadedModel(display.Shown):
             texts = [inputs] if isinstance(inputs, str) else list(inputs)
             if any(not t.strip() for t in texts):
                 raise ValueError("an input text is empty or whitespace only")
-            encoded = self.tokenizer(texts, padding=True, return_tensors="pt")
+            limit = self.max_length  # transformers' own warning of a text over it is said below, and acted on
+            encoded = self.tokenizer(texts, padding=True, return_tensors="pt", verbose=limit is None)
+            if limit is not None and encoded["input_ids"].shape[1] > limit:  # cut to the limit, as every entry is
+                lengths = encoded["attention_mask"].sum(dim=1).tolist()
+                warnings.warn(truncation_message([i for i, n in enumerate(lengths) if n > limit], len(texts), limit),
+                              TruncationWarning, stacklevel=2)
+                encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt")
             return {k: v.to(device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
         if isinstance(inputs, Tensor):
             if not self._transformers:
@@ -313,6 +322,19 @@ def given_tokenizer(model: HeadedModel | nn.Module, tokenizer: Any, where: str, 
                   DeprecationWarning, stacklevel=2 + depth)
     copy = HeadedModel(handle.model, tokenizer=tokenizer, source=handle.source)
     return copy
+
+
+class TruncationWarning(UserWarning):
+    """Inputs were cut to the model's limit (``max_length``); a capture's ``CaptureResult.truncated`` lists them
+    all."""
+
+
+def truncation_message(truncated: Sequence[int], items: int, max_length: int | None) -> str:
+    """The one sentence every entry point says when inputs were cut to the model's limit (capture, analyze, view,
+    ``HeadedModel.inputs`` and so run_with_cache, patch and circuit)."""
+    shown = ", ".join(map(str, truncated[:10])) + (" …" if len(truncated) > 10 else "")
+    return (f"{len(truncated)} of {items} inputs are longer than max_length={max_length} pieces (the model's limit, or "
+            f"the one asked for) and were cut to it (inputs {shown})")
 
 
 def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:

@@ -28,9 +28,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from headlab.models.handle import HeadedModel
+from headlab.models.handle import HeadedModel, headed
 
 STREAM_ATTRIBUTE = "_headlab_stream"  # on the handle: the Stream found for it
 Edit = Callable[[Tensor], Tensor]  # the stream at a point -> the stream the model goes on with
@@ -234,6 +235,15 @@ def _output_tensor(output: Any) -> Tensor | None:
     if hasattr(output, "to_tuple"):
         output = output.to_tuple()
     return _first_tensor(output)
+
+
+def has_logits(model: HeadedModel | nn.Module) -> bool:
+    """Whether the model's output is logits (a language-model head), by a one-token forward without gradients."""
+    model = headed(model)
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    ids = torch.tensor([[bos or 0]], device=model.device)
+    with model.running(grad=False):
+        return _is_logits(model.model(**model.inputs(ids)))
 
 
 def _is_logits(output: Any) -> bool:

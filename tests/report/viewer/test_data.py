@@ -14,6 +14,7 @@ from headlab.analysis.taxonomy import classify, taxonomy_stats
 from headlab.capture import TruncationWarning, pattern_to_words
 from headlab.heads import Heads
 from headlab.models import HeadedModel
+from headlab.models.handle import truncation_message
 from headlab.report.viewer import view_data
 from tests.support.reference import captured_patterns
 from tests.support.tiny import tiny
@@ -132,7 +133,7 @@ def test_truncation_is_on_the_record_and_noted() -> None:
     assert full > 8 and item.truncated and item.pieces.n == 8 and item.full_length == full
     assert item.pieces.tail == " and the dog ran on the mat"  # the text the model did not see
     assert not data.items[1].truncated
-    assert data.notes == [f"text 0 has {full} pieces; only the first 8 (the model's limit) are shown"]
+    assert data.notes == [truncation_message([0], 2, 8)]  # the sentence every entry point says
 
 
 def test_bad_input_gets_clear_errors() -> None:

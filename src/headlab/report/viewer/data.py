@@ -35,6 +35,7 @@ from headlab.capture import CaptureBatch, LayerCapture, capture, pattern_to_word
 from headlab.circuits.graph import EdgeScores
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
+from headlab.models.handle import truncation_message
 from headlab.report.provenance import model_name
 from headlab.report.viewer.circuit import TOP_EDGES, CircuitView, circuit_view
 from headlab.report.viewer.encoding import QuantizedPattern, quantize, thumbnails
@@ -294,8 +295,8 @@ def view_data(
                              corpus=by_head.get((layer, head))))
     items = [ViewerItem(text=texts[k], full_length=tokenized.full_lengths[k], truncated=k in run.truncated,
                         pieces=collector.levels[k][0], words=collector.levels[k][1]) for k in range(len(texts))]
-    notes = [f"text {k} has {it.full_length} pieces; only the first {it.pieces.n} (the model's limit) are shown"
-             for k, it in enumerate(items) if it.truncated]
+    cut = [k for k, it in enumerate(items) if it.truncated]
+    notes = [truncation_message(cut, len(items), max_length)] if cut else []
     return ViewerData(name=model_name(model.source), source=model.source, architecture=model.architecture,
                       causal=causal, n_heads=n_heads, heads=shown, info=info, items=items, max_length=max_length,
                       notes=notes, flow_max_length=flow_max_length, circuit=circuit)
