@@ -22,6 +22,7 @@ from headlab.models.handle import evaluating
 from headlab.models.interface import observing
 
 PROBE_LENGTH = 6  # tokens per probe item
+TOWERS = ("text_config", "vision_config", "audio_config")  # a multimodal config's parts
 PROBE_BATCH = 2
 _active: ContextVar[object | None] = ContextVar("headlab_probe", default=None)  # the recording of this context
 
@@ -29,7 +30,15 @@ _active: ContextVar[object | None] = ContextVar("headlab_probe", default=None)  
 def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
     """A small batch of token ids the model accepts, on its device: no padding, no special meaning."""
     config = getattr(model, "config", None)
-    embeddings = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    try:
+        embeddings = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    except NotImplementedError:  # no one input embedding: a model of several towers (CLIP's text and vision)
+        towers = [name for name in TOWERS if getattr(config, name, None) is not None]
+        if towers:
+            raise ValueError(f"{type(model).__name__} is a model of several towers ({', '.join(towers)}) with no one "
+                             "input embedding, which headlab does not attach as one yet: attach its text model on "
+                             "its own (the submodule whose input is the token ids)") from None
+        embeddings = None
     vocab = getattr(embeddings, "num_embeddings", None) or getattr(config, "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 2:
         raise ValueError(f"{type(model).__name__}: cannot tell its vocabulary size; headlab probes text models "
