@@ -64,3 +64,17 @@ def test_capture_analyze_and_view_truncate_a_long_text_with_the_usual_warning(ro
         data = view_data(roberta, LONG)
     assert data.items[0].truncated and data.items[0].pieces.n == limit
     assert data.notes == [truncation_message([0], 1, limit)]
+
+
+def test_a_multimodal_model_takes_its_text_limit_not_its_vision_towers():
+    """Gemma 3 with a vision tower: the text's limit is the text config's positions, not the vision tower's
+    table of image patches (4 here)."""
+    transformers = pytest.importorskip("transformers")
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=8, vocab_size=300, max_position_embeddings=64, sliding_window=4)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=16,
+                  patch_size=8)
+    config = transformers.AutoConfig.for_model("gemma3", text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    assert model.model.vision_tower.embeddings.position_embedding.num_embeddings == 4
+    assert model_max_length(model) == 64

@@ -25,7 +25,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -340,9 +340,10 @@ def truncation_message(truncated: Sequence[int], items: int, max_length: int | N
 def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:
     """The longest input the model takes, in pieces, special tokens included; None when nothing says.
 
-    The smallest of: ``config.max_position_embeddings``; the tokenizer's ``model_max_length``
-    (Hugging Face's "no limit", about 1e30, does not count); and, for every learned table of
-    absolute positions in the model, the rows a position can use. A position table is an
+    The smallest of: ``config.max_position_embeddings`` (of the text config, for a multimodal
+    model); the tokenizer's ``model_max_length`` (Hugging Face's "no limit", about 1e30, does not
+    count); and, for every learned table of absolute positions beside the token embedding (in the
+    same module: not a vision tower's), the rows a position can use. A position table is an
     ``nn.Embedding`` whose attribute name holds "position" (``position_embeddings``,
     ``embed_positions``). When it has a ``padding_idx``, positions are counted from just after it
     (RoBERTa and its kin number tokens ``padding_idx + 1, padding_idx + 2, …``), so only
@@ -358,14 +359,28 @@ def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:
     Returns:
         The limit, or None.
     """
-    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
-              getattr(tokenizer, "model_max_length", None)]
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config  # a multimodal model's text part
+    limits = [getattr(text, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    beside = _input_embedding_parent(model)
     for name, module in model.named_modules():
-        if isinstance(module, nn.Embedding) and "position" in name.rpartition(".")[2]:
+        parent, _, attribute = name.rpartition(".")
+        if isinstance(module, nn.Embedding) and "position" in attribute and beside in (None, parent):
             first = 0 if module.padding_idx is None else module.padding_idx + 1  # padding_idx is stored ≥ 0
             limits.append(module.num_embeddings - first)
     usable = [n for n in limits if isinstance(n, int) and 0 < n < 1_000_000]  # HF's "no limit" is ~1e30
     return min(usable) if usable else None
+
+
+def _input_embedding_parent(model: nn.Module) -> str | None:
+    """The name of the module that holds the token embedding (``get_input_embeddings``), or None where the model
+    does not say: a position table counts only beside it (not a vision tower's of a multimodal model)."""
+    try:
+        embedding = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    except NotImplementedError:  # a model of several towers without one input embedding
+        return None
+    found = next((name for name, module in model.named_modules() if module is embedding), None)
+    return None if embedding is None or found is None else found.rpartition(".")[0]
 
 
 def _attached_sites(model: nn.Module) -> list[AttentionSite]:
