@@ -35,13 +35,18 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
 
     Raises:
         typer.Exit: code 2, after one line naming the model and why it cannot be used (missing,
-            not a checkpoint, not cached offline, an architecture headlab cannot serve, the
-            default model not installed).
+            not a checkpoint, not cached offline, an architecture headlab cannot serve, a model
+            whose input is not text, the default model not installed).
     """
     import headlab
 
     quiet_loading()
     try:
-        return headlab.load(model, dtype=dtype, device=device)
+        loaded = headlab.load(model, dtype=dtype, device=device)
     except (*INPUT_ERRORS, ModuleNotFoundError) as err:
         fail(str(err))
+    takes = getattr(loaded.model, "main_input_name", "input_ids")
+    if takes != "input_ids":  # every command reads text
+        fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; the commands read text (images are not "
+             "served by them yet): use the library on its inputs (headlab.attach, run_with_cache)")
+    return loaded

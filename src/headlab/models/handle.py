@@ -142,8 +142,9 @@ class HeadedModel(display.Shown):
 
         Args:
             inputs: a text or texts (tokenized with padding); the keyword arguments of a forward (a
-                mapping); or a tensor: input ids ``(batch, pos)`` for a transformers model, the first
-                argument of its ``forward`` for a headlab model.
+                mapping); or a tensor: input ids ``(batch, pos)`` for a transformers model (pixel values
+                ``(batch, channels, height, width)`` for an image model, whose ``main_input_name`` says
+                so), the first argument of its ``forward`` for a headlab model.
 
         Raises:
             TypeError: inputs of another type, or texts without a tokenizer.
@@ -172,6 +173,11 @@ class HeadedModel(display.Shown):
         if isinstance(inputs, Tensor):
             if not self._transformers:
                 return {_first_argument(self.model): inputs.to(device)}
+            if getattr(self.model, "main_input_name", "input_ids") == "pixel_values":  # an image model
+                if inputs.dim() != 4 or not inputs.is_floating_point():
+                    raise ValueError(f"pixel values must be a float tensor (batch, channels, height, width); got "
+                                     f"{inputs.dtype} {tuple(inputs.shape)}")
+                return {"pixel_values": inputs.to(device=device, dtype=self.dtype)}
             if inputs.dim() != 2 or inputs.dtype not in (torch.int32, torch.int64):
                 raise ValueError(f"input ids must be an integer tensor (batch, pos); got {inputs.dtype} "
                                  f"{tuple(inputs.shape)}")

@@ -28,8 +28,19 @@ _active: ContextVar[object | None] = ContextVar("headlab_probe", default=None)  
 
 
 def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
-    """A small batch of token ids the model accepts, on its device: no padding, no special meaning."""
+    """A small batch of inputs the model accepts, on its device: token ids (no padding, no special meaning), or
+    for a model whose main input is an image (``main_input_name == "pixel_values"``) seeded random pixels of its
+    configured size."""
     config = getattr(model, "config", None)
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    if getattr(model, "main_input_name", None) == "pixel_values":
+        size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", 3)
+        if not isinstance(size, int):
+            raise ValueError(f"{type(model).__name__}: cannot tell its image size (config.image_size)")
+        generator = torch.Generator().manual_seed(0)
+        pixels = torch.randn(PROBE_BATCH, channels, size, size, generator=generator)
+        return {"pixel_values": pixels.to(device=device, dtype=parameter.dtype if parameter is not None else None)}
     try:
         embeddings = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     except NotImplementedError:  # no one input embedding: a model of several towers (CLIP's text and vision)
@@ -45,8 +56,6 @@ def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
                          "through their input ids")
     avoid = {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
     ids = [i for i in range(3, 3 + 64) if i % vocab not in avoid][: PROBE_BATCH * PROBE_LENGTH]
-    parameter = next(model.parameters(), None)
-    device = parameter.device if parameter is not None else torch.device("cpu")
     input_ids = torch.tensor(ids, device=device).remainder(vocab).view(PROBE_BATCH, PROBE_LENGTH)
     return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 

@@ -146,8 +146,14 @@ def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Map
             site = sites[layer]
             prune_site(site, [h for h in range(site.n_heads) if h not in set(removed)])
         if reference is not None:
-            with torch.no_grad():
-                got = first_output(model(**inputs))
+            try:
+                with torch.no_grad():
+                    got = first_output(model(**inputs))
+            except RuntimeError as err:  # a per-head tensor the projections do not hold (Swin's position bias)
+                raise ValueError(
+                    f"pruning layers {sorted(selection)} of {type(model).__name__} breaks its forward ({err}): a "
+                    "per-head tensor outside the q/k/v and output projections keeps every head; the model is "
+                    "unchanged, mask the heads instead") from None
             tolerance = 1e-4 if got.dtype in (torch.float32, torch.float64) else 3e-2
             error = float((got - reference).abs().max() / reference.abs().max().clamp_min(1e-12))
             if not error <= tolerance:

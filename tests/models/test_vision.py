@@ -1,0 +1,131 @@
+"""Vision transformers attach exactly: tiny random ViT, DeiT, DINOv2, CLIP's and SigLIP's vision towers, BEiT and Swin
+(windowed attention), probed through pixels (``main_input_name == "pixel_values"``).
+
+For each: with nothing asked the attached model's output equals the plain SDPA model's; ``output_attentions``
+equals eager's; tapped patterns, z and results equal what the model computes (float64: eager's attentions, the
+output projection's input and output); masking a head zeroes its z alone; pruning it equals masking it (Swin,
+whose relative position bias keeps a column per head, is refused in one line and left as it was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import headlab
+from headlab import heads
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=16,
+             patch_size=4)
+MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {  # name: (config class, model class, config)
+    "vit": ("ViTConfig", "ViTModel", SMALL),
+    "deit": ("DeiTConfig", "DeiTModel", SMALL),
+    "dinov2": ("Dinov2Config", "Dinov2Model", SMALL),
+    "clip_vision": ("CLIPVisionConfig", "CLIPVisionModel", SMALL),
+    "siglip_vision": ("SiglipVisionConfig", "SiglipVisionModel", SMALL),
+    "beit": ("BeitConfig", "BeitModel", SMALL),
+    "swin": ("SwinConfig", "SwinModel", dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=2,
+                                             image_size=16, patch_size=4)),
+}
+
+
+def _build(name: str, implementation: str = "sdpa", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    config_class, model_class, sizes = MODELS[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**sizes)
+    model = getattr(transformers, model_class)._from_config(config, attn_implementation=implementation)
+    return model.to(dtype).eval()
+
+
+def _pixels(dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=dtype)
+
+
+def _output(model: torch.nn.Module, pixels: torch.Tensor, **kwargs: Any) -> Any:
+    with torch.no_grad():
+        return model(pixel_values=pixels, **kwargs)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_attached_outputs_and_attentions_equal_transformers(name):
+    pixels = _pixels()
+    plain, eager = _build(name), _build(name, "eager")
+    handle = headlab.attach(_build(name))
+    assert [site.layer for site in handle.sites] == list(range(len(handle.sites))) and handle.tokenizer is None
+    torch.testing.assert_close(_output(handle.model, pixels)[0], _output(plain, pixels)[0], rtol=1e-5, atol=1e-5)
+    got, want = _output(handle.model, pixels, output_attentions=True), _output(eager, pixels, output_attentions=True)
+    for ours, theirs in zip(got.attentions, want.attentions, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_taps_equal_what_the_model_computes(name):
+    """float64: z is the output projection's input, head by head, and the tapped pattern times the tapped v gives
+    it; the results and the projection's bias sum to its output; the patterns are eager's attentions (to eager's
+    own precision: it takes its softmax in float32)."""
+    pixels = _pixels(torch.float64)
+    want = _output(_build(name, "eager", torch.float64), pixels, output_attentions=True).attentions
+    handle = headlab.attach(_build(name, dtype=torch.float64))
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = [site.out_proj.module.register_forward_hook(_keep(seen, site.layer)) for site in handle.sites]
+    try:
+        cache = headlab.run_with_cache(handle, pixels, take=("pattern", "z", "result", "v"))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for site in handle.sites:
+        pattern = cache["pattern", site.layer]
+        torch.testing.assert_close(pattern, want[site.layer], rtol=0, atol=1e-7)
+        z_in, out = seen[site.layer]  # (batch, pos, heads · d_head_v), (batch, pos, d_model)
+        z = z_in.unflatten(-1, (site.n_heads, site.d_head_v)).transpose(1, 2)
+        torch.testing.assert_close(cache["z", site.layer], z, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(pattern @ cache["v", site.layer], z, rtol=1e-10, atol=1e-12)
+        total = cache["result", site.layer].sum(dim=1) + site.out_proj.module.bias
+        torch.testing.assert_close(total, out, rtol=1e-10, atol=1e-12)
+
+
+def _keep(seen: dict[int, tuple[torch.Tensor, torch.Tensor]], layer: int) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+        seen[layer] = (args[0], output)
+    return hook
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_masking_zeroes_one_head_and_pruning_equals_masking(name):
+    pixels = _pixels()
+    handle = headlab.attach(_build(name))
+    before = headlab.run_with_cache(handle, pixels, take="z")["z", 0]
+    heads.mask(handle, {0: [1]})
+    masked_z = headlab.run_with_cache(handle, pixels, take="z")["z", 0]
+    assert not masked_z[:, 1].any() and torch.equal(masked_z[:, [0, *range(2, before.shape[1])]],
+                                                    before[:, [0, *range(2, before.shape[1])]])
+    masked = _output(handle.model, pixels)[0]
+    pruned = headlab.attach(_build(name))
+    if name == "swin":  # its relative position bias has a column per head, outside the projections
+        whole = _output(pruned.model, pixels)[0]
+        with pytest.raises(ValueError, match=r"pruning layers \[0\] of SwinModel breaks its forward .*mask the heads"):
+            heads.prune(pruned, {0: [1]})
+        assert pruned.sites[0].n_heads == handle.sites[0].n_heads and torch.equal(_output(pruned.model, pixels)[0],
+                                                                                   whole)
+        return
+    heads.prune(pruned, {0: [1]})
+    assert pruned.sites[0].n_heads == handle.sites[0].n_heads - 1
+    torch.testing.assert_close(_output(pruned.model, pixels)[0], masked, rtol=1e-5, atol=1e-5)
+
+
+def test_the_commands_refuse_an_image_model_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+
+    _build("vit").save_pretrained(tmp_path / "vit")
+    for command in (["analyze", "--quick"], ["view", "a text", "--out", str(tmp_path / "v.html")]):
+        result = CliRunner().invoke(app, [command[0], str(tmp_path / "vit"), *command[1:]])
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2 and "ViTModel takes pixel_values, not text" in said, result.output
+        assert len(result.output.strip().splitlines()) <= 3 and "Traceback" not in result.output
