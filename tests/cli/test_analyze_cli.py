@@ -77,7 +77,7 @@ def test_an_architecture_headlab_cannot_serve_is_one_line_with_the_reason(tmp_pa
             assert result.exit_code == 2 and "Traceback" not in result.output, result.output
             said = " ".join(result.output.split())  # the console wraps long lines
             assert said.startswith("error: ") and len(said) < 400
-            assert ("encoder-decoder" if name == "t5" else "outside transformers' AttentionInterface") in said
+            assert ("position bias" if name == "t5" else "outside transformers' AttentionInterface") in said
 
 
 def test_help_names_the_ray_extra_as_pip_takes_it():

@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 runner = CliRunner()
 HUB_ID = "no-such-org/no-such-model"
 NOT_CACHED = f"'{HUB_ID}' is not a local directory, and its config is not in the local Hugging Face Hub cache"
-T5 = "encoder-decoder"  # the reason an encoder-decoder model is refused
+T5 = "position bias"  # the reason T5 (relative attention) is refused
 BEYOND = "/proc/headlab-battery/out" if sys.platform == "linux" else None  # /proc takes no new folder, even from root
 
 

@@ -158,7 +158,7 @@ def test_corrupt_weights(checkpoints, tmp_path):
 
 @pytest.mark.parametrize("config, message", [
     (lambda: transformers.T5Config(vocab_size=100, d_model=32, num_layers=1, num_heads=4),
-     r"T5Model is an encoder-decoder model \(model_type 't5'\)"),
+     r"T5Model adds a position bias to its scores \(T5-style relative attention, model_type 't5'\)"),
     (lambda: transformers.BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=4,
                                       architectures=["BloomForCausalLM"]),
      r"BloomForCausalLM \(model_type 'bloom'\) computes attention outside transformers' AttentionInterface"),

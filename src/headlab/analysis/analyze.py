@@ -195,7 +195,11 @@ def analyze(
             skipped["syntax"] = str(err)
     limit = model.max_length
     length = PROBE_LENGTH if limit is None else min(PROBE_LENGTH, (limit - 1) // 2)  # [BOS] + r + r must fit
-    if causal and length < 2:
+    mixed = causal and not all(site.causal for site in model.sites)  # an encoder-decoder: bidirectional layers too
+    if mixed:
+        skipped["causal probes"] = (f"{model.architecture} has bidirectional layers beside its causal ones (an "
+                                    "encoder-decoder): the probes need every layer causal")
+    elif causal and length < 2:
         skipped["causal probes"] = f"the model takes {limit} positions; the probes need at least 5"
     elif causal:
         n_seqs = 4 if quick else 16
@@ -206,7 +210,9 @@ def analyze(
                 result.roles[key] = (*result.roles.get(key, ()), f"{name}_head")
     else:
         skipped["causal probes"] = "duplicate-token and induction probes need a causal model"
-    if not streaming:
+    if mixed:
+        skipped["retrieval and streaming heads"] = "both need a decoder-only causal language model"
+    elif not streaming:
         skipped["retrieval and streaming heads"] = "not asked for (streaming=True, --streaming)"
     elif model.tokenizer is None:
         skipped["retrieval and streaming heads"] = "the model has no tokenizer; both run on corpus text"
@@ -221,7 +227,7 @@ def analyze(
         if result.context is not None and result.context.reason is not None:
             skipped["retrieval heads"] = f"retrieval scores need a causal language model: {result.context.reason}"
     if importance:
-        _importance(model, texts, result, causal=causal, quick=quick)
+        _importance(model, texts, result, causal=causal and not mixed, quick=quick)
     else:
         skipped["importance"] = "not asked for"
     return result

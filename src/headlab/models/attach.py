@@ -49,9 +49,10 @@ def attach(model: HeadedModel | nn.Module, *, tokenizer: Any = None) -> HeadedMo
 
     Raises:
         TypeError: neither a transformers model nor a module holding headlab layers.
-        ValueError: an architecture headlab cannot serve exactly (encoder-decoder, attention
-            computed outside transformers' AttentionInterface, a module run several times per
-            forward, learned sink logits); the message names the reason. The model is left as it was.
+        ValueError: an architecture headlab cannot serve exactly (a T5-style position bias, cross-attention
+            without an encoder, attention computed outside transformers' AttentionInterface, a module run
+            several times per forward, learned sink logits, inputs other than token ids and pixels); the
+            message names the reason. The model is left as it was.
     """
     net = module_of(model)
     if isinstance(net, nn.Module) and is_native(net):
@@ -133,8 +134,8 @@ def check_architecture(model_class: type, config: Any) -> None:
         config: its config.
 
     Raises:
-        ValueError: encoder-decoder, cross-attention, or attention computed outside the
-            AttentionInterface; the message names the reason.
+        ValueError: a T5-style position bias, cross-attention blocks in a decoder without an encoder, or
+            attention computed outside the AttentionInterface; the message names the reason.
     """
     mapping = getattr(model_class, "_model_mapping", None)
     if mapping is not None:  # an Auto class: the class it would build
@@ -143,10 +144,10 @@ def check_architecture(model_class: type, config: Any) -> None:
         except KeyError:
             return  # transformers itself will say the config is unknown
     name, model_type = model_class.__name__, getattr(config, "model_type", None)
-    if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{name} is an encoder-decoder model (model_type {model_type!r}); headlab serves "
-                         "decoder-only and encoder-only models for now (docs/models.md)")
-    if getattr(config, "add_cross_attention", False):
+    if getattr(config, "relative_attention_num_buckets", None) is not None:  # T5's family: a bias on every score
+        raise ValueError(f"{name} adds a position bias to its scores (T5-style relative attention, model_type "
+                         f"{model_type!r}), which headlab's attention does not compute when heads are inspected")
+    if getattr(config, "add_cross_attention", False) and not getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"{name} has cross-attention blocks (config.add_cross_attention=True); headlab serves "
                          "self-attention only")
     can_set = getattr(model_class, "_can_set_attn_implementation", None)
@@ -191,6 +192,9 @@ def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSi
         if isinstance(getattr(module, "sinks", None), nn.Parameter):
             raise ValueError(f"{type(module).__name__} adds learned per-head sink logits to the softmax "
                              "(gpt-oss style), which headlab's attention does not compute")
+        if call.position_bias:
+            raise ValueError(f"{type(module).__name__} adds a position bias to its scores (T5-style relative "
+                             "attention), which headlab's attention does not compute when heads are inspected")
         batch, n_heads, length, d_head = call.query.shape
         n_kv_heads, d_head_v = call.key.shape[1], call.value.shape[-1]
         if n_heads % n_kv_heads:
@@ -200,7 +204,8 @@ def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSi
         out = next((p.module for p in call.after if p.input.shape == flat.shape and p.input.equal(flat)), None)
         out_proj = None if out is None else OutProjection(out, names[id(out)], isinstance(out, Conv1D))
         site = AttentionSite(module, name=names[id(module)], layer=layer, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                             d_head=d_head, d_head_v=d_head_v, causal=call.causal, out_proj=out_proj)
+                             d_head=d_head, d_head_v=d_head_v, causal=call.causal, out_proj=out_proj,
+                             cross=call.cross)
         layout = find_layout(call, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, d_head_v=d_head_v,
                              out_proj=out)
         if isinstance(layout, str):

@@ -28,6 +28,7 @@ class AttentionCall:
         output: what the function returned ``(batch, query_pos, n_heads, d_head_v)``.
         before: projections that ran since the previous attention call (in order).
         after: projections that ran after this call, until the next one.
+        position_bias: the call was given a position bias (T5-style relative attention).
     """
 
     module: nn.Module
@@ -38,6 +39,13 @@ class AttentionCall:
     output: Tensor
     before: list[ProjectionCall] = field(default_factory=list)
     after: list[ProjectionCall] = field(default_factory=list)
+    position_bias: bool = False
+
+    @property
+    def cross(self) -> bool:
+        """Keys from another sequence than the queries: the probe gives an encoder-decoder's decoder fewer positions
+        than its encoder."""
+        return self.key.shape[-2] != self.query.shape[-2]
 
     @property
     def causal(self) -> bool:

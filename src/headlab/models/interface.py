@@ -122,7 +122,7 @@ def attention(
         finally:
             _observer.reset(token)
         observer(module, query, key, value, eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
-                 out[0])
+                 out[0], position_bias=kwargs.get("position_bias") is not None)
         return out
     site: AttentionSite | None = getattr(module, SITE_ATTRIBUTE, None)
     softcap = kwargs.get("softcap")
@@ -266,9 +266,10 @@ def observing(observer: Callable[..., None]) -> Iterator[None]:
     """Tell ``observer`` of every call of ``attention`` in this context (thread) while the block lasts.
 
     Args:
-        observer: called after each call as ``observer(module, query, key, value, mask, output)``:
-            the call's arguments, the additive mask of the eager path (``eager_mask``) and the
-            output ``(batch, query_pos, n_heads, d_head_v)``.
+        observer: called after each call as ``observer(module, query, key, value, mask, output,
+            position_bias=...)``: the call's arguments, the additive mask of the eager path
+            (``eager_mask``), the output ``(batch, query_pos, n_heads, d_head_v)``, and whether the
+            call was given a ``position_bias`` (T5-style relative attention).
     """
     token = _observer.set(observer)
     try:

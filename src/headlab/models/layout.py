@@ -102,9 +102,9 @@ def find_layout(call: AttentionCall, *, n_heads: int, n_kv_heads: int, d_head: i
     if len({id(p.module) for p in candidates}) != len(candidates):
         return "a projection ran twice before the attention call"
     n, g, d, dv = n_heads, n_kv_heads, d_head, d_head_v
-    batch, _, length, _ = call.value.shape
+    batch, _, length, _ = call.value.shape  # the keys' positions (a cross-attention's queries have their own)
     value = call.value.transpose(1, 2).reshape(batch, length, g * dv)  # (batch, pos, n_kv_heads · d_head_v)
-    query = call.query.transpose(1, 2).reshape(batch, length, n * d)
+    query = call.query.transpose(1, 2).reshape(batch, call.query.shape[2], n * d)
 
     def heads(role: str, count: int, size: int, offset: int = 0) -> list[Segment]:
         return [Segment(role, h, offset + h * size, offset + (h + 1) * size) for h in range(count)]

@@ -34,7 +34,11 @@ def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
     config = getattr(model, "config", None)
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
-    if getattr(model, "main_input_name", None) == "pixel_values":
+    takes = getattr(model, "main_input_name", "input_ids")
+    if takes not in ("input_ids", "pixel_values"):
+        raise ValueError(f"{type(model).__name__} takes {takes} (not token ids or pixels), which headlab cannot probe "
+                         "yet (audio models are still to come)")
+    if takes == "pixel_values":
         size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", 3)
         if not isinstance(size, int):
             raise ValueError(f"{type(model).__name__}: cannot tell its image size (config.image_size)")
@@ -57,7 +61,10 @@ def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
     avoid = {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
     ids = [i for i in range(3, 3 + 64) if i % vocab not in avoid][: PROBE_BATCH * PROBE_LENGTH]
     input_ids = torch.tensor(ids, device=device).remainder(vocab).view(PROBE_BATCH, PROBE_LENGTH)
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if getattr(config, "is_encoder_decoder", False):  # the decoder shorter than the encoder: cross calls tell
+        inputs["decoder_input_ids"] = input_ids[:, : PROBE_LENGTH - 2]
+    return inputs
 
 
 def first_output(output: Any) -> Tensor:
@@ -88,10 +95,11 @@ def recording(model: nn.Module) -> Iterator[list[AttentionCall]]:
     marker = object()
 
     def observer(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-                 output: Tensor) -> None:
+                 output: Tensor, *, position_bias: bool) -> None:
         if calls:
             calls[-1].after = list(pending)
-        calls.append(AttentionCall(module, query, key, value, mask, output, before=list(pending)))
+        calls.append(AttentionCall(module, query, key, value, mask, output, before=list(pending),
+                                   position_bias=position_bias))
         pending.clear()
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:

@@ -79,13 +79,15 @@ class AttentionSite:
         n_heads, n_kv_heads, d_head, d_head_v: its geometry, read off its first call.
         causal: whether a query sees later keys (False) or not (True), read off its first call.
         out_proj: its output projection, or None when none takes the heads' z directly.
+        cross: whether its keys and values come from another sequence than its queries (an encoder-decoder's
+            cross-attention: patterns are target × source positions), read off its first call.
     """
 
     def __init__(self, module: nn.Module, *, name: str, layer: int, n_heads: int, n_kv_heads: int, d_head: int,
-                 d_head_v: int, causal: bool, out_proj: OutProjection | None) -> None:
+                 d_head_v: int, causal: bool, out_proj: OutProjection | None, cross: bool = False) -> None:
         self.module, self.name, self.layer = module, name, layer
         self.n_heads, self.n_kv_heads, self.d_head, self.d_head_v = n_heads, n_kv_heads, d_head, d_head_v
-        self.causal = causal
+        self.causal, self.cross = causal, cross
         self.out_proj = out_proj
         self.kv_head_of = tuple(h // (n_heads // n_kv_heads) for h in range(n_heads))
         self.head_ids: list[int] = list(range(n_heads))  # original index of each head (pruning removes some)
@@ -113,8 +115,14 @@ class AttentionSite:
 
     def __repr__(self) -> str:
         kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
+        cross = ", cross=True" if self.cross else ""
         return (f"AttentionSite(layer={self.layer}, name={self.name!r}, n_heads={self.n_heads}{kv}, "
-                f"d_head={self.d_head}, causal={self.causal})")
+                f"d_head={self.d_head}, causal={self.causal}{cross})")
+
+    @property
+    def kind(self) -> str:
+        """"cross" (keys and values from another sequence) or "self"."""
+        return "cross" if self.cross else "self"
 
     @property
     def kv_head_of(self) -> tuple[int, ...]:

@@ -1,0 +1,147 @@
+"""Encoder-decoder models attach exactly: tiny random BART and Marian, their encoder's self-attention, the
+decoder's causal self-attention and its cross-attention (queries over target positions, keys and values over
+the source's), one site per module in the order they run.
+
+For each: the sites say which is which; with nothing asked the attached model's output equals the plain SDPA
+model's; ``output_attentions`` (encoder, decoder and cross) equal eager's; tapped patterns, z and results equal
+what the model computes (float64); masking a cross head zeroes its z alone; pruning it equals masking it.
+T5 (a position bias on every score) and Whisper (audio features) are refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import headlab
+from headlab import heads
+
+transformers = pytest.importorskip("transformers")
+
+SIZES = dict(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+MODELS = {"bart": ("BartConfig", "BartModel", SIZES),
+          "marian": ("MarianConfig", "MarianModel", SIZES | dict(decoder_start_token_id=0, pad_token_id=1))}
+KINDS = [("encoder.layers.0.self_attn", "self", False), ("encoder.layers.1.self_attn", "self", False),
+         ("decoder.layers.0.self_attn", "self", True), ("decoder.layers.0.encoder_attn", "cross", False),
+         ("decoder.layers.1.self_attn", "self", True), ("decoder.layers.1.encoder_attn", "cross", False)]
+CROSS = 3  # the first cross-attention site
+
+
+def _build(name: str, implementation: str = "sdpa", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    config_class, model_class, sizes = MODELS[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**sizes)
+    return getattr(transformers, model_class)._from_config(config, attn_implementation=implementation).to(dtype).eval()
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return {"input_ids": torch.randint(3, 100, (2, 7), generator=generator),
+            "decoder_input_ids": torch.randint(3, 100, (2, 5), generator=generator)}
+
+
+def _output(model: torch.nn.Module, **kwargs: Any) -> Any:
+    with torch.no_grad():
+        return model(**_inputs(), **kwargs)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_sites_outputs_and_attentions_equal_transformers(name):
+    handle = headlab.attach(_build(name))
+    assert [(s.name, s.kind, s.causal) for s in handle.sites] == KINDS
+    assert "cross=True" in repr(handle.sites[CROSS])
+    torch.testing.assert_close(_output(handle.model).last_hidden_state, _output(_build(name)).last_hidden_state,
+                               rtol=1e-5, atol=1e-5)
+    got, want = _output(handle.model, output_attentions=True), _output(_build(name, "eager"), output_attentions=True)
+    for field in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
+        for ours, theirs in zip(getattr(got, field), getattr(want, field), strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_taps_equal_what_the_model_computes(name):
+    """float64: a cross head's pattern is target × source positions and times its v gives its z; z is the output
+    projection's input; the results and the projection's bias sum to its output."""
+    handle = headlab.attach(_build(name, dtype=torch.float64))
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = [site.out_proj.module.register_forward_hook(_keep(seen, site.layer)) for site in handle.sites]
+    try:
+        cache = headlab.run_with_cache(handle, _inputs(), take=("pattern", "z", "result", "v"))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert cache["pattern", CROSS].shape == (2, 4, 5, 7)
+    for site in handle.sites:
+        z_in, out = seen[site.layer]
+        z = z_in.unflatten(-1, (site.n_heads, site.d_head_v)).transpose(1, 2)
+        torch.testing.assert_close(cache["z", site.layer], z, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(cache["pattern", site.layer] @ cache["v", site.layer], z, rtol=1e-10, atol=1e-12)
+        total = cache["result", site.layer].sum(dim=1) + site.out_proj.module.bias
+        torch.testing.assert_close(total, out, rtol=1e-10, atol=1e-12)
+
+
+def _keep(seen: dict[int, tuple[torch.Tensor, torch.Tensor]], layer: int) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+        seen[layer] = (args[0], output)
+    return hook
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_masking_a_cross_head_and_pruning_it_equal(name):
+    handle = headlab.attach(_build(name))
+    before = headlab.run_with_cache(handle, _inputs(), take="z")["z", CROSS]
+    heads.mask(handle, {CROSS: [2]})
+    after = headlab.run_with_cache(handle, _inputs(), take="z")["z", CROSS]
+    assert not after[:, 2].any() and torch.equal(after[:, [0, 1, 3]], before[:, [0, 1, 3]])
+    masked = _output(handle.model).last_hidden_state
+    pruned = headlab.attach(_build(name))
+    heads.prune(pruned, {CROSS: [2]})
+    assert [s.n_heads for s in pruned.sites] == [4, 4, 4, 3, 4, 4]
+    torch.testing.assert_close(_output(pruned.model).last_hidden_state, masked, rtol=1e-5, atol=1e-5)
+
+
+def test_t5_and_whisper_are_refused_in_one_line():
+    t5 = transformers.T5Model(transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                                    num_heads=4))
+    with pytest.raises(ValueError, match=r"T5Model adds a position bias to its scores"):
+        headlab.attach(t5)
+    whisper = transformers.WhisperModel(transformers.WhisperConfig(
+        vocab_size=128, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16,
+        max_target_positions=16, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0))
+    with pytest.raises(ValueError, match=r"WhisperModel takes input_features \(not token ids or pixels\)"):
+        headlab.attach(whisper)
+
+
+def test_analyze_and_view_run_on_an_encoder_decoder_checkpoint(tmp_path):
+    """The commands serve it as any text model (its decoder reads the source shifted); the causal probes and the
+    context heads are skipped with the reason."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from headlab.models import default_model_path
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_path()))
+    config = transformers.BartConfig(**SIZES | dict(vocab_size=len(tokenizer), max_position_embeddings=130,
+                                                    pad_token_id=tokenizer.pad_token_id,
+                                                    bos_token_id=tokenizer.cls_token_id,
+                                                    eos_token_id=tokenizer.sep_token_id,
+                                                    decoder_start_token_id=tokenizer.cls_token_id))
+    transformers.BartModel(config).save_pretrained(tmp_path / "bart")
+    tokenizer.save_pretrained(tmp_path / "bart")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\nHeads attend to words.\nA dog ran home, fast.\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "bart"), "--quick", "--no-syntax", "--streaming",
+                                      "--text", str(corpus), "--json", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert len(document["heads"]) == 6 * 4 and "bidirectional layers" in document["summary"]["skipped"]["causal probes"]
+    result = CliRunner().invoke(app, ["view", str(tmp_path / "bart"), "The cat sat on the mat.",
+                                      "--out", str(tmp_path / "view.html")])
+    assert result.exit_code == 0, result.output
