@@ -43,13 +43,14 @@ def _cases(area: Area) -> list[str]:
     return list(dict.fromkeys(r.case for r in area.rows))
 
 
-def test_both_models_have_a_row_per_goal_with_the_right_peer(area: Area) -> None:
-    minilm, llama = _cases(area)
+def test_every_model_has_a_row_per_goal_with_the_right_peer(area: Area) -> None:
+    minilm, llama, vit, bart = _cases(area)
     assert "default model" in minilm and "12 heads" in minilm
     assert "Llama" in llama and "2 kv heads" in llama and "causal" in llama and "pos 16" in llama
-    for case in (minilm, llama):
+    assert "ViT" in vit and "224 × 224" in vit and "BART" in bart and "self and cross" in bart
+    sites = {minilm: 6, llama: 4, vit: 6, bart: 4 + 4 + 4}  # BART: encoder, decoder self and cross
+    for case, layers in sites.items():
         rows = {(r.contender, r.peer): r.goal for r in area.rows if r.case == case}
-        layers = 6 if case == minilm else 4
         assert rows == {
             ("A/A: plain transformers (timing noise)", SDPA): None,
             ("headlab attached, nothing inspected", SDPA): ATTACHED_GOAL,

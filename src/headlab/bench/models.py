@@ -13,10 +13,13 @@ Each model's contenders are timed in one interleaved group; every ratio is of tw
   nothing.
 
 Models: the loaded default model (MiniLM: bidirectional, padded batches of the bundled corpus,
-items sorted by length, tokenized before timing) and ``tiny_causal_model``, a random Llama
+items sorted by length, tokenized before timing); ``tiny_causal_model``, a random Llama
 built from a config with a fixed seed (causal, grouped-query, rotary; random token ids at
-``plan.causal_shape``, no padding). The peers are the same model object switched to
-transformers' ``"sdpa"`` or ``"eager"`` implementation for their turn (``running``): the same
+``plan.causal_shape``, no padding); and ``random_model``'s ViT (as many 224 × 224 random images as
+``plan.causal_shape``'s batch) and BART (its batch, a source of half its positions and a target of a
+quarter: encoder self-attention, decoder causal self-attention and cross-attention). The peers are the
+same model object switched to transformers' ``"sdpa"`` or ``"eager"`` implementation for their turn
+(``running``): the same
 weights in the same memory, since two copies of one model can differ by several percent in
 speed from where their weights were allocated. Each contender's outputs (and patterns) are
 checked equal to its peer's before timing.
@@ -36,8 +39,8 @@ from headlab.bench.plan import Plan
 from headlab.bench.records import Area, Comparison
 from headlab.bench.timing import time_interleaved
 
-__all__ = ["ATTACHED_GOAL", "EVERY_PATTERN_GOAL", "ONE_HEAD_GOAL", "bench_models", "check_models", "running",
-           "tiny_causal_model"]
+__all__ = ["ATTACHED_GOAL", "EVERY_PATTERN_GOAL", "ONE_HEAD_GOAL", "SEQ2SEQ_CONFIG", "VISION_CONFIG", "bench_models",
+           "check_models", "random_model", "running", "tiny_causal_model"]
 
 ATTACHED_GOAL = 1.02  # attached, nothing inspected / plain model (sdpa)
 EVERY_PATTERN_GOAL = 1.00  # attached, output_attentions=True / eager model, output_attentions=True
@@ -46,6 +49,14 @@ ONE_HEAD_GOAL = 1.15  # attached, one head's pattern tapped / plain model (sdpa)
 # The tiny causal model: 8 query heads sharing 2 key/value heads (grouped-query), d_head 32.
 CAUSAL_CONFIG = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
                  "intermediate_size": 688, "vocab_size": 1024}
+
+# The vision and encoder-decoder cases: a random ViT on 224 × 224 images (16-pixel patches: 196 + [CLS]) and a
+# random BART (encoder and decoder of 4 layers, cross-attention in each decoder layer).
+VISION_CONFIG = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536,
+                 "image_size": 224, "patch_size": 16}
+SEQ2SEQ_CONFIG = {"d_model": 256, "encoder_layers": 4, "decoder_layers": 4, "encoder_attention_heads": 8,
+                  "decoder_attention_heads": 8, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024, "vocab_size": 1024,
+                  "max_position_embeddings": 512}
 
 Batch = dict[str, Tensor]  # keyword arguments of one forward
 
@@ -131,7 +142,53 @@ def bench_models(plan: Plan, loaded: Any, *, tick: Callable[[str], None] = lambd
     tick(f"models: {case}")
     area.rows += _compare(plan, attached, [{"input_ids": ids}], area, min_block_s=plan.min_block_s,
                           tokens=batch * pos, case=case)
+
+    generator = torch.Generator().manual_seed(0)
+    images = batch
+    vision = headlab.attach(random_model("vision", device=plan.device, dtype=plan.torch_dtype)).model
+    pixels = torch.randn(images, 3, 224, 224, generator=generator).to(device=plan.device, dtype=plan.torch_dtype)
+    v = VISION_CONFIG
+    case = (f"random ViT, {v['num_hidden_layers']} layers × {v['num_attention_heads']} heads, d_model "
+            f"{v['hidden_size']} · {images} images of 224 × 224 (197 positions)")
+    tick(f"models: {case}")
+    area.rows += _compare(plan, vision, [{"pixel_values": pixels}], area, min_block_s=plan.min_block_s,
+                          tokens=images * 197, case=case)
+
+    seq2seq = headlab.attach(random_model("seq2seq", device=plan.device, dtype=plan.torch_dtype)).model
+    e = SEQ2SEQ_CONFIG
+    source = torch.randint(3, e["vocab_size"], (batch, pos // 2), generator=generator).to(plan.device)
+    target = torch.randint(3, e["vocab_size"], (batch, pos // 4), generator=generator).to(plan.device)
+    case = (f"random BART, {e['encoder_layers']} + {e['decoder_layers']} layers × {e['encoder_attention_heads']} heads "
+            f"(self and cross), d_model {e['d_model']} · batch {batch} · source {pos // 2}, target {pos // 4}")
+    tick(f"models: {case}")
+    area.rows += _compare(plan, seq2seq, [{"input_ids": source, "decoder_input_ids": target}], area,
+                          min_block_s=plan.min_block_s, tokens=batch * (pos // 2 + pos // 4), case=case)
     return area
+
+
+def random_model(kind: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    """A random ``ViTModel`` of ``VISION_CONFIG`` ("vision") or ``BartModel`` of ``SEQ2SEQ_CONFIG`` ("seq2seq"),
+    built without a download, in eval mode (sdpa)."""
+    from transformers import BartConfig, BartModel, ViTConfig, ViTModel
+
+    torch.manual_seed(seed)
+    if kind == "vision":
+        model: nn.Module = ViTModel(ViTConfig(**VISION_CONFIG, attn_implementation="sdpa"))
+    elif kind == "seq2seq":
+        model = BartModel(BartConfig(**SEQ2SEQ_CONFIG, use_cache=False, attn_implementation="sdpa"))
+    else:
+        raise ValueError(f"kind={kind!r}; expected 'vision' or 'seq2seq'")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _patterns(output: Any, sites: list[Any]) -> list[Tensor]:
+    """Every site's pattern from a transformers output with ``output_attentions=True``, in site order: its
+    ``attentions``, or an encoder-decoder's encoder, decoder and cross attentions interleaved as they ran."""
+    if getattr(output, "attentions", None) is not None:
+        return list(output.attentions)
+    encoder, decoder, cross = (iter(getattr(output, name)) for name in ("encoder_attentions", "decoder_attentions",
+                                                                          "cross_attentions"))
+    return [next(cross) if site.cross else next(decoder) if site.causal else next(encoder) for site in sites]
 
 
 def _compare(plan: Plan, attached: nn.Module, batches: list[Batch], area: Area, *, min_block_s: float, tokens: int,
@@ -222,11 +279,12 @@ def check_models(case: str, attached: nn.Module, batch: Batch, *, dtype: torch.d
     ours = attached(**batch, output_attentions=True)
     check_same(case, {"transformers eager, output_attentions=True": theirs.last_hidden_state,
                       "headlab attached, output_attentions=True": ours.last_hidden_state}, dtype)
-    check_same(f"{case}, every pattern", {"transformers eager": torch.stack(theirs.attentions),
-                                          "headlab attached": torch.stack(ours.attentions)}, dtype)
+    their_patterns, our_patterns = _patterns(theirs, sites), _patterns(ours, sites)
+    for site, a, b in zip(sites, their_patterns, our_patterns, strict=True):
+        check_same(f"{case}, layer {site.layer}'s patterns", {"transformers eager": a, "headlab attached": b}, dtype)
     check_same(f"{case}, head 0's pattern", {
-        "transformers eager": torch.stack([theirs.attentions[site.layer][:, :1] for site in sites]),
-        "headlab's tap": torch.stack([taken[site.layer] for site in sites])}, dtype)
+        "transformers eager": torch.cat([their_patterns[site.layer][:, :1].flatten() for site in sites]),
+        "headlab's tap": torch.cat([taken[site.layer].flatten() for site in sites])}, dtype)
 
 
 def _note_misses(area: Area, case: str, rows: list[Comparison]) -> None:
