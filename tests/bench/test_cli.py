@@ -65,7 +65,7 @@ def test_rows_cover_the_peers_the_issue_names(ran: tuple[dict, Path]) -> None:
     assert any("multi-query" in r["contender"] for r in rows["layer"])
     assert {r["peer"] for r in rows["models"]} == {"plain transformers (sdpa)",
                                                    "transformers eager, output_attentions=True"}
-    assert sum(r["goal"] is not None for r in rows["models"]) == 2 * 4  # two models, four goal rows each
+    assert sum(r["goal"] is not None for r in rows["models"]) == 4 * 4  # four models, four goal rows each
     contenders = {r["contender"] for r in rows["inspection"]}
     assert contenders == {"forward + one head's pattern", "forward + every head's pattern",
                           "forward + every head's output", "raw floor, no pattern (the bound)",
