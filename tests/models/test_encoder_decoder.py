@@ -10,7 +10,6 @@ T5 (a position bias on every score) and Whisper (audio features) are refused in 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 import headlab
 from headlab import heads
+from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,27 +67,8 @@ def test_taps_equal_what_the_model_computes(name):
     """float64: a cross head's pattern is target × source positions and times its v gives its z; z is the output
     projection's input; the results and the projection's bias sum to its output."""
     handle = headlab.attach(_build(name, dtype=torch.float64))
-    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = [site.out_proj.module.register_forward_hook(_keep(seen, site.layer)) for site in handle.sites]
-    try:
-        cache = headlab.run_with_cache(handle, _inputs(), take=("pattern", "z", "result", "v"))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    cache = check_taps(handle, _inputs())
     assert cache["pattern", CROSS].shape == (2, 4, 5, 7)
-    for site in handle.sites:
-        z_in, out = seen[site.layer]
-        z = z_in.unflatten(-1, (site.n_heads, site.d_head_v)).transpose(1, 2)
-        torch.testing.assert_close(cache["z", site.layer], z, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(cache["pattern", site.layer] @ cache["v", site.layer], z, rtol=1e-10, atol=1e-12)
-        total = cache["result", site.layer].sum(dim=1) + site.out_proj.module.bias
-        torch.testing.assert_close(total, out, rtol=1e-10, atol=1e-12)
-
-
-def _keep(seen: dict[int, tuple[torch.Tensor, torch.Tensor]], layer: int) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
-        seen[layer] = (args[0], output)
-    return hook
 
 
 @pytest.mark.parametrize("name", MODELS)

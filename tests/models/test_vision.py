@@ -9,7 +9,6 @@ whose relative position bias keeps a column per head, is refused in one line and
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 
 import headlab
 from headlab import heads
+from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,28 +71,9 @@ def test_taps_equal_what_the_model_computes(name):
     pixels = _pixels(torch.float64)
     want = _output(_build(name, "eager", torch.float64), pixels, output_attentions=True).attentions
     handle = headlab.attach(_build(name, dtype=torch.float64))
-    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = [site.out_proj.module.register_forward_hook(_keep(seen, site.layer)) for site in handle.sites]
-    try:
-        cache = headlab.run_with_cache(handle, pixels, take=("pattern", "z", "result", "v"))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    cache = check_taps(handle, pixels)
     for site in handle.sites:
-        pattern = cache["pattern", site.layer]
-        torch.testing.assert_close(pattern, want[site.layer], rtol=0, atol=1e-7)
-        z_in, out = seen[site.layer]  # (batch, pos, heads · d_head_v), (batch, pos, d_model)
-        z = z_in.unflatten(-1, (site.n_heads, site.d_head_v)).transpose(1, 2)
-        torch.testing.assert_close(cache["z", site.layer], z, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(pattern @ cache["v", site.layer], z, rtol=1e-10, atol=1e-12)
-        total = cache["result", site.layer].sum(dim=1) + site.out_proj.module.bias
-        torch.testing.assert_close(total, out, rtol=1e-10, atol=1e-12)
-
-
-def _keep(seen: dict[int, tuple[torch.Tensor, torch.Tensor]], layer: int) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
-        seen[layer] = (args[0], output)
-    return hook
+        torch.testing.assert_close(cache["pattern", site.layer], want[site.layer], rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", MODELS)

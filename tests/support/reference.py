@@ -8,6 +8,8 @@
   transformers' ``output_attentions`` and a hook on the output projection, in float64.
 - ``captured_patterns``: float patterns straight from a capture, to check what the viewer encodes
   and the browser shows.
+- ``check_taps``: an attached model's tapped z, pattern, v and results against what its forward computes
+  (the output projection's input and output, by a hook), for any input (pixels, source and target …).
 """
 
 from __future__ import annotations
@@ -184,3 +186,32 @@ def captured_patterns(model, text: str) -> tuple[dict[int, torch.Tensor], torch.
     keep = _Keep()
     capture(model, corpus=[text], consumers=[keep], progress=False)
     return keep.patterns, keep.units
+
+
+def check_taps(handle, inputs) -> dict:
+    """Tap every head's pattern, z, result and v on ``inputs`` and check, site by site, that z is the output
+    projection's input head by head, that the pattern times v gives z, and that the results and the projection's
+    bias sum to its output (float64 tolerances). Returns the cache."""
+    import headlab
+
+    seen: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def keep(layer: int):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            seen[layer] = (args[0], output)
+        return hook
+
+    hooks = [site.out_proj.module.register_forward_hook(keep(site.layer)) for site in handle.sites]
+    try:
+        cache = headlab.run_with_cache(handle, inputs, take=("pattern", "z", "result", "v"))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for site in handle.sites:
+        z_in, out = seen[site.layer]  # (batch, pos, heads · d_head_v), (batch, pos, d_model)
+        z = z_in.unflatten(-1, (site.n_heads, site.d_head_v)).transpose(1, 2)
+        torch.testing.assert_close(cache["z", site.layer], z, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(cache["pattern", site.layer] @ cache["v", site.layer], z, rtol=1e-10, atol=1e-12)
+        total = cache["result", site.layer].sum(dim=1) + site.out_proj.module.bias
+        torch.testing.assert_close(total, out, rtol=1e-10, atol=1e-12)
+    return cache
