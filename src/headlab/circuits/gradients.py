@@ -11,8 +11,10 @@ modules: a vector–Jacobian product per receiver. Two ways, the same numbers:
   own weight (the transposed Linear, a small product per head), then back through the model's norm to
   x, batched over the heads. Nothing of the attention is run twice. Where the projections read the
   output of the norm at the stream's point itself (``headlab.models.stream``: every pre-norm model,
-  BERT), that last product goes through the norm module run again on x, so the forward's graph need
-  not be kept after its backward; elsewhere through the forward's graph. *Apart* means each slice of a
+  BERT), that last product goes through the norm module run again on x, a chunk of positions at a
+  time with every receiver side by side in the batch (``Receivers.at_stream``; the norm checked first
+  to work per position and per batch row, ``per_position``), so the forward's graph need not be kept
+  after its backward; elsewhere through the forward's graph, at every position at once. *Apart* means each slice of a
   projection's output reaches the metric only through its own head's q, k or v: positions and per-head
   q/k norms keep heads apart, a norm over every head's queries does not. It is checked on the first
   run that meets an attention module (``check_apart``) and remembered for that module.
