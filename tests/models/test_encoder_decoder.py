@@ -126,3 +126,15 @@ def test_analyze_and_view_run_on_an_encoder_decoder_checkpoint(tmp_path):
     result = CliRunner().invoke(app, ["view", str(tmp_path / "bart"), "The cat sat on the mat.",
                                       "--out", str(tmp_path / "view.html")])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_pruned_and_masked_model_saves_and_loads_identical(name, tmp_path):
+    """A cross head pruned, an encoder head masked: the saved folder loads as it was."""
+    handle = headlab.attach(_build(name))
+    heads.prune(handle, {CROSS: [2]})
+    heads.mask(handle, {0: [0]})
+    path = heads.save(handle, tmp_path / name)
+    loaded = headlab.load(path)
+    assert [site.n_heads for site in loaded.sites] == [4, 4, 4, 3, 4, 4]
+    assert torch.equal(_output(loaded.model).last_hidden_state, _output(handle.model).last_hidden_state)

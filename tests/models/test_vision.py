@@ -110,3 +110,14 @@ def test_the_commands_refuse_an_image_model_in_one_line(tmp_path):
         said = " ".join(result.output.split())
         assert result.exit_code == 2 and "ViTModel takes pixel_values, not text" in said, result.output
         assert len(result.output.strip().splitlines()) <= 3 and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name", ["vit", "dinov2"])
+def test_a_pruned_and_masked_model_saves_and_loads_identical(name, tmp_path):
+    handle = headlab.attach(_build(name))
+    heads.prune(handle, {1: [2]})
+    heads.mask(handle, {0: [0]})
+    path = heads.save(handle, tmp_path / name)
+    loaded = headlab.load(path)
+    assert [site.n_heads for site in loaded.sites] == [4, 3]
+    assert torch.equal(_output(loaded.model, _pixels())[0], _output(handle.model, _pixels())[0])
