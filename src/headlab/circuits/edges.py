@@ -66,6 +66,7 @@ from headlab.circuits.graph import (
     check_edges,
     graph_edges,
     receiving,
+    role_heads,
 )
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.runs import (
@@ -163,8 +164,8 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
     # each layer's (senders, its receivers of every role in order), and the output's (senders, 1): the products,
     # summed over the steps; each step's gradients are multiplied as they come and let go
-    senders = [1 + sum(site.n_heads for site in handle.sites[:layer]) for layer in range(len(handle.sites) + 1)]
-    counts = {site.layer: [site.n_heads if role == "q" else site.n_kv_heads for role in roles] for site in handle.sites}
+    senders = _reach(handle)
+    counts = {site.layer: [role_heads(site, role) for role in roles] for site in handle.sites}
     dtype = torch.promote_types(handle.dtype, torch.float32)
     products: dict[int | str, Tensor] = {
         OUTPUT: torch.zeros(senders[-1], 1, dtype=dtype, device=handle.device),
@@ -242,7 +243,8 @@ class _Sent:
         self.dz = {site.layer: (clean.z[site.layer] - corrupted.z[site.layer]).transpose(0, 1).to(self.dtype)
                    .contiguous() for site in self.sites}
         self.W_O = {site.layer: site.W_O.detach().to(self.dtype) for site in self.sites}
-        self.count = 1 + sum(site.n_heads for site in self.sites)
+        self.reach = _reach(model)  # how many senders reach each layer, and the output (every sender)
+        self.count = self.reach[-1]
 
     @property
     def step(self) -> int:
@@ -265,10 +267,12 @@ class _Sent:
             row += site.n_heads
         return rows.view(self.count, -1)
 
-    def senders(self, layers: int) -> int:
-        """How many senders the first ``layers`` layers' heads and the input are (those that send to layer
-        ``layers``)."""
-        return 1 + sum(site.n_heads for site in self.sites[:layers])
+
+
+def _reach(model: HeadedModel) -> list[int]:
+    """How many senders reach each layer (the input and every earlier layer's heads: the first rows of the senders'
+    order), and, last, the output (every sender)."""
+    return [1 + sum(site.n_heads for site in model.sites[:layer]) for layer in range(len(model.sites) + 1)]
 
 
 @dataclass
@@ -381,7 +385,7 @@ def _receiver_products(model: HeadedModel, stream: Stream, runs: _Runs, alpha: f
                 products[OUTPUT].addmm_(rows, done.final.detach()[:, span].reshape(-1, 1).to(rows.dtype))
             for site in model.sites:  # the input and earlier layers' heads send to a layer
                 gradients = done.gradients(site, roles, span)
-                senders = sent.senders(site.layer)
+                senders = sent.reach[site.layer]
                 products[site.layer][:senders].addmm_(rows[:senders], gradients.flatten(1).to(rows.dtype).T)
 
 
@@ -395,9 +399,8 @@ def _input_deltas(model: HeadedModel, ways: dict[int, bool | None], roles: Seque
         if ways[site.layer] is True:
             continue
         for role in roles:
-            heads = site.n_heads if role == "q" else site.n_kv_heads
             d = site.d_head if role in ("q", "k") else site.d_head_v
-            deltas[site.layer][role] = torch.zeros(batch, heads, positions, d, dtype=model.dtype,
+            deltas[site.layer][role] = torch.zeros(batch, role_heads(site, role), positions, d, dtype=model.dtype,
                                                    device=model.device, requires_grad=True)
     return deltas
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from headlab import display
 from headlab.heads import head_label
-from headlab.models import HeadedModel
+from headlab.models import AttentionSite, HeadedModel
 
 INPUT = "input"  # the sender that is the stream before the first layer
 OUTPUT = "output"  # the receiver that is the stream the output reads
@@ -89,6 +89,11 @@ def sending(sender: Sender) -> tuple[int, int]:
     if isinstance(sender, str):
         raise ValueError(f"{sender!r} is not a head")
     return sender
+
+
+def role_heads(site: AttentionSite, role: str) -> int:
+    """How many receivers a role has in ``site``: every query head's q, every key/value head's k and v."""
+    return site.n_heads if role == "q" else site.n_kv_heads
 
 
 def node_label(node: Sender | Receiver) -> str:

@@ -24,7 +24,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headlab.circuits.graph import INPUT, OUTPUT, Edge, EdgeScores, Receiver, Sender, receiving, sending
+from headlab.circuits.graph import (
+    INPUT,
+    OUTPUT,
+    Edge,
+    EdgeScores,
+    Receiver,
+    Sender,
+    receiving,
+    role_heads,
+    sending,
+)
 from headlab.circuits.runs import Metric, Run, prepare
 from headlab.heads.scoped import intervening
 from headlab.layer.gates import Replacement
@@ -143,7 +153,7 @@ def _check_receiver(model: HeadedModel, receiver: Receiver) -> Receiver:
     if not 0 <= layer < model.n_layers:
         raise ValueError(f"receiver {receiver!r}: layer {layer}; the model has layers 0..{model.n_layers - 1}")
     site = model.sites[layer]
-    count = site.n_heads if role == "q" else site.n_kv_heads
+    count = role_heads(site, role)
     if not 0 <= head < count:
         what = "query heads" if role == "q" else "key/value heads"
         raise ValueError(f"receiver {receiver!r}: head {head}; layer {layer} has {count} {what}")

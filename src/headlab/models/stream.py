@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from headlab.models.handle import HeadedModel, headed
 
 STREAM_ATTRIBUTE = "_headlab_stream"  # on the handle: the Stream found for it
+LOGITS_ATTRIBUTE = "_headlab_has_logits"  # on the handle: whether its output is logits
 Edit = Callable[[Tensor], Tensor]  # the stream at a point -> the stream the model goes on with
 
 
@@ -238,12 +239,17 @@ def _output_tensor(output: Any) -> Tensor | None:
 
 
 def has_logits(model: HeadedModel | nn.Module) -> bool:
-    """Whether the model's output is logits (a language-model head), by a one-token forward without gradients."""
+    """Whether the model's output is logits (a language-model head), by a one-token forward without gradients the
+    first time, kept on the handle (as its ``Stream`` is: analyze, streaming and patching all ask)."""
     model = headed(model)
-    bos = getattr(model.tokenizer, "bos_token_id", None)
-    ids = torch.tensor([[bos or 0]], device=model.device)
-    with model.running(grad=False):
-        return _is_logits(model.model(**model.inputs(ids)))
+    found = model.__dict__.get(LOGITS_ATTRIBUTE)
+    if found is None:
+        bos = getattr(model.tokenizer, "bos_token_id", None)
+        ids = torch.tensor([[bos or 0]], device=model.device)
+        with model.running(grad=False):
+            found = _is_logits(model.model(**model.inputs(ids)))
+        model.__dict__[LOGITS_ATTRIBUTE] = found
+    return bool(found)
 
 
 def _is_logits(output: Any) -> bool:
