@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 runner = CliRunner()
 HUB_ID = "no-such-org/no-such-model"
 NOT_CACHED = f"'{HUB_ID}' is not a local directory, and its config is not in the local Hugging Face Hub cache"
-T5 = "position bias"  # the reason T5 (relative attention) is refused
+OUTSIDE = "outside transformers' AttentionInterface"  # the reason BLOOM (inline ALiBi) is refused
 BEYOND = "/proc/headlab-battery/out" if sys.platform == "linux" else None  # /proc takes no new folder, even from root
 
 
@@ -51,9 +51,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "    def forward(self, x):\n        assert x.shape[-1] == 32, 'needs 32 wide'\n"
         "        return torch.softmax(x @ x.transpose(-1, -2), -1) @ x\n")
     (root / "foreign.json").write_text('{"not": "bench results"}\n')
-    config = transformers.T5Config(vocab_size=100, d_model=32, num_layers=1, num_heads=4)
-    config.save_pretrained(root / "t5")
-    (root / "t5" / "model.safetensors").write_bytes(b"never read")
+    config = transformers.BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=4,
+                                      architectures=["BloomForCausalLM"])
+    config.save_pretrained(root / "bloom")
+    (root / "bloom" / "model.safetensors").write_bytes(b"never read")
     save_causal_checkpoint(root / "tiny")  # 2 layers x 4 heads
     return root
 
@@ -122,7 +123,7 @@ CASES = [
     *(_case(f"{cmd} {HUB_ID} {extra}", NOT_CACHED)
       for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"), ("patch", PATCH), ("bench", ""))),
     # an architecture headlab cannot serve
-    *(_case(f"{cmd} @/t5 {extra}", T5) for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"),
+    *(_case(f"{cmd} @/bloom {extra}", OUTSIDE) for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"),
                                                          ("patch", PATCH), ("bench", ""))),
     # view's arguments: which one is the model, which the text
     _case("view @/tiny", "no text given: '@/tiny' names a model"),

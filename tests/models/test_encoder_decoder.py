@@ -1,11 +1,11 @@
-"""Encoder-decoder models attach exactly: tiny random BART and Marian, their encoder's self-attention, the
+"""Encoder-decoder models attach exactly: tiny random BART, Marian and T5 (whose relative position bias is added to
+every score), their encoder's self-attention, the
 decoder's causal self-attention and its cross-attention (queries over target positions, keys and values over
 the source's), one site per module in the order they run.
 
 For each: the sites say which is which; with nothing asked the attached model's output equals the plain SDPA
 model's; ``output_attentions`` (encoder, decoder and cross) equal eager's; tapped patterns, z and results equal
 what the model computes (float64); masking a cross head zeroes its z alone; pruning it equals masking it.
-T5 (a position bias on every score) and Whisper (audio features) are refused in one line.
 """
 
 from __future__ import annotations
@@ -23,16 +23,22 @@ transformers = pytest.importorskip("transformers")
 
 SIZES = dict(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
              decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
-MODELS = {"bart": ("BartConfig", "BartModel", SIZES),
-          "marian": ("MarianConfig", "MarianModel", SIZES | dict(decoder_start_token_id=0, pad_token_id=1))}
-KINDS = [("encoder.layers.0.self_attn", "self", False), ("encoder.layers.1.self_attn", "self", False),
-         ("decoder.layers.0.self_attn", "self", True), ("decoder.layers.0.encoder_attn", "cross", False),
-         ("decoder.layers.1.self_attn", "self", True), ("decoder.layers.1.encoder_attn", "cross", False)]
+T5_SIZES = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0)
+BART_SITES = ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn", "decoder.layers.0.self_attn",
+              "decoder.layers.0.encoder_attn", "decoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"]
+T5_SITES = ["encoder.block.0.layer.0.SelfAttention", "encoder.block.1.layer.0.SelfAttention",
+            "decoder.block.0.layer.0.SelfAttention", "decoder.block.0.layer.1.EncDecAttention",
+            "decoder.block.1.layer.0.SelfAttention", "decoder.block.1.layer.1.EncDecAttention"]
+MODELS = {"bart": ("BartConfig", "BartModel", SIZES, BART_SITES),
+          "marian": ("MarianConfig", "MarianModel", SIZES | dict(decoder_start_token_id=0, pad_token_id=1), BART_SITES),
+          "t5": ("T5Config", "T5Model", T5_SIZES, T5_SITES)}  # T5: a relative position bias added to every score
+KINDS = [("self", False), ("self", False), ("self", True), ("cross", False), ("self", True), ("cross", False)]
 CROSS = 3  # the first cross-attention site
 
 
 def _build(name: str, implementation: str = "sdpa", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    config_class, model_class, sizes = MODELS[name]
+    config_class, model_class, sizes, _ = MODELS[name]
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(**sizes)
     return getattr(transformers, model_class)._from_config(config, attn_implementation=implementation).to(dtype).eval()
@@ -52,7 +58,8 @@ def _output(model: torch.nn.Module, **kwargs: Any) -> Any:
 @pytest.mark.parametrize("name", MODELS)
 def test_sites_outputs_and_attentions_equal_transformers(name):
     handle = headlab.attach(_build(name))
-    assert [(s.name, s.kind, s.causal) for s in handle.sites] == KINDS
+    assert [s.name for s in handle.sites] == MODELS[name][3]
+    assert [(s.kind, s.causal) for s in handle.sites] == KINDS
     assert "cross=True" in repr(handle.sites[CROSS])
     torch.testing.assert_close(_output(handle.model).last_hidden_state, _output(_build(name)).last_hidden_state,
                                rtol=1e-5, atol=1e-5)
@@ -83,19 +90,6 @@ def test_masking_a_cross_head_and_pruning_it_equal(name):
     heads.prune(pruned, {CROSS: [2]})
     assert [s.n_heads for s in pruned.sites] == [4, 4, 4, 3, 4, 4]
     torch.testing.assert_close(_output(pruned.model).last_hidden_state, masked, rtol=1e-5, atol=1e-5)
-
-
-def test_t5_and_whisper_are_refused_in_one_line():
-    t5 = transformers.T5Model(transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1,
-                                                    num_heads=4))
-    with pytest.raises(ValueError, match=r"T5Model adds a position bias to its scores"):
-        headlab.attach(t5)
-    whisper = transformers.WhisperModel(transformers.WhisperConfig(
-        vocab_size=128, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16,
-        max_target_positions=16, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0))
-    with pytest.raises(ValueError, match=r"WhisperModel takes input_features \(not token ids or pixels\)"):
-        headlab.attach(whisper)
 
 
 def test_analyze_and_view_run_on_an_encoder_decoder_checkpoint(tmp_path):
@@ -138,3 +132,25 @@ def test_a_pruned_and_masked_model_saves_and_loads_identical(name, tmp_path):
     loaded = headlab.load(path)
     assert [site.n_heads for site in loaded.sites] == [4, 4, 4, 3, 4, 4]
     assert torch.equal(_output(loaded.model).last_hidden_state, _output(handle.model).last_hidden_state)
+
+
+def test_t5_one_heads_pattern_and_pruning_read_the_kept_heads_position_bias():
+    """T5 makes its position bias in each stack's first layer, of every head, and hands it on: one tapped head's
+    pattern (from the fused kernel's log-sum-exp, the bias a mask per head) equals eager's; pruning heads of the
+    layer that owns the bias table, and of the one that makes the cross-attention's, equals masking them."""
+    eager = _output(_build("t5", "eager"), output_attentions=True)
+    handle = headlab.attach(_build("t5"))
+    cache = headlab.run_with_cache(handle, _inputs(), take="pattern", heads={0: [1], 2: [3], CROSS: [2]})
+    torch.testing.assert_close(cache["pattern", 0, 1], eager.encoder_attentions[0][:, 1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cache["pattern", 2, 3], eager.decoder_attentions[0][:, 3], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cache["pattern", CROSS, 2], eager.cross_attentions[0][:, 2], rtol=1e-5, atol=1e-6)
+    removed = {0: [0, 2], 2: [1], CROSS: [3]}
+    heads.mask(handle, removed)
+    masked = _output(handle.model).last_hidden_state
+    pruned = headlab.attach(_build("t5"))
+    heads.prune(pruned, removed)
+    assert [s.n_heads for s in pruned.sites] == [2, 4, 3, 3, 4, 4]
+    torch.testing.assert_close(_output(pruned.model).last_hidden_state, masked, rtol=1e-5, atol=1e-5)
+    got = _output(pruned.model, output_attentions=True)
+    torch.testing.assert_close(got.encoder_attentions[0], eager.encoder_attentions[0][:, [1, 3]], rtol=1e-5,
+                               atol=1e-6)  # the first layer's kept heads, with their own bias

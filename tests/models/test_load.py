@@ -157,8 +157,9 @@ def test_corrupt_weights(checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize("config, message", [
-    (lambda: transformers.T5Config(vocab_size=100, d_model=32, num_layers=1, num_heads=4),
-     r"T5Model adds a position bias to its scores \(T5-style relative attention, model_type 't5'\)"),
+    (lambda: transformers.DebertaV2Config(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                          intermediate_size=64, architectures=["DebertaV2Model"]),
+     r"DebertaV2Model \(model_type 'deberta-v2'\) computes attention outside transformers' AttentionInterface"),
     (lambda: transformers.BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=4,
                                       architectures=["BloomForCausalLM"]),
      r"BloomForCausalLM \(model_type 'bloom'\) computes attention outside transformers' AttentionInterface"),

@@ -212,6 +212,7 @@ def check_taps(handle, inputs) -> dict:
         z = z_in.unflatten(-1, (site.n_heads, site.d_head_v)).transpose(1, 2)
         torch.testing.assert_close(cache["z", site.layer], z, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(cache["pattern", site.layer] @ cache["v", site.layer], z, rtol=1e-10, atol=1e-12)
-        total = cache["result", site.layer].sum(dim=1) + site.out_proj.module.bias
+        bias = site.out_proj.module.bias
+        total = cache["result", site.layer].sum(dim=1) + (0 if bias is None else bias)
         torch.testing.assert_close(total, out, rtol=1e-10, atol=1e-12)
     return cache

@@ -83,7 +83,6 @@ UNSUPPORTED = {  # model_type: (config overrides, a word the refusal names)
     "bloom": (dict(n_layer=2, n_head=4), "AttentionInterface"),
     "deberta-v2": ({}, "AttentionInterface"),
     "falcon": ({}, "AttentionInterface"),
-    "t5": (dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4), "position bias"),
 }
 
 # Served, but kept out of the per-architecture matrix: each shows one limit (tests/models/test_attach.py).

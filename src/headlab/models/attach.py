@@ -49,7 +49,7 @@ def attach(model: HeadedModel | nn.Module, *, tokenizer: Any = None) -> HeadedMo
 
     Raises:
         TypeError: neither a transformers model nor a module holding headlab layers.
-        ValueError: an architecture headlab cannot serve exactly (a T5-style position bias, cross-attention
+        ValueError: an architecture headlab cannot serve exactly (cross-attention
             without an encoder, attention computed outside transformers' AttentionInterface, a module run
             several times per forward, learned sink logits, inputs other than token ids and pixels); the
             message names the reason. The model is left as it was.
@@ -134,7 +134,7 @@ def check_architecture(model_class: type, config: Any) -> None:
         config: its config.
 
     Raises:
-        ValueError: a T5-style position bias, cross-attention blocks in a decoder without an encoder, or
+        ValueError: cross-attention blocks in a decoder without an encoder, or
             attention computed outside the AttentionInterface; the message names the reason.
     """
     mapping = getattr(model_class, "_model_mapping", None)
@@ -144,9 +144,6 @@ def check_architecture(model_class: type, config: Any) -> None:
         except KeyError:
             return  # transformers itself will say the config is unknown
     name, model_type = model_class.__name__, getattr(config, "model_type", None)
-    if getattr(config, "relative_attention_num_buckets", None) is not None:  # T5's family: a bias on every score
-        raise ValueError(f"{name} adds a position bias to its scores (T5-style relative attention, model_type "
-                         f"{model_type!r}), which headlab's attention does not compute when heads are inspected")
     if getattr(config, "add_cross_attention", False) and not getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"{name} has cross-attention blocks (config.add_cross_attention=True); headlab serves "
                          "self-attention only")
@@ -192,9 +189,6 @@ def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSi
         if isinstance(getattr(module, "sinks", None), nn.Parameter):
             raise ValueError(f"{type(module).__name__} adds learned per-head sink logits to the softmax "
                              "(gpt-oss style), which headlab's attention does not compute")
-        if call.position_bias:
-            raise ValueError(f"{type(module).__name__} adds a position bias to its scores (T5-style relative "
-                             "attention), which headlab's attention does not compute when heads are inspected")
         batch, n_heads, length, d_head = call.query.shape
         n_kv_heads, d_head_v = call.key.shape[1], call.value.shape[-1]
         if n_heads % n_kv_heads:

@@ -28,7 +28,6 @@ class AttentionCall:
         output: what the function returned ``(batch, query_pos, n_heads, d_head_v)``.
         before: projections that ran since the previous attention call (in order).
         after: projections that ran after this call, until the next one.
-        position_bias: the call was given a position bias (T5-style relative attention).
     """
 
     module: nn.Module
@@ -39,7 +38,6 @@ class AttentionCall:
     output: Tensor
     before: list[ProjectionCall] = field(default_factory=list)
     after: list[ProjectionCall] = field(default_factory=list)
-    position_bias: bool = False
 
     @property
     def cross(self) -> bool:

@@ -13,6 +13,8 @@ Registered as ``"headlab"``, this function sees every head of every such model:
 - gates (mask, scale, zero/mean ablation, importance gates) act on z before the output
   projection, whichever path ran; replacements and deltas of some heads' q, k, v act on them
   before anything reads them (path patching, edge attribution);
+- a position bias (T5's relative attention) is added to the scores as the eager path adds it, on
+  every path (the fused kernel then takes it as a mask per head);
 - windowed heads (``headlab.heads.windowed``: sink and recent keys only) get their dropped keys
   added to the call's mask, one mask per head, which every path then reads;
 - an observer set in this context (``observing``: the probe of ``headlab.attach``) is told of each
@@ -107,8 +109,9 @@ def attention(
         query, key, value, attention_mask: see the module legend.
         scaling: factor on q·k; None for 1/sqrt(d_head).
         dropout: dropout probability on the weights (0 outside training).
-        **kwargs: transformers' extras; ``softcap``, ``is_causal`` and ``output_attentions``
-            change the result, ``position_bias`` is refused outside the fused path.
+        **kwargs: transformers' extras; ``softcap``, ``is_causal``, ``output_attentions`` and
+            ``position_bias`` (T5's relative position bias, added to the scores; of every head of the
+            module before pruning) change the result.
 
     Returns:
         ``(output, weights)``: output ``(batch, query_pos, n_heads, d_head_v)``; every head's
@@ -122,9 +125,12 @@ def attention(
         finally:
             _observer.reset(token)
         observer(module, query, key, value, eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
-                 out[0], position_bias=kwargs.get("position_bias") is not None)
+                 out[0])
         return out
     site: AttentionSite | None = getattr(module, SITE_ATTRIBUTE, None)
+    bias = kwargs.get("position_bias")  # (batch | 1, n_heads, query_pos, key_pos): T5's relative position bias
+    if bias is not None and site is not None and bias.shape[1] != query.shape[1]:  # heads pruned: the kept ones'
+        kwargs["position_bias"] = bias = select_heads(bias, site.head_ids)
     softcap = kwargs.get("softcap")
     wants_weights = _weights_requested(kwargs)
     if site is None:
@@ -134,9 +140,10 @@ def attention(
     if site is not None:  # some heads' q, k or v replaced, or given a delta (headlab.circuits): before anything reads
         query, key, value = site.gate_inputs(query, key, value)
 
-    if kwargs.get("position_bias") is not None:
-        raise ValueError(f"{type(module).__name__}: a position_bias (T5-style relative attention) is not supported "
-                         "by headlab's attention when heads are inspected, gated or attentions requested")
+    if bias is not None:  # added to the scores as the eager path adds it: one more additive mask, per head
+        del kwargs["position_bias"]
+        mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
+        attention_mask = bias if mask is None else bias + mask
     if site is not None and site.windows:  # one additive mask per head, read by every path below
         attention_mask = site.window_mask(eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
                                           query, key, end_aligned=attention_mask is not None)
@@ -266,10 +273,9 @@ def observing(observer: Callable[..., None]) -> Iterator[None]:
     """Tell ``observer`` of every call of ``attention`` in this context (thread) while the block lasts.
 
     Args:
-        observer: called after each call as ``observer(module, query, key, value, mask, output,
-            position_bias=...)``: the call's arguments, the additive mask of the eager path
-            (``eager_mask``), the output ``(batch, query_pos, n_heads, d_head_v)``, and whether the
-            call was given a ``position_bias`` (T5-style relative attention).
+        observer: called after each call as ``observer(module, query, key, value, mask, output)``: the
+            call's arguments, the additive mask of the eager path (``eager_mask``; a position bias is
+            not in it) and the output ``(batch, query_pos, n_heads, d_head_v)``.
     """
     token = _observer.set(observer)
     try:

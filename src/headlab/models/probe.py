@@ -95,11 +95,10 @@ def recording(model: nn.Module) -> Iterator[list[AttentionCall]]:
     marker = object()
 
     def observer(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-                 output: Tensor, *, position_bias: bool) -> None:
+                 output: Tensor) -> None:
         if calls:
             calls[-1].after = list(pending)
-        calls.append(AttentionCall(module, query, key, value, mask, output, before=list(pending),
-                                   position_bias=position_bias))
+        calls.append(AttentionCall(module, query, key, value, mask, output, before=list(pending)))
         pending.clear()
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:

@@ -196,6 +196,9 @@ def _update_counts(module: nn.Module, before: tuple[int, ...], after: tuple[int,
     """Set the module's head counts and widths (and its config's, on a copy of its own) to ``after``."""
     for names, old, new in zip((_QUERY_HEADS, _KV_HEADS, _QUERY_WIDTHS, _KV_WIDTHS), before, after):
         for name in names:
+            if name == "n_heads" and hasattr(module, "relative_attention_num_buckets"):
+                continue  # T5's: the stack's position bias is made of it; the attention function takes the kept heads'
+
             if isinstance(getattr(module, name, None), int) and getattr(module, name) == old:
                 setattr(module, name, new)
     config = getattr(module, "config", None)
