@@ -123,8 +123,9 @@ CASES = [
     *(_case(f"{cmd} {HUB_ID} {extra}", NOT_CACHED)
       for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"), ("patch", PATCH), ("bench", ""))),
     # an architecture headlab cannot serve
-    *(_case(f"{cmd} @/bloom {extra}", OUTSIDE) for cmd, extra in (("analyze", ""), ("report", ""), ("view", "'the cat'"),
-                                                         ("patch", PATCH), ("bench", ""))),
+    *(_case(f"{cmd} @/bloom {extra}", OUTSIDE) for cmd, extra in (("analyze", ""), ("report", ""),
+                                                                   ("view", "'the cat'"), ("patch", PATCH),
+                                                                   ("bench", ""))),
     # view's arguments: which one is the model, which the text
     _case("view @/tiny", "no text given: '@/tiny' names a model"),
     _case(f"view {HUB_ID}", f"no text given: '{HUB_ID}' names a model"),

@@ -194,21 +194,23 @@ def check_taps(handle, inputs) -> dict:
     bias sum to its output (float64 tolerances). Returns the cache."""
     import headlab
 
-    seen: dict[int, tuple[Tensor, Tensor]] = {}
+    calls: dict[int, list[tuple[Tensor, Tensor]]] = {}  # per output projection, its calls in order
 
-    def keep(layer: int):
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            seen[layer] = (args[0], output)
-        return hook
+    def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+        calls[id(module)].append((args[0], output))
 
-    hooks = [site.out_proj.module.register_forward_hook(keep(site.layer)) for site in handle.sites]
+    projections = {id(site.out_proj.module): site.out_proj.module for site in handle.sites}
+    hooks = []
+    for key, module in projections.items():
+        calls[key] = []
+        hooks.append(module.register_forward_hook(hook))
     try:
         cache = headlab.run_with_cache(handle, inputs, take=("pattern", "z", "result", "v"))
     finally:
-        for hook in hooks:
-            hook.remove()
-    for site in handle.sites:
-        z_in, out = seen[site.layer]  # (batch, pos, heads · d_head_v), (batch, pos, d_model)
+        for each in hooks:
+            each.remove()
+    for site in handle.sites:  # a module run in several layers (ALBERT) gives its calls in layer order
+        z_in, out = calls[id(site.out_proj.module)].pop(0)  # (batch, pos, heads · d_head_v), (batch, pos, d_model)
         z = z_in.unflatten(-1, (site.n_heads, site.d_head_v)).transpose(1, 2)
         torch.testing.assert_close(cache["z", site.layer], z, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(cache["pattern", site.layer] @ cache["v", site.layer], z, rtol=1e-10, atol=1e-12)

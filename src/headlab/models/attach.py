@@ -25,9 +25,10 @@ from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.layout import find_layout
 from headlab.models.native import is_native, native_sites
 from headlab.models.probe import run_probe
-from headlab.models.site import AttentionSite, OutProjection
+from headlab.models.site import AttentionSite, OutProjection, SharedSites, sites_of
 
 _PREVIOUS = "headlab_previous_attn_implementation"  # on an attached model: what to restore on detach
+_RESTART = "headlab_restart_shared_sites"  # on a model with shared attention modules: its forward pre-hook's handle
 
 
 def attach(model: HeadedModel | nn.Module, *, tokenizer: Any = None) -> HeadedModel:
@@ -49,14 +50,14 @@ def attach(model: HeadedModel | nn.Module, *, tokenizer: Any = None) -> HeadedMo
 
     Raises:
         TypeError: neither a transformers model nor a module holding headlab layers.
-        ValueError: an architecture headlab cannot serve exactly (cross-attention
-            without an encoder, attention computed outside transformers' AttentionInterface, a module run
-            several times per forward, learned sink logits, inputs other than token ids and pixels); the
-            message names the reason. The model is left as it was.
+        ValueError: an architecture headlab cannot serve exactly (cross-attention without an encoder,
+            attention computed outside transformers' AttentionInterface, learned sink logits, inputs other
+            than token ids, pixels and audio features); the message names the reason. The model is left as
+            it was.
     """
     net = module_of(model)
     if isinstance(net, nn.Module) and is_native(net):
-        if _sites(net) is None:
+        if not sites_of(net):
             for site in native_sites(net):
                 setattr(site.module, SITE_ATTRIBUTE, site)
     else:
@@ -75,7 +76,7 @@ def _attach_transformers(net: Any) -> None:
     """Select headlab's attention implementation on a transformers model and give it sites (once)."""
     _check_model(net)
     register()
-    if _sites(net) is not None and net.config._attn_implementation == IMPLEMENTATION:
+    if sites_of(net) and net.config._attn_implementation == IMPLEMENTATION:
         return
     previous = net.config._attn_implementation
     net.set_attn_implementation(IMPLEMENTATION)
@@ -88,8 +89,7 @@ def _attach_transformers(net: Any) -> None:
     except BaseException:
         net.set_attn_implementation(previous)
         raise
-    for site in sites:
-        setattr(site.module, SITE_ATTRIBUTE, site)
+    _set_sites(net, sites)
     setattr(net, _PREVIOUS, previous)
 
 
@@ -106,6 +106,9 @@ def detach(model: HeadedModel | nn.Module) -> nn.Module:
     for module in net.modules():
         module.__dict__.pop(SITE_ATTRIBUTE, None)
     net.__dict__.pop(HANDLE_ATTRIBUTE, None)
+    restart = net.__dict__.pop(_RESTART, None)
+    if restart is not None:
+        restart.remove()
     previous = getattr(net, _PREVIOUS, None)
     if previous is not None:
         cast(Any, net).set_attn_implementation(previous)  # a transformers model: _PREVIOUS says so
@@ -118,12 +121,6 @@ def attention_sites(model: HeadedModel | nn.Module) -> list[AttentionSite]:
     warnings.warn("headlab.models.attention_sites(model) is deprecated: use the handle's sites "
                   "(headlab.load(...).sites, headlab.attach(model).sites)", DeprecationWarning, stacklevel=2)
     return headed(model).sites
-
-
-def _sites(net: nn.Module) -> list[AttentionSite] | None:
-    """The sites attached to ``net``'s modules, in layer order, or None."""
-    found = [s for m in net.modules() if isinstance(s := m.__dict__.get(SITE_ATTRIBUTE), AttentionSite)]
-    return sorted(found, key=lambda site: site.layer) or None
 
 
 def check_architecture(model_class: type, config: Any) -> None:
@@ -165,23 +162,42 @@ def _check_model(net: Any) -> None:
     check_architecture(type(net), net.config)
 
 
+def _set_sites(net: nn.Module, sites: list[AttentionSite]) -> None:
+    """Give each module its site; a module of several sites their ``SharedSites``, taken in turn from the start
+    of every forward of ``net``."""
+    by_module: dict[int, list[AttentionSite]] = {}
+    for site in sites:
+        by_module.setdefault(id(site.module), []).append(site)
+    shared = []
+    for group in by_module.values():
+        attached = group[0] if len(group) == 1 else SharedSites(group)
+        setattr(group[0].module, SITE_ATTRIBUTE, attached)
+        if isinstance(attached, SharedSites):
+            shared.append(attached)
+    previous = net.__dict__.pop(_RESTART, None)
+    if previous is not None:
+        previous.remove()
+    if shared:
+        def restart(module: nn.Module, args: Any) -> None:
+            for each in shared:
+                each.restart()
+
+        net.__dict__[_RESTART] = net.register_forward_pre_hook(restart)
+
+
 def _outside(name: str, model_type: Any, why: str) -> str:
     return (f"{name} (model_type {model_type!r}) computes attention outside transformers' AttentionInterface: "
             f"{why}; headlab cannot see its heads exactly, and docs/models.md lists the architectures it serves")
 
 
 def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSite]:
-    """One site per module that called the attention function, checked and in call order."""
+    """One site per call of the attention function, checked and in call order (a module that runs several times
+    per forward, ALBERT's, gets one per call)."""
     from transformers.pytorch_utils import Conv1D
 
     if not calls:
         raise ValueError(_outside(type(net).__name__, cast(Any, net).config.model_type,
                                   "a forward of it never called the registered function"))
-    modules = [c.module for c in calls]
-    repeated = {type(m).__name__ for m in modules if sum(x is m for x in modules) > 1}
-    if repeated:
-        raise ValueError(f"{type(net).__name__}: the attention module {sorted(repeated)} runs several times per "
-                         "forward (weights shared across layers); headlab addresses heads per module")
     names = {id(m): name for name, m in net.named_modules()}
     sites = []
     for layer, call in enumerate(calls):

@@ -32,9 +32,8 @@ from torch import Tensor, nn
 
 from headlab import display
 from headlab.layer.selection import HeadSelection, resolve
-from headlab.layer.taps import SITE_ATTRIBUTE
 from headlab.models.interface import IMPLEMENTATION
-from headlab.models.site import AttentionSite
+from headlab.models.site import AttentionSite, is_attached, sites_of
 
 HANDLE_ATTRIBUTE = "headlab_handle"  # on an attached model: the handle ``attach`` made for it
 Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor  # what ``HeadedModel.inputs`` takes
@@ -65,7 +64,7 @@ class HeadedModel(display.Shown):
 
     def _read_sites(self) -> None:
         """Take the sites attached to the model's modules now (``attach`` calls it again after re-attaching)."""
-        self._sites = _attached_sites(self.model)
+        self._sites = sites_of(self.model)
         if not self._sites:
             raise ValueError(f"{type(self.model).__name__} has no headlab attention: load it with headlab.load(...) "
                              "or call headlab.attach(model)")
@@ -79,8 +78,7 @@ class HeadedModel(display.Shown):
             ValueError: the model was detached, or (a transformers model) its attention implementation
                 was changed since it was attached: its taps and gates would silently do nothing.
         """
-        first = self._sites[0]
-        if first.module.__dict__.get(SITE_ATTRIBUTE) is not first:
+        if not is_attached(self._sites[0]):
             raise ValueError(f"{self.architecture} was detached from headlab: call headlab.attach(model) again")
         config: Any = self.model.config if self._transformers else None  # a transformers PretrainedConfig
         if config is not None and config._attn_implementation != IMPLEMENTATION:
@@ -387,11 +385,6 @@ def _input_embedding_parent(model: nn.Module) -> str | None:
         return None
     found = next((name for name, module in model.named_modules() if module is embedding), None)
     return None if embedding is None or found is None else found.rpartition(".")[0]
-
-
-def _attached_sites(model: nn.Module) -> list[AttentionSite]:
-    found = [s for m in model.modules() if isinstance(s := m.__dict__.get(SITE_ATTRIBUTE), AttentionSite)]
-    return sorted(found, key=lambda site: site.layer)
 
 
 def _first_argument(model: nn.Module) -> str:

@@ -53,7 +53,7 @@ from headlab.layer.functional import (
     softmax_from_lse,
 )
 from headlab.layer.taps import SITE_ATTRIBUTE, TapOutput
-from headlab.models.site import AttentionSite
+from headlab.models.site import AttentionSite, SharedSites
 
 IMPLEMENTATION = "headlab"  # the name under which the function is registered
 
@@ -127,7 +127,9 @@ def attention(
         observer(module, query, key, value, eager_mask(module, query, key, attention_mask, kwargs.get("is_causal")),
                  out[0])
         return out
-    site: AttentionSite | None = getattr(module, SITE_ATTRIBUTE, None)
+    site: AttentionSite | SharedSites | None = getattr(module, SITE_ATTRIBUTE, None)
+    if isinstance(site, SharedSites):  # a module run in several layers (ALBERT): this call's
+        site = site.next()
     bias = kwargs.get("position_bias")  # (batch | 1, n_heads, query_pos, key_pos): T5's relative position bias
     if bias is not None and site is not None and bias.shape[1] != query.shape[1]:  # heads pruned: the kept ones'
         kwargs["position_bias"] = bias = select_heads(bias, site.head_ids)

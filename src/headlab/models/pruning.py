@@ -33,8 +33,15 @@ _QUERY_WIDTHS = ("all_head_size", "split_size", "embed_dim", "inner_dim")
 _KV_WIDTHS = ("kv_dim",)
 
 
-def check_prunable(site: AttentionSite, removed: Sequence[int]) -> None:
+def check_prunable(site: AttentionSite, removed: Sequence[int]) -> list[str]:
     """Raise ValueError unless ``removed`` heads can be cut out of ``site``'s module.
+
+    A parameter of the module outside the projections that is as wide as every head's q, k or v together
+    (a norm over all heads' queries) stops pruning, unless it is as wide as the model too (ALBERT's
+    LayerNorm after the output projection): which of the two it is, the check of ``prune_model`` tells.
+
+    Returns:
+        Those parameters as wide as both, ``"name (shape)"``, for that check's message.
 
     Raises:
         ValueError: every head would go, the q/k/v layout is not recognised, there is no
@@ -52,19 +59,27 @@ def check_prunable(site: AttentionSite, removed: Sequence[int]) -> None:
               for t in (m.weight, getattr(m, "bias", None)) if t is not None}
     n, g = site.n_heads, site.n_kv_heads
     widths = {n * site.d_head, n * site.d_head_v} | ({g * site.d_head, g * site.d_head_v} if g > 1 else set())
+    d_model = site.out_proj.weight.shape[0]
+    ambiguous = []
     for name, parameter in site.module.named_parameters():
-        if id(parameter) not in sliced and any(size in widths for size in parameter.shape):
-            raise ValueError(
-                f"{where}: the parameter {name!r} {tuple(parameter.shape)} spans every head's dimensions (e.g. a norm "
-                "over all heads' queries), so removing a head would change the others; mask heads instead")
+        if id(parameter) in sliced or not any(size in widths for size in parameter.shape):
+            continue
+        if d_model in parameter.shape:
+            ambiguous.append(f"{name!r} {tuple(parameter.shape)}")
+            continue
+        raise ValueError(
+            f"{where}: the parameter {name!r} {tuple(parameter.shape)} spans every head's dimensions (e.g. a norm "
+            "over all heads' queries), so removing a head would change the others; mask heads instead")
+    return ambiguous
 
 
-def prune_site(site: AttentionSite, keep: Sequence[int]) -> None:
+def prune_site(site: AttentionSite, keep: Sequence[int], *, sharing: Sequence[AttentionSite] = ()) -> None:
     """Cut every query head of ``site`` not in ``keep`` out of its module, in place.
 
     Args:
         site: an attached site whose layout is known (see ``check_prunable``).
         keep: the query heads to keep, in the site's current numbering.
+        sharing: the other sites of the same module (ALBERT's layers), told of the same cut.
     """
     keep = sorted(set(keep))
     kv_keep = sorted({site.kv_head_of[h] for h in keep})
@@ -90,13 +105,14 @@ def prune_site(site: AttentionSite, keep: Sequence[int]) -> None:
     before = (site.n_heads, site.n_kv_heads, site.n_heads * site.d_head, site.n_kv_heads * site.d_head)
     after = (len(keep), len(kv_keep), len(keep) * site.d_head, len(kv_keep) * site.d_head)
     _update_counts(site.module, before, after)
-    site.layout = Layout(tuple(projections))
-    site.kv_head_of = tuple(new_kv[site.kv_head_of[h]] for h in keep)
-    site.n_heads, site.n_kv_heads = len(keep), len(kv_keep)
-    site.head_ids = [site.head_ids[h] for h in keep]
+    layout, kv_head_of = Layout(tuple(projections)), tuple(new_kv[site.kv_head_of[h]] for h in keep)
     index = torch.tensor(keep)
-    site.scale = None if site.scale is None else site.scale.index_select(0, index.to(site.scale.device))
-    site.shift = None if site.shift is None else site.shift.index_select(0, index.to(site.shift.device))
+    for each in (site, *sharing):
+        each.layout, each.kv_head_of = layout, kv_head_of
+        each.n_heads, each.n_kv_heads = len(keep), len(kv_keep)
+        each.head_ids = [each.head_ids[h] for h in keep]
+        each.scale = None if each.scale is None else each.scale.index_select(0, index.to(each.scale.device))
+        each.shift = None if each.shift is None else each.shift.index_select(0, index.to(each.shift.device))
     if hasattr(site.module, "num_key_value_groups"):
         # transformers' SDPA repeats key/value heads num_key_value_groups times; uneven groups are
         # expanded by headlab's attention before it, so the module must not repeat them again.
@@ -121,8 +137,9 @@ def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Map
     """
     from headlab.models.probe import first_output, probe_inputs
 
-    for layer, removed in selection.items():
-        check_prunable(sites[layer], removed)
+    ambiguous = sorted({name for layer, removed in selection.items() for name in check_prunable(sites[layer], removed)})
+    spans = f"; {', '.join(ambiguous)} may span every head's dimensions" if ambiguous else ""
+    sharing = _sharing(sites, selection)
     saved = [_snapshot(sites[layer]) for layer in selection]
     reference = None
     if verify:
@@ -144,7 +161,8 @@ def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Map
     try:
         for layer, removed in selection.items():
             site = sites[layer]
-            prune_site(site, [h for h in range(site.n_heads) if h not in set(removed)])
+            if layer in sharing:
+                prune_site(site, [h for h in range(site.n_heads) if h not in set(removed)], sharing=sharing[layer])
         if reference is not None:
             try:
                 with torch.no_grad():
@@ -152,15 +170,15 @@ def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Map
             except RuntimeError as err:  # a per-head tensor the projections do not hold (Swin's position bias)
                 raise ValueError(
                     f"pruning layers {sorted(selection)} of {type(model).__name__} breaks its forward ({err}): a "
-                    "per-head tensor outside the q/k/v and output projections keeps every head; the model is "
-                    "unchanged, mask the heads instead") from None
+                    f"per-head tensor outside the q/k/v and output projections keeps every head{spans}; the model "
+                    "is unchanged, mask the heads instead") from None
             tolerance = 1e-4 if got.dtype in (torch.float32, torch.float64) else 3e-2
             error = float((got - reference).abs().max() / reference.abs().max().clamp_min(1e-12))
             if not error <= tolerance:
                 raise ValueError(
                     f"pruning layers {sorted(selection)} of {type(model).__name__} does not reproduce the masked model "
                     f"(relative difference {error:.2g} > {tolerance:g}): its projection layout is not what headlab "
-                    "reads it as; the model is unchanged, mask the heads instead")
+                    f"reads it as{spans}; the model is unchanged, mask the heads instead")
     except BaseException:
         for restore in saved:
             restore()
@@ -209,6 +227,32 @@ def _update_counts(module: nn.Module, before: tuple[int, ...], after: tuple[int,
         if getattr(config, "num_key_value_heads", None) == before[1]:
             config.num_key_value_heads = after[1]
         module.config = config
+
+
+def _sharing(sites: Sequence[AttentionSite], selection: Mapping[int, Sequence[int]]) -> dict[int, list[AttentionSite]]:
+    """``{layer: the other sites of its module}`` for the first selected layer of each module.
+
+    Raises:
+        ValueError: a module run in several layers (ALBERT's) is not pruned of the same heads in all of them:
+            its weights serve every one.
+    """
+    first: dict[int, int] = {}
+    out: dict[int, list[AttentionSite]] = {}
+    for layer in sorted(selection):
+        module = sites[layer].module
+        if id(module) in first:
+            continue
+        first[id(module)] = layer
+        others = [s for s in sites if s.module is module and s.layer != layer]
+        uneven = [s.layer for s in others if sorted(set(selection.get(s.layer, ()))) != sorted(set(selection[layer]))]
+        if uneven:
+            layers = [layer] + [s.layer for s in others]
+            raise ValueError(f"layers {layers} run one attention module ({sites[layer].name}: its weights serve every "
+                             f"one), so a head is pruned from all of them or none; layer {layer} would lose heads "
+                             f"{sorted(set(selection[layer]))} and layer {uneven[0]} "
+                             f"{sorted(set(selection.get(uneven[0], ())))}: mask heads per layer instead")
+        out[layer] = others
+    return out
 
 
 def _snapshot(site: AttentionSite) -> Any:

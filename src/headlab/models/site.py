@@ -16,6 +16,7 @@ Axis legend:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -27,7 +28,7 @@ from headlab.layer import FactoredMatrix
 from headlab.layer.functional import head_results
 from headlab.layer.gates import INPUTS, Replacement, apply_gates, check_affine, check_gate, gate_input
 from headlab.layer.masks import sink_window_blocked
-from headlab.layer.taps import Tap
+from headlab.layer.taps import SITE_ATTRIBUTE, Tap
 
 if TYPE_CHECKING:
     from headlab.models.layout import Layout
@@ -317,3 +318,51 @@ class AttentionSite:
             ``(batch, len(heads), query_pos, d_model)``.
         """
         return head_results(z, self.W_O, heads)
+
+
+class SharedSites:
+    """The sites of one attention module that runs several times per forward, with the same weights (ALBERT's
+    one attention module in every layer): one site per call, each its own layer.
+
+    The attention function takes them in the order of the calls (``next``); the model's forward starts
+    each forward at the first (``restart``, a forward pre-hook that ``attach`` sets). The count is kept
+    per thread, as every call's state is.
+
+    Args:
+        sites: the sites, in the order of the module's calls.
+    """
+
+    def __init__(self, sites: Sequence[AttentionSite]) -> None:
+        self.sites = tuple(sites)
+        self._calls = threading.local()
+
+    def __repr__(self) -> str:
+        return f"SharedSites(layers={[site.layer for site in self.sites]})"
+
+    def next(self) -> AttentionSite:
+        """The site of this call of the module (after the last, the first again)."""
+        count = getattr(self._calls, "count", 0)
+        self._calls.count = count + 1
+        return self.sites[count % len(self.sites)]
+
+    def restart(self) -> None:
+        """The next call is the first of a forward."""
+        self._calls.count = 0
+
+
+def sites_of(model: nn.Module) -> list[AttentionSite]:
+    """The sites attached to ``model``'s modules (a shared module's every one), in layer order."""
+    found: list[AttentionSite] = []
+    for module in model.modules():
+        attached = module.__dict__.get(SITE_ATTRIBUTE)
+        if isinstance(attached, SharedSites):
+            found.extend(attached.sites)
+        elif isinstance(attached, AttentionSite):
+            found.append(attached)
+    return sorted(found, key=lambda site: site.layer)
+
+
+def is_attached(site: AttentionSite) -> bool:
+    """Whether ``site`` is still the one (or one of those) its module holds."""
+    attached = site.module.__dict__.get(SITE_ATTRIBUTE)
+    return attached is site or (isinstance(attached, SharedSites) and site in attached.sites)
