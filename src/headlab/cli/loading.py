@@ -47,6 +47,6 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
         fail(str(err))
     takes = getattr(loaded.model, "main_input_name", "input_ids")
     if takes != "input_ids":  # every command reads text
-        fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; the commands read text (images are not "
-             "served by them yet): use the library on its inputs (headlab.attach, run_with_cache)")
+        fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; the commands read text (images and "
+             "audio are not served by them yet): use the library on its inputs (headlab.attach, run_with_cache)")
     return loaded

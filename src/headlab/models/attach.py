@@ -1,9 +1,9 @@
 """Attach headlab's attention implementation to a transformers model, and find its attention sites.
 
 ``attach(model)`` selects the ``"headlab"`` implementation of transformers' ``AttentionInterface``
-on a model in memory, runs it once on a few tokens (``headlab.models.probe``) and gives each
-module that called the attention function an ``AttentionSite``: its layer (the order the
-modules ran in), head geometry, causality, output projection and q/k/v layout. Nothing else
+on a model in memory, runs it once on a few tokens, pixels or log-mel features
+(``headlab.models.probe``) and gives each call of the attention function an ``AttentionSite``: its
+layer (the order the calls ran in), head geometry, causality, output projection and q/k/v layout. Nothing else
 of the model changes: its weights, modules and ``state_dict`` stay the transformers ones, and
 its outputs equal the ``"sdpa"`` model's.
 
@@ -42,8 +42,8 @@ def attach(model: HeadedModel | nn.Module, *, tokenizer: Any = None) -> HeadedMo
     Args:
         model: a transformers ``PreTrainedModel`` (any head: base, causal LM, ...), a torch module
             holding headlab layers, or a ``HeadedModel``.
-        tokenizer: its tokenizer (or processor), kept on the handle for text inputs; None keeps the
-            one the handle has (or none).
+        tokenizer: its tokenizer, processor or feature extractor, kept on the handle for text and audio
+            inputs; None keeps the one the handle has (or none).
 
     Returns:
         The model's ``HeadedModel``; the model itself is ``handle.model``, changed in place.

@@ -27,16 +27,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from headlab import display
 from headlab.layer.selection import HeadSelection, resolve
+from headlab.models import audio
 from headlab.models.interface import IMPLEMENTATION
 from headlab.models.site import AttentionSite, is_attached, sites_of
 
 HANDLE_ATTRIBUTE = "headlab_handle"  # on an attached model: the handle ``attach`` made for it
-Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor  # what ``HeadedModel.inputs`` takes
+Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor | audio.Audio  # what ``HeadedModel.inputs`` takes
 
 
 class HeadedModel(display.Shown):
@@ -142,22 +144,31 @@ class HeadedModel(display.Shown):
             inputs: a text or texts (tokenized with padding); the keyword arguments of a forward (a
                 mapping); or a tensor: input ids ``(batch, pos)`` for a transformers model (pixel values
                 ``(batch, channels, height, width)`` for an image model, whose ``main_input_name`` says
-                so), the first argument of its ``forward`` for a headlab model.
+                so), the first argument of its ``forward`` for a headlab model. For a model that takes log-mel
+                features (``main_input_name == "input_features"``: Whisper): features, a float tensor
+                ``(batch, n_mels, frames)``; or audio, turned into features by the feature extractor the handle
+                holds (``tokenizer``: a processor or feature extractor): a 1-D float array or tensor of samples
+                at its sampling rate, the path of a 16-bit PCM WAV file (stereo averaged to mono), or a list of
+                them. An encoder-decoder's decoder then reads one token, ``config.decoder_start_token_id``, unless
+                a mapping gives ``decoder_input_ids`` (or ``decoder_inputs_embeds``, or ``labels``).
 
         Raises:
-            TypeError: inputs of another type, or texts without a tokenizer.
-            ValueError: an empty text, or input ids that are not an integer ``(batch, pos)`` tensor.
+            TypeError: inputs of another type, texts without a tokenizer, or audio without a feature extractor.
+            ValueError: an empty text, input ids that are not an integer ``(batch, pos)`` tensor, features not of
+                the shape the model requires, or a WAV file at another sampling rate than the feature extractor's.
 
         Warns:
             TruncationWarning: texts longer than the model's limit (``max_length``), cut to it.
         """
         device = self.device
+        if self._transformers and audio.takes_features(self.model):
+            return self._with_decoder_start(self._features(inputs))
         if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs
                                        and all(isinstance(t, str) for t in inputs)):
             if self.tokenizer is None:
                 raise TypeError(f"text inputs need a tokenizer, and this {self.architecture} has none: "
                                 "headlab.attach(model, tokenizer=...) gives it one")
-            texts = [inputs] if isinstance(inputs, str) else list(inputs)
+            texts = [inputs] if isinstance(inputs, str) else cast(list[str], list(inputs))  # all str: checked above
             if any(not t.strip() for t in texts):
                 raise ValueError("an input text is empty or whitespace only")
             limit = self.max_length  # transformers' own warning of a text over it is said below, and acted on
@@ -184,6 +195,31 @@ class HeadedModel(display.Shown):
             return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
         raise TypeError(f"inputs must be a text, a list of texts, a tensor or a dict of a forward's arguments; got "
                         f"{type(inputs).__name__}")
+
+    def _features(self, inputs: Inputs) -> dict[str, Any]:
+        """The keyword arguments of a forward of a model that takes log-mel features (``inputs``), on its device."""
+        if isinstance(inputs, Mapping) and inputs:
+            return {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+        shape = audio.feature_shape(self.model)
+        if isinstance(inputs, Tensor) and inputs.dim() != 1:  # features; 1-D: samples
+            features = audio.check_features(inputs, shape)
+        elif isinstance(inputs, (str, os.PathLike, Tensor, np.ndarray)) or (isinstance(inputs, Sequence) and inputs):
+            extractor = audio.feature_extractor(self.tokenizer, architecture=self.architecture, source=self.source)
+            features = audio.audio_features(inputs, extractor, shape)
+        else:
+            raise TypeError(f"inputs of {self.architecture} must be input features, audio samples, a WAV path, a list "
+                            f"of them or a dict of a forward's arguments; got {type(inputs).__name__}")
+        return {audio.FEATURES: features.to(device=self.device, dtype=self.dtype)}
+
+    def _with_decoder_start(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with a one-token decoder input (``config.decoder_start_token_id``) for an encoder-decoder
+        given none."""
+        given = ("decoder_input_ids", "decoder_inputs_embeds", "labels")
+        features = kwargs.get(audio.FEATURES)
+        if (not isinstance(features, Tensor) or not audio.takes_decoder_ids(self.model)
+                or any(kwargs.get(name) is not None for name in given)):
+            return kwargs
+        return kwargs | {"decoder_input_ids": audio.decoder_start(self.model, len(features), self.device)}
 
     def token_batch(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Any]:
         """The keyword arguments of a forward on a right-padded batch of token ids (``capture``'s batches).

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from headlab.models.attach import attach, check_architecture
+from headlab.models.audio import PREPROCESSOR_FILE, takes_features
 from headlab.models.handle import HeadedModel
 from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.saved import RECORD, WEIGHTS, load_interventions, read_record, restore_sites
@@ -99,7 +100,7 @@ def load(
     kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation=IMPLEMENTATION)
     if local and (directory / RECORD).exists():  # saved by headlab.heads.save: pruned or intervened heads
         model = _load_saved(directory, model_class, config, torch_dtype)
-        tokenizer = _local_tokenizer(directory)
+        tokenizer = _local_tokenizer(directory, audio=takes_features(model))
     elif local:
         from safetensors import SafetensorError
 
@@ -107,10 +108,12 @@ def load(
             model = model_class.from_pretrained(source, **kwargs)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
             raise ValueError(f"{source}: could not load the weights ({type(err).__name__}: {err})") from err
-        tokenizer = _local_tokenizer(directory)
+        tokenizer = _local_tokenizer(directory, audio=takes_features(model))
     else:
         model = _hub_call(source, "weights (safetensors)", lambda: model_class.from_pretrained(source, **kwargs))
-        tokenizer = _hub_call(source, "tokenizer", lambda: _auto_tokenizer(source))
+        audio = takes_features(model)
+        what = "processor" if audio else "tokenizer"
+        tokenizer = _hub_call(source, what, lambda: _auto_tokenizer(source, audio=audio))
     if device is not None:
         model = model.to(device)
     model.eval()
@@ -224,16 +227,23 @@ def _model_class(config: Any) -> Any:
     return AutoModelForCausalLM if any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures) else AutoModel
 
 
-def _local_tokenizer(directory: Path) -> Any | None:
-    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
-        return None
-    return _auto_tokenizer(str(directory))
+def _local_tokenizer(directory: Path, *, audio: bool = False) -> Any | None:
+    """The checkpoint's tokenizer; for a model that takes log-mel features, its processor (tokenizer and feature
+    extractor) or feature extractor alone, from ``preprocessor_config.json``. None when it ships none."""
+    has_tokenizer = any((directory / name).is_file() for name in _TOKENIZER_FILES)
+    has_extractor = audio and (directory / PREPROCESSOR_FILE).is_file()
+    if has_extractor and not has_tokenizer:
+        from transformers import AutoFeatureExtractor
+
+        return AutoFeatureExtractor.from_pretrained(str(directory))
+    return _auto_tokenizer(str(directory), audio=has_extractor) if has_tokenizer else None
 
 
-def _auto_tokenizer(source: str) -> Any:
-    from transformers import AutoTokenizer
+def _auto_tokenizer(source: str, *, audio: bool = False) -> Any:
+    """The tokenizer of ``source``, or its processor for a model that takes log-mel features."""
+    from transformers import AutoProcessor, AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source)
+    return (AutoProcessor if audio else AutoTokenizer).from_pretrained(source)
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:

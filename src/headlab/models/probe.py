@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from headlab.models.audio import FEATURES, feature_shape, takes_decoder_ids
 from headlab.models.calls import AttentionCall, ProjectionCall
 from headlab.models.handle import evaluating
 from headlab.models.interface import observing
@@ -28,23 +29,54 @@ _active: ContextVar[object | None] = ContextVar("headlab_probe", default=None)  
 
 
 def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
-    """A small batch of inputs the model accepts, on its device: token ids (no padding, no special meaning), or
-    for a model whose main input is an image (``main_input_name == "pixel_values"``) seeded random pixels of its
-    configured size."""
+    """A small batch of inputs the model accepts, on its device.
+
+    Token ids (no padding, no special meaning); for a model whose main input is an image
+    (``main_input_name == "pixel_values"``) seeded random pixels of its configured size; for one whose main
+    input is log-mel features (``"input_features"``: Whisper) seeded random features ``(batch, n_mels, frames)``
+    of the length its encoder requires (``headlab.models.audio.feature_shape``). An encoder-decoder's decoder
+    gets token ids shorter than the encoder's input, so its cross calls tell from its self calls.
+
+    Returns:
+        The keyword arguments of a forward.
+
+    Raises:
+        ValueError: a main input of another kind, or a size the model does not tell (the message names it).
+    """
     config = getattr(model, "config", None)
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
+    dtype = parameter.dtype if parameter is not None else None
     takes = getattr(model, "main_input_name", "input_ids")
-    if takes not in ("input_ids", "pixel_values"):
-        raise ValueError(f"{type(model).__name__} takes {takes} (not token ids or pixels), which headlab cannot probe "
-                         "yet (audio models are still to come)")
+    if takes not in ("input_ids", "pixel_values", FEATURES):
+        raise ValueError(f"{type(model).__name__} takes {takes} (not token ids, pixels or log-mel features), which "
+                         "headlab cannot probe yet")
+    generator = torch.Generator().manual_seed(0)
     if takes == "pixel_values":
         size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", 3)
         if not isinstance(size, int):
             raise ValueError(f"{type(model).__name__}: cannot tell its image size (config.image_size)")
-        generator = torch.Generator().manual_seed(0)
         pixels = torch.randn(PROBE_BATCH, channels, size, size, generator=generator)
-        return {"pixel_values": pixels.to(device=device, dtype=parameter.dtype if parameter is not None else None)}
+        return {"pixel_values": pixels.to(device=device, dtype=dtype)}
+    if takes == FEATURES:
+        features = torch.randn(PROBE_BATCH, *feature_shape(model), generator=generator)
+        inputs = {FEATURES: features.to(device=device, dtype=dtype)}
+        if takes_decoder_ids(model):  # the encoder has max_source_positions positions, more than these
+            inputs["decoder_input_ids"] = _token_ids(model, config, device)[:, : PROBE_LENGTH - 2]
+        return inputs
+    input_ids = _token_ids(model, config, device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if getattr(config, "is_encoder_decoder", False):  # the decoder shorter than the encoder: cross calls tell
+        inputs["decoder_input_ids"] = input_ids[:, : PROBE_LENGTH - 2]
+    return inputs
+
+
+def _token_ids(model: nn.Module, config: Any, device: torch.device) -> Tensor:
+    """``(PROBE_BATCH, PROBE_LENGTH)`` token ids of the model's vocabulary, none of them a special token.
+
+    Raises:
+        ValueError: a model of several towers, or one whose vocabulary size cannot be told.
+    """
     try:
         embeddings = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     except NotImplementedError:  # no one input embedding: a model of several towers (CLIP's text and vision)
@@ -60,11 +92,7 @@ def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
                          "through their input ids")
     avoid = {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
     ids = [i for i in range(3, 3 + 64) if i % vocab not in avoid][: PROBE_BATCH * PROBE_LENGTH]
-    input_ids = torch.tensor(ids, device=device).remainder(vocab).view(PROBE_BATCH, PROBE_LENGTH)
-    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    if getattr(config, "is_encoder_decoder", False):  # the decoder shorter than the encoder: cross calls tell
-        inputs["decoder_input_ids"] = input_ids[:, : PROBE_LENGTH - 2]
-    return inputs
+    return torch.tensor(ids, device=device).remainder(vocab).view(PROBE_BATCH, PROBE_LENGTH)
 
 
 def first_output(output: Any) -> Tensor:
