@@ -138,8 +138,10 @@ CASES = [
     _case(f"analyze @/tiny {CORPUS} --layers 99999999999999999999", "layer 99999999999999999999"),
     _case("view @/tiny 'the cat' --layers 2", "layer 2"),
     _case(f"patch @/tiny {PATCH} --heads 9", "head 9"),
-    *(_case(f"{cmd} --layers -1", "'-1' is not an int ≥ 0")
+    *(_case(f"{cmd} --layers -1", "'-1' is not a layer index ≥ 0 or a name")
       for cmd in ("analyze", "view 'the cat'", f"patch {PATCH}")),
+    _case(f"analyze @/tiny {CORPUS} --layers encoder", "layers has 'encoder', which names no layer: expected a layer "
+                                                      "0..1, an address such as 'blocks.0.attn', 'blocks.1.attn'"),
     # zero, negative and huge numbers
     *(_case(f"{cmd} --seed {seed}", f"--seed: {seed} is not an int in [0, 2**63)")
       for cmd in ("report", "experiment symmetry", "audit @/exit3.py:X") for seed in (-1, 2**63)),

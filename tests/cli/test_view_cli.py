@@ -93,7 +93,8 @@ def test_serve_serves_the_written_file(checkpoint: Path, tmp_path: Path, monkeyp
     (["view", "a", "b", "c"], "expected [MODEL] TEXT, got 3 arguments"),
     (["view", "m", "x", "--text", "in.txt"], "with --text, give at most a MODEL"),
     (["view", "--text", "/no/such/file.txt"], "'/no/such/file.txt' does not exist"),
-    (["view", "x", "--layers", "a,b"], "'a' is not an int ≥ 0"),
+    (["view", "x", "--layers", "0,,1"], "'' is not a layer index ≥ 0 or a name"),
+    (["view", "x", "--layers", "encoder,encoder"], "encoder is listed more than once"),
     (["view", "x", "--port", "70000"], "less than or equal to 65535"),
 ])
 def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:

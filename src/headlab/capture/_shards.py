@@ -194,10 +194,11 @@ def peak_rss_bytes() -> int:
 
 
 def model_fingerprint(loaded: Any) -> dict[str, Any]:
-    """Per-layer head counts and the interventions set: what must match between driver and workers."""
+    """Per-layer head counts and addresses, and the interventions set: what must match between driver and workers."""
     from headlab.heads.interventions import summary
 
-    return {"heads": loaded.n_heads, "interventions": summary(loaded)}
+    return {"heads": loaded.n_heads, "names": [site.address for site in loaded.sites],
+            "interventions": summary(loaded)}
 
 
 class ShardWorker:

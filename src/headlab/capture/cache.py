@@ -4,7 +4,9 @@
     cache["pattern", 2, 3]            # (batch, query_pos, key_pos): layer 2, head 3
     cache["blocks.2.attn.z"]          # (batch, head, query_pos, d_head_v), if every head of layer 2 was kept
 
-Names follow TransformerLens: ``blocks.{layer}.attn.{name}`` with ``name`` one of ``TAKE``:
+Names follow TransformerLens: ``{address}.{name}`` with the layer's address (``AttentionSite.address``:
+``blocks.{layer}.attn`` in a model of one stack; ``encoder.blocks.3.attn``, ``decoder.blocks.2.cross_attn`` in
+an encoder-decoder; ``blocks.{layer}.attn`` by the layer's index works in every model) and ``name`` one of ``TAKE``:
 ``pattern``, ``z``, ``result``, ``q``, ``k``, ``v`` (``headlab.layer.taps`` gives their shapes). Only
 the heads selected are computed and kept; the fused kernel serves the rest of the model.
 
@@ -43,6 +45,7 @@ class Cache:
         output: the model's output.
         inputs: the keyword arguments the model ran on (``input_ids``, ``attention_mask``, …).
         n_heads: the model's heads per layer.
+        names: each layer's address (``AttentionSite.address``), or None.
         tokens: per item, its tokens as strings (padding left out), when a tokenizer was at hand.
         store: ``{(name, layer): (heads, tensor)}``, heads in the order of the tensor's axis 1.
     """
@@ -50,11 +53,13 @@ class Cache:
     output: Any
     inputs: dict[str, Tensor]
     n_heads: list[int]
+    names: list[str] | None = None
     tokens: list[list[str]] | None = None
     store: dict[tuple[str, int], tuple[tuple[int, ...], Tensor]] = field(default_factory=dict)
 
     def __getitem__(self, key: str | tuple[Any, ...]) -> Tensor:
-        """``cache[name, layer]``, ``cache[name, layer, head]`` or ``cache["blocks.{layer}.attn.{name}"]``.
+        """``cache[name, layer]``, ``cache[name, layer, head]``, ``cache["{address}.{name}"]`` or
+        ``cache["blocks.{layer}.attn.{name}"]``.
 
         Raises:
             KeyError: the name, layer or head was not kept; the message says what was.
@@ -85,7 +90,10 @@ class Cache:
 
     def keys(self) -> list[str]:
         """The dotted names kept, layer by layer."""
-        return [f"blocks.{layer}.attn.{name}" for name, layer in sorted(self.store, key=lambda k: (k[1], k[0]))]
+        return [f"{self._address(layer)}.{name}" for name, layer in sorted(self.store, key=lambda k: (k[1], k[0]))]
+
+    def _address(self, layer: int) -> str:
+        return f"blocks.{layer}.attn" if self.names is None else self.names[layer]
 
     def heads(self, name: str, layer: int) -> list[int]:
         """The heads of ``layer`` kept for ``name``, in the order of the tensor's head axis."""
@@ -102,10 +110,14 @@ class Cache:
 
     def _parse(self, key: str | tuple[Any, ...]) -> tuple[str, int, int | None]:
         if isinstance(key, str):
+            address, _, name = key.rpartition(".")
+            if self.names is not None and address in self.names:
+                return name, self.names.index(address), None
             match = _NAME.match(key)
             if match is None:
-                raise KeyError(f"{key!r} is not a cache name; expected 'blocks.<layer>.attn.<name>' or "
-                               "cache[name, layer(, head)]")
+                example = self._address(0)
+                raise KeyError(f"{key!r} is not a cache name; expected '{example}.<name>' (a layer's address), "
+                               "'blocks.<layer>.attn.<name>' or cache[name, layer(, head)]")
             return match.group(2), int(match.group(1)), None
         if isinstance(key, tuple) and len(key) in (2, 3) and isinstance(key[0], str):
             return key[0], int(key[1]), (int(key[2]) if len(key) == 3 else None)
@@ -182,7 +194,8 @@ def run_with_cache(
     sites = handle.sites
     selection = handle.heads(heads)
     kwargs = handle.inputs(inputs)
-    cache = Cache(output=None, inputs=kwargs, n_heads=[site.n_heads for site in sites], tokens=handle.tokens(kwargs))
+    cache = Cache(output=None, inputs=kwargs, n_heads=[site.n_heads for site in sites],
+                  names=[site.address for site in sites], tokens=handle.tokens(kwargs))
 
     def sink(layer: int, out: TapOutput) -> None:
         for name in take:

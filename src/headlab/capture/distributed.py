@@ -260,7 +260,8 @@ class RayEngine:
             raise ValueError(f"the model differs from the one workers load from {self.source!r} "
                              f"(heads per layer, interventions: {self.fingerprint} here, {differ[0]} there); "
                              "save it with headlab.heads.save(model, folder) and pass the folder")
-        resolve(heads, fingerprints[0]["heads"])  # a bad selection fails here, as capture's ValueError, not per shard
+        # a bad selection fails here, as capture's ValueError, not per shard
+        resolve(heads, fingerprints[0]["heads"], fingerprints[0]["names"])
         plan = self._get([self.actors[0].plan.remote(list(corpus.texts), max_length)])[0]
         warn_truncated(plan.truncated, len(corpus), plan.max_length)
         # As many shards whichever of the engine's workers run: the same shards merged in the same order

@@ -10,7 +10,7 @@ import typer
 
 from headlab.cli.errors import INPUT_ERRORS, fail
 from headlab.cli.loading import load_model
-from headlab.cli.options import int_list
+from headlab.cli.options import LAYERS_HELP, head_selection, int_list
 from headlab.cli.output import output_folder, staged_folder
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def analyze(
     out: Annotated[Path, typer.Option("--out", help="Folder for heads.json/.csv, relations.csv, plots; replaced as "
                                                     "a whole, so new, empty, or an earlier analysis.")] = Path(
         "analysis"),
-    layers: Annotated[str | None, typer.Option("--layers", help="Layers to analyse, e.g. 0,1,5.")] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help=f"Layers to analyse: {LAYERS_HELP}.")] = None,
     heads: Annotated[str | None, typer.Option("--heads", help="Heads to analyse in each layer, e.g. 0,3.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items, no exact ablation.")] = False,
     importance: Annotated[bool, typer.Option("--importance/--no-importance", help="Importance and pruning.")] = True,
@@ -59,11 +59,9 @@ def analyze(
     from headlab.analysis.analyze import analyze as run_analysis
     from headlab.capture.corpus import load_corpus
     from headlab.capture.distributed import ShardError
-    from headlab.heads import Heads
     from headlab.report.tables import to_rich
 
-    selection = Heads(layers=None if layers is None else int_list(layers, option="--layers"),
-                      heads=None if heads is None else int_list(heads, option="--heads"))
+    selection = head_selection(layers, heads)
     if engine not in ENGINES:
         raise typer.BadParameter(f"{engine!r} is not one of {', '.join(ENGINES)}", param_hint="--engine")
     n_workers = None if workers is None else int_list(workers, option="--workers", minimum=1, example="2")

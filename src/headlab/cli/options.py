@@ -1,5 +1,6 @@
 """Options shared by the commands: the model and text-pair arguments of ``patch`` and ``circuit``, comma-separated
-integer lists (``--layers 0,3,5``), the seed range."""
+integer lists (``--heads 0,3,5``), the head selection of ``--layers`` and ``--heads`` (layers by index or by
+name: ``--layers 0,3``, ``--layers encoder``, ``--layers 'decoder.blocks.*.cross_attn'``), the seed range."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["Answer", "Clean", "Corrupt", "MetricName", "ModelArgument", "Wrong", "check_seed", "int_list"]
+from headlab.layer.selection import Heads
+
+__all__ = ["LAYERS_HELP", "Answer", "Clean", "Corrupt", "MetricName", "ModelArgument", "Wrong", "check_seed",
+           "head_selection", "int_list"]
 
 ModelArgument = Annotated[str | None, typer.Argument(help="Checkpoint directory or hub id (default: packaged MiniLM).")]
 Clean = Annotated[str, typer.Option("--clean", help="The text that shows the behaviour.")]
@@ -17,6 +21,8 @@ MetricName = Annotated[str | None, typer.Option("--metric", help="logit-diff (la
                                                                  "kind.")]
 Answer = Annotated[str | None, typer.Option("--answer", help="logit-diff: the clean text's next token.")]
 Wrong = Annotated[str | None, typer.Option("--wrong", help="logit-diff: the corrupted text's next token.")]
+LAYERS_HELP = ("by index (0,1,5) or name: an address (encoder.blocks.3.attn), a stack (encoder, decoder, vision) or a "
+               "pattern ('decoder.blocks.*.cross_attn')")
 
 
 def check_seed(seed: int) -> int:
@@ -55,3 +61,28 @@ def int_list(text: str, *, option: str, minimum: int = 0, example: str = "0,3,5"
             raise typer.BadParameter(f"{part} is listed more than once (got {option}={text!r})", param_hint=option)
         values.append(int(part))
     return values
+
+
+def head_selection(layers: str | None, heads: str | None) -> Heads:
+    """The selection of ``--layers`` and ``--heads``: layers by index or by name (an address, a stack, a
+    pattern: resolved against the model, which says which names it has), heads by index.
+
+    Raises:
+        typer.BadParameter: an empty item, a negative index or a repeated one (``int_list``'s messages).
+    """
+    return Heads(layers=None if layers is None else _layer_list(layers),
+                 heads=None if heads is None else int_list(heads, option="--heads"))
+
+
+def _layer_list(text: str) -> list[int | str]:
+    items: list[int | str] = []
+    expected = f"got --layers={text!r}; expected e.g. 0,3,5 or encoder"
+    for part in (p.strip() for p in text.split(",")):
+        index = part.isascii() and part.lstrip("-").isdigit()
+        if not part or (index and part.startswith("-")):
+            raise typer.BadParameter(f"{part!r} is not a layer index ≥ 0 or a name ({expected})", param_hint="--layers")
+        item = int(part) if index else part
+        if item in items:
+            raise typer.BadParameter(f"{part} is listed more than once (got --layers={text!r})", param_hint="--layers")
+        items.append(item)
+    return items

@@ -9,7 +9,16 @@ import typer
 
 from headlab.cli.errors import INPUT_ERRORS, fail
 from headlab.cli.loading import load_model
-from headlab.cli.options import Answer, Clean, Corrupt, MetricName, ModelArgument, Wrong, int_list
+from headlab.cli.options import (
+    LAYERS_HELP,
+    Answer,
+    Clean,
+    Corrupt,
+    MetricName,
+    ModelArgument,
+    Wrong,
+    head_selection,
+)
 from headlab.cli.output import output_folder, staged_files
 
 
@@ -21,7 +30,7 @@ def patch(
     answer: Answer = None,
     wrong: Wrong = None,
     method: Annotated[str, typer.Option("--method", help="exact, attribution, or both.")] = "both",
-    layers: Annotated[str | None, typer.Option("--layers", help="Layers to patch, e.g. 0,3.")] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help=f"Layers to patch: {LAYERS_HELP}.")] = None,
     heads: Annotated[str | None, typer.Option("--heads", help="Heads to patch in each layer, e.g. 0,3.")] = None,
     positions: Annotated[str | None, typer.Option("--positions", help="each (every position separately: a head × "
                                                                        "position grid) or positions patched "
@@ -59,12 +68,10 @@ def patch(
     from headlab.analysis.importance import spearman
     from headlab.analysis.patching import activation_patching, attribution_patching, plot_patching, text_metric
     from headlab.analysis.positions import DIRECTIONS, TAKES, row_label
-    from headlab.heads import Heads
 
     console = Console(stderr=as_json)
     methods = {"exact": ("exact",), "attribution": ("attribution",), "both": ("exact", "attribution")}
-    selection = Heads(layers=None if layers is None else int_list(layers, option="--layers"),
-                      heads=None if heads is None else int_list(heads, option="--heads"))
+    selection = head_selection(layers, heads)
     if method not in methods:
         raise typer.BadParameter(f"{method!r} is not one of {', '.join(methods)}", param_hint="--method")
     if take not in TAKES:

@@ -11,7 +11,7 @@ import typer
 
 from headlab.cli.errors import INPUT_ERRORS, fail
 from headlab.cli.loading import load_model
-from headlab.cli.options import int_list
+from headlab.cli.options import LAYERS_HELP, head_selection
 from headlab.cli.output import output_file, staged_files
 
 # A Hugging Face Hub id of the form org/name (one slash, no spaces): read as a model, never as a text.
@@ -77,7 +77,8 @@ def view(
         "view.html"),
     serve: Annotated[bool, typer.Option("--serve", help="Serve the page on 127.0.0.1 until Ctrl-C.")] = False,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port for --serve; 0 picks a free one.")] = 0,
-    layers: Annotated[str | None, typer.Option("--layers", help="Layers to show, e.g. 0,1,5 (default: all).")] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help=f"Layers to show (default: all): {LAYERS_HELP}.")
+                      ] = None,
     heads: Annotated[str | None, typer.Option("--heads", help="Heads to show in each layer, e.g. 0,3.")] = None,
     flow_max_length: Annotated[int | None, typer.Option(
         "--flow-max-length", min=0, help="Longest text, in pieces, whose attention flow is solved for the flow "
@@ -98,12 +99,11 @@ def view(
     from rich.table import Table
 
     from headlab.capture import TruncationWarning
-    from headlab.heads import Heads, head_label
+    from headlab.heads import head_label
     from headlab.report.viewer import view_data, viewer_document
 
     model, text = _model_and_text(list(args or []), text_file)
-    selection = Heads(layers=None if layers is None else int_list(layers, option="--layers"),
-                      heads=None if heads is None else int_list(heads, option="--heads"))
+    selection = head_selection(layers, heads)
     output_file(out, example="view.html")
     console = Console()
     with staged_files(out.parent, shown=out) as work:

@@ -9,8 +9,11 @@ A head selection (``HeadSelection``) is any of:
     [(layer, head), …]            pairs
 
 Layers are the model's attention layers in the order they run (0-based); heads are each
-layer's current query heads. ``resolve(selection, n_heads)`` turns any of them into
-``{layer: sorted unique heads}`` against a model with ``n_heads[layer]`` heads per layer.
+layer's current query heads. Where a model's layers have names (a ``HeadedModel``: its sites'
+addresses, ``"blocks.3.attn"``, ``"encoder.blocks.3.attn"``, ``"decoder.blocks.2.cross_attn"``), a
+layer may also be given by name: an address, a stack (``"encoder"``: every layer of it), or a
+pattern (``"decoder.blocks.*.cross_attn"``). ``resolve(selection, n_heads, names)`` turns any of
+them into ``{layer: sorted unique heads}`` against a model with ``n_heads[layer]`` heads per layer.
 
 ``indices`` is the one validator of a list of heads (or layers), used by the layer itself and by
 ``resolve``. The selection lives here, below every room that takes one (the layer, a model's handle,
@@ -19,6 +22,7 @@ layer's current query heads. ``resolve(selection, n_heads)`` turns any of them i
 
 from __future__ import annotations
 
+import fnmatch
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,11 +78,55 @@ class Heads:
         heads: head indices taken in every selected layer, or None for every head.
     """
 
-    layers: Sequence[int] | None = None
+    layers: Sequence[int | str] | None = None
     heads: Sequence[int] | None = None
 
 
-HeadSelection = Heads | Mapping[int, Iterable[int] | None] | Iterable[tuple[int, int]] | None
+Layer = int | str  # an index, or (a model whose layers have names) an address, a stack or a pattern
+HeadSelection = (Heads | Mapping[int, Iterable[int] | None] | Mapping[str, Iterable[int] | None]
+                 | Mapping[Layer, Iterable[int] | None] | Iterable[tuple[Layer, int]] | None)
+
+
+def named_layers(pattern: str, names: Sequence[str]) -> list[int]:
+    """The layers ``pattern`` names: the layer of that address, every layer of that stack (or block:
+    ``"decoder.blocks.2"``), or the layers whose addresses match it as a shell pattern (``*``, ``?``).
+
+    Args:
+        pattern: what was given.
+        names: each layer's address, in layer order.
+
+    Returns:
+        The layers, in order; empty when it names none.
+    """
+    return [layer for layer, name in enumerate(names)
+            if name == pattern or name.startswith(pattern + ".") or fnmatch.fnmatchcase(name, pattern)]
+
+
+def layer_indices(name: str, values: object, n_layers: int, names: Sequence[str] | None) -> list[int]:
+    """``indices`` of layers, where a layer may also be a name (``named_layers``).
+
+    Raises:
+        TypeError / ValueError: as ``indices``; a name that names no layer (the message shows what names
+            look like), or a name given where the layers have none.
+    """
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, Sequence) or not any(isinstance(v, str) for v in values):
+        return indices(name, values, n_layers, what="layer")
+    out: list[object] = []
+    for value in values:
+        if not isinstance(value, str):
+            out.append(value)
+            continue
+        if names is None:
+            raise TypeError(f"{name} has {value!r}, but these layers have no names; expected int layer indices")
+        found = named_layers(value, names)
+        if not found:
+            examples = ", ".join(repr(n) for n in dict.fromkeys([names[0], names[-1]]))
+            raise ValueError(f"{name} has {value!r}, which names no layer: expected a layer 0..{n_layers - 1}, an "
+                             f"address such as {examples}, a stack or a pattern such as 'blocks.*.attn'")
+        out.extend(found)
+    return indices(name, list(dict.fromkeys(out)), n_layers, what="layer")
 
 
 def head_label(layer: int, head: int) -> str:
@@ -86,12 +134,14 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer} H{head}"
 
 
-def resolve(selection: HeadSelection, n_heads: Sequence[int]) -> dict[int, list[int]]:
+def resolve(selection: HeadSelection, n_heads: Sequence[int], names: Sequence[str] | None = None
+            ) -> dict[int, list[int]]:
     """Resolve a head selection against a model's layers.
 
     Args:
         selection: see the module docstring.
         n_heads: heads of each layer, in layer order.
+        names: each layer's address, in layer order, or None (layers given by index only).
 
     Returns:
         ``{layer: sorted unique heads}``, layers in increasing order, none empty.
@@ -104,14 +154,15 @@ def resolve(selection: HeadSelection, n_heads: Sequence[int]) -> dict[int, list[
     if selection is None:
         selection = Heads()
     if isinstance(selection, Heads):
-        layers = range(n_layers) if selection.layers is None else indices("layers", selection.layers, n_layers,
-                                                                           what="layer")
+        layers = range(n_layers) if selection.layers is None else layer_indices("layers", selection.layers,
+                                                                                 n_layers, names)
         chosen: dict[int, Iterable[int] | None] = dict.fromkeys(layers, selection.heads)
     elif isinstance(selection, Mapping):
         if not selection:
             raise ValueError("the head selection is empty: it selects no layer")
-        keys = indices("the selection", list(selection), n_layers, what="layer")
-        chosen = {layer: selection[key] for layer, key in zip(keys, selection)}
+        chosen = {}
+        for key, heads in selection.items():  # a name may stand for several layers
+            chosen.update(dict.fromkeys(layer_indices("the selection", [key], n_layers, names), heads))
     elif isinstance(selection, (str, bytes)) or not isinstance(selection, Iterable):
         raise TypeError(f"a head selection is None, Heads(layers, heads), {{layer: [heads]}} or (layer, head) "
                         f"pairs; got {selection!r}")
@@ -120,10 +171,10 @@ def resolve(selection: HeadSelection, n_heads: Sequence[int]) -> dict[int, list[
         for pair in selection:
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
                 raise TypeError(f"a head selection of pairs holds (layer, head) pairs; got the item {pair!r}")
-            layer = indices("the selection", [pair[0]], n_layers, what="layer")[0]
-            heads = chosen.setdefault(layer, [])
-            assert isinstance(heads, list)
-            heads.append(pair[1])
+            for layer in layer_indices("the selection", [pair[0]], n_layers, names):
+                heads = chosen.setdefault(layer, [])
+                assert isinstance(heads, list)
+                heads.append(pair[1])
     out = {}
     for layer in sorted(chosen):
         heads = chosen[layer]

@@ -25,7 +25,7 @@ from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.layout import find_layout
 from headlab.models.native import is_native, native_sites
 from headlab.models.probe import run_probe
-from headlab.models.site import AttentionSite, OutProjection, SharedSites, sites_of
+from headlab.models.site import AttentionSite, OutProjection, SharedSites, name_stacks, sites_of
 
 _PREVIOUS = "headlab_previous_attn_implementation"  # on an attached model: what to restore on detach
 _RESTART = "headlab_restart_shared_sites"  # on a model with shared attention modules: its forward pre-hook's handle
@@ -223,4 +223,5 @@ def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSi
         else:
             site.layout = layout
         sites.append(site)
+    name_stacks(sites)
     return sites

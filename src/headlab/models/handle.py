@@ -135,7 +135,8 @@ class HeadedModel(display.Shown):
         Raises:
             TypeError / ValueError: a malformed selection, or a layer or head the model does not have.
         """
-        return resolve(selection, self.n_heads)
+        sites = self.sites
+        return resolve(selection, [site.n_heads for site in sites], [site.address for site in sites])
 
     def inputs(self, inputs: Inputs) -> dict[str, Any]:
         """The keyword arguments of a forward, on the model's device.

@@ -89,6 +89,9 @@ class AttentionSite:
         self.module, self.name, self.layer = module, name, layer
         self.n_heads, self.n_kv_heads, self.d_head, self.d_head_v = n_heads, n_kv_heads, d_head, d_head_v
         self.causal, self.cross = causal, cross
+        # Its place among the model's stacks (``name_stacks``): "" in a model of one stack; "encoder", "decoder",
+        # "vision", "text" … in a model of several; and its block there (the index among the stack's sites of its kind).
+        self.stack, self.block = "", layer
         self.out_proj = out_proj
         self.kv_head_of = tuple(h // (n_heads // n_kv_heads) for h in range(n_heads))
         self.head_ids: list[int] = list(range(n_heads))  # original index of each head (pruning removes some)
@@ -117,13 +120,21 @@ class AttentionSite:
     def __repr__(self) -> str:
         kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
         cross = ", cross=True" if self.cross else ""
-        return (f"AttentionSite(layer={self.layer}, name={self.name!r}, n_heads={self.n_heads}{kv}, "
+        address = f", address={self.address!r}" if self.stack else ""
+        return (f"AttentionSite(layer={self.layer}{address}, name={self.name!r}, n_heads={self.n_heads}{kv}, "
                 f"d_head={self.d_head}, causal={self.causal}{cross})")
 
     @property
     def kind(self) -> str:
         """"cross" (keys and values from another sequence) or "self"."""
         return "cross" if self.cross else "self"
+
+    @property
+    def address(self) -> str:
+        """Its name by stack and kind, TransformerLens' where it has one: ``"blocks.3.attn"`` in a model of one stack,
+        ``"encoder.blocks.3.attn"``, ``"decoder.blocks.2.cross_attn"``, ``"vision.blocks.0.attn"`` in one of several."""
+        prefix = f"{self.stack}." if self.stack else ""
+        return f"{prefix}blocks.{self.block}.{'cross_attn' if self.cross else 'attn'}"
 
     @property
     def kv_head_of(self) -> tuple[int, ...]:
@@ -366,3 +377,34 @@ def is_attached(site: AttentionSite) -> bool:
     """Whether ``site`` is still the one (or one of those) its module holds."""
     attached = site.module.__dict__.get(SITE_ATTRIBUTE)
     return attached is site or (isinstance(attached, SharedSites) and site in attached.sites)
+
+
+_TOWER_SUFFIXES = ("_model", "_tower")  # "vision_model" → "vision", "audio_tower" → "audio"
+
+
+def name_stacks(sites: Sequence[AttentionSite]) -> None:
+    """Set each site's ``stack`` and ``block`` from the module names (see ``AttentionSite.address``).
+
+    The stack is the first part of a site's module name after what every site's name begins with
+    ("model.encoder.layers.0.self_attn" and "model.decoder.layers.0.self_attn": "encoder", "decoder";
+    "text_model.…" and "vision_model.…": "text", "vision"), unless that part is a layer number (a model of
+    one stack: ""). The block is the site's index among its stack's sites of its kind, in call order.
+
+    Args:
+        sites: every site of a model, in layer order.
+    """
+    parts = [site.name.split(".") for site in sites]
+    shared = 0
+    while all(len(p) > shared for p in parts) and len({p[shared] for p in parts}) == 1:
+        shared += 1
+    stacks = ["" if len(p) == shared or p[shared].isdigit() else p[shared] for p in parts]
+    if len(set(stacks)) == 1 or "" in stacks:  # one stack, or parts that do not name stacks
+        stacks = [""] * len(sites)
+    counts: dict[tuple[str, bool], int] = {}
+    for site, stack in zip(sites, stacks):
+        for suffix in _TOWER_SUFFIXES:
+            if stack.endswith(suffix) and len(stack) > len(suffix):
+                stack = stack[: -len(suffix)]
+        site.stack = stack
+        site.block = counts.get((stack, site.cross), 0)
+        counts[(stack, site.cross)] = site.block + 1

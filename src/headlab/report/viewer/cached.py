@@ -49,7 +49,7 @@ def cache_view_data(cache: Cache, *, heads: HeadSelection = None, flow_max_lengt
     if heads is None:
         shown = sorted((layer, h) for layer, hs in kept.items() for h in hs)
     else:
-        shown = [(layer, h) for layer, hs in resolve(heads, cache.n_heads).items() for h in hs]
+        shown = [(layer, h) for layer, hs in resolve(heads, cache.n_heads, cache.names).items() for h in hs]
         missing = [(layer, h) for layer, h in shown if h not in kept.get(layer, ())]
         if missing:
             raise ValueError(f"the cache kept no pattern of heads {missing}; it kept {kept}")
