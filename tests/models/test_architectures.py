@@ -382,18 +382,3 @@ def test_load_refuses_a_checkpoint_before_reading_its_weights(name, tmp_path):
 def test_docs_list_what_the_tests_run():
     MODELS.check(architecture_tables())
 
-
-def test_a_model_of_several_towers_without_one_input_embedding_is_refused_in_one_line():
-    """CLIPModel (text and vision towers) has no one input embedding: refused by name, not with transformers'
-    NotImplementedError."""
-    transformers = pytest.importorskip("transformers")
-    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=64, vocab_size=128, bos_token_id=0, eos_token_id=1)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
-                  patch_size=8)
-    model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
-    with pytest.raises(ValueError, match=r"CLIPModel is a model of several towers \(text_config, vision_config\).*"
-                                         r"attach its text model on its own"):
-        headlab.attach(model)
-    assert not any(hasattr(module, "headlab_site") for module in model.modules())
-    assert headlab.attach(model.text_model).sites  # what the message offers works

@@ -23,14 +23,11 @@ import torch
 import headlab
 from headlab import heads
 from headlab.models.probe import probe_inputs
+from tests.support.families import WHISPER
 from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
 
-CONFIG = dict(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-              decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
-              max_source_positions=16, max_target_positions=16, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-              decoder_start_token_id=0)
 FEATURES = (8, 32)  # (n_mels, frames): the encoder's conv2 halves 32 frames to its 16 positions
 RATE = 16_000
 KINDS = [("encoder.layers.0.self_attn", "self", False), ("encoder.layers.1.self_attn", "self", False),
@@ -43,7 +40,7 @@ MODELS = {"WhisperModel": "", "WhisperForConditionalGeneration": "model."}  # cl
 def _build(name: str = "WhisperModel", implementation: str = "sdpa",
            dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.WhisperConfig(**CONFIG)
+    config = transformers.WhisperConfig(**WHISPER)
     return getattr(transformers, name)._from_config(config, attn_implementation=implementation).to(dtype).eval()
 
 
@@ -151,7 +148,7 @@ def test_samples_and_wav_files_become_the_feature_extractors_features(tmp_path):
     processor = type("Processor", (), {"feature_extractor": extractor})()  # a processor holds its feature extractor
     assert torch.equal(headlab.attach(_build(), tokenizer=processor).inputs(mono)["input_features"], want)
     logits = headlab.run_with_cache(handle, mono, take="pattern").output.logits
-    assert logits.shape == (1, 1, CONFIG["vocab_size"])
+    assert logits.shape == (1, 1, WHISPER["vocab_size"])
     ids = torch.tensor([[0, 5, 6]])
     assert torch.equal(handle.inputs({"input_features": want, "decoder_input_ids": ids})["decoder_input_ids"], ids)
 

@@ -17,31 +17,23 @@ import torch
 
 import headlab
 from headlab import heads
+from tests.support.families import FAMILIES, SEQ2SEQ
 from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
 
-SIZES = dict(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
-T5_SIZES = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0)
 BART_SITES = ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn", "decoder.layers.0.self_attn",
               "decoder.layers.0.encoder_attn", "decoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"]
 T5_SITES = ["encoder.block.0.layer.0.SelfAttention", "encoder.block.1.layer.0.SelfAttention",
             "decoder.block.0.layer.0.SelfAttention", "decoder.block.0.layer.1.EncDecAttention",
             "decoder.block.1.layer.0.SelfAttention", "decoder.block.1.layer.1.EncDecAttention"]
-MODELS = {"bart": ("BartConfig", "BartModel", SIZES, BART_SITES),
-          "marian": ("MarianConfig", "MarianModel", SIZES | dict(decoder_start_token_id=0, pad_token_id=1), BART_SITES),
-          "t5": ("T5Config", "T5Model", T5_SIZES, T5_SITES)}  # T5: a relative position bias added to every score
+MODELS = {"bart": BART_SITES, "marian": BART_SITES, "t5": T5_SITES}  # T5: a relative position bias on every score
 KINDS = [("self", False), ("self", False), ("self", True), ("cross", False), ("self", True), ("cross", False)]
 CROSS = 3  # the first cross-attention site
 
 
 def _build(name: str, implementation: str = "sdpa", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    config_class, model_class, sizes, _ = MODELS[name]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_class)(**sizes)
-    return getattr(transformers, model_class)._from_config(config, attn_implementation=implementation).to(dtype).eval()
+    return FAMILIES[name].build(implementation, dtype)
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -58,7 +50,7 @@ def _output(model: torch.nn.Module, **kwargs: Any) -> Any:
 @pytest.mark.parametrize("name", MODELS)
 def test_sites_outputs_and_attentions_equal_transformers(name):
     handle = headlab.attach(_build(name))
-    assert [s.name for s in handle.sites] == MODELS[name][3]
+    assert [s.name for s in handle.sites] == MODELS[name]
     assert [(s.kind, s.causal) for s in handle.sites] == KINDS
     assert "cross=True" in repr(handle.sites[CROSS])
     torch.testing.assert_close(_output(handle.model).last_hidden_state, _output(_build(name)).last_hidden_state,
@@ -103,7 +95,7 @@ def test_analyze_and_view_run_on_an_encoder_decoder_checkpoint(tmp_path):
     from headlab.models import default_model_path
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_path()))
-    config = transformers.BartConfig(**SIZES | dict(vocab_size=len(tokenizer), max_position_embeddings=130,
+    config = transformers.BartConfig(**SEQ2SEQ | dict(vocab_size=len(tokenizer), max_position_embeddings=130,
                                                     pad_token_id=tokenizer.pad_token_id,
                                                     bos_token_id=tokenizer.cls_token_id,
                                                     eos_token_id=tokenizer.sep_token_id,

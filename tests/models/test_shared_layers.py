@@ -9,7 +9,6 @@ is refused in one line; a pruned and masked model saves and loads identical; the
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -17,20 +16,17 @@ import torch
 
 import headlab
 from headlab import heads
+from tests.support.families import FAMILIES
 from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
 
 MODULES = ["encoder.albert_layer_groups.0.albert_layers.0.attention",
            "encoder.albert_layer_groups.1.albert_layers.0.attention"]
-CONFIG = dict(embedding_size=16, hidden_size=32, num_hidden_layers=4, num_hidden_groups=2, num_attention_heads=4,
-              intermediate_size=64, max_position_embeddings=64)
 
 
-def _build(implementation: str = "sdpa", dtype: torch.dtype = torch.float32, vocab_size: int = 100):
-    torch.manual_seed(0)
-    config = transformers.AlbertConfig(vocab_size=vocab_size, **copy.deepcopy(CONFIG))
-    return transformers.AlbertModel._from_config(config, attn_implementation=implementation).to(dtype).eval()
+def _build(implementation: str = "sdpa", dtype: torch.dtype = torch.float32, **changes):
+    return FAMILIES["albert"].build(implementation, dtype, **changes)
 
 
 def _ids() -> torch.Tensor:

@@ -4,7 +4,8 @@
 For each: with nothing asked the attached model's output equals the plain SDPA model's; ``output_attentions``
 equals eager's; tapped patterns, z and results equal what the model computes (float64: eager's attentions, the
 output projection's input and output); masking a head zeroes its z alone; pruning it equals masking it (Swin,
-whose relative position bias keeps a column per head, is refused in one line and left as it was).
+whose relative position bias keeps a column per head, is refused in one line and left as it was). Images as inputs,
+position labels and the commands: tests/models/test_images.py, tests/cli/test_vision_cli.py.
 """
 
 from __future__ import annotations
@@ -16,30 +17,16 @@ import torch
 
 import headlab
 from headlab import heads
+from tests.support.families import FAMILIES
 from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
 
-SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=16,
-             patch_size=4)
-MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {  # name: (config class, model class, config)
-    "vit": ("ViTConfig", "ViTModel", SMALL),
-    "deit": ("DeiTConfig", "DeiTModel", SMALL),
-    "dinov2": ("Dinov2Config", "Dinov2Model", SMALL),
-    "clip_vision": ("CLIPVisionConfig", "CLIPVisionModel", SMALL),
-    "siglip_vision": ("SiglipVisionConfig", "SiglipVisionModel", SMALL),
-    "beit": ("BeitConfig", "BeitModel", SMALL),
-    "swin": ("SwinConfig", "SwinModel", dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=2,
-                                             image_size=16, patch_size=4)),
-}
+MODELS = ["vit", "deit", "dinov2", "clip_vision", "siglip_vision", "beit", "swin"]  # tests/support/families.py
 
 
 def _build(name: str, implementation: str = "sdpa", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    config_class, model_class, sizes = MODELS[name]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_class)(**sizes)
-    model = getattr(transformers, model_class)._from_config(config, attn_implementation=implementation)
-    return model.to(dtype).eval()
+    return FAMILIES[name].build(implementation, dtype)
 
 
 def _pixels(dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -99,13 +86,14 @@ def test_masking_zeroes_one_head_and_pruning_equals_masking(name):
     torch.testing.assert_close(_output(pruned.model, pixels)[0], masked, rtol=1e-5, atol=1e-5)
 
 
-def test_the_commands_refuse_an_image_model_in_one_line(tmp_path):
+def test_the_text_commands_refuse_an_image_model_in_one_line(tmp_path):
+    """view and analyze read images (tests/cli/test_vision_cli.py); patch and circuit read text only."""
     from typer.testing import CliRunner
 
     from headlab.cli import app
 
     _build("vit").save_pretrained(tmp_path / "vit")
-    for command in (["analyze", "--quick"], ["view", "a text", "--out", str(tmp_path / "v.html")]):
+    for command in (["patch", "--clean", "a b", "--corrupt", "a c"], ["circuit", "--clean", "a b", "--corrupt", "a c"]):
         result = CliRunner().invoke(app, [command[0], str(tmp_path / "vit"), *command[1:]])
         said = " ".join(result.output.split())
         assert result.exit_code == 2 and "ViTModel takes pixel_values, not text" in said, result.output

@@ -76,10 +76,23 @@ def _refusal(name: str) -> tuple[str, str]:
     raise AssertionError(f"{name} was attached; move it from UNSUPPORTED to ARCHITECTURES")
 
 
+def _stacks(sites: list) -> str:
+    """``"encoder: 2 self; decoder: 2 self, 2 cross"``; a module that runs in several layers is said so."""
+    counts: dict[str, dict[str, int]] = {}
+    for site in sites:
+        kinds = counts.setdefault(site.stack or "one stack", {})
+        kinds[site.kind] = kinds.get(site.kind, 0) + 1
+    said = "; ".join(f"{stack}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+                     for stack, kinds in counts.items())
+    modules = len({id(site.module) for site in sites})
+    return said + (f" ({modules} modules, each run in {len(sites) // modules} layers)" if modules < len(sites) else "")
+
+
 def architecture_tables() -> str:
     """The generated block of docs/models.md: what the tests run, read off the attached tiny models."""
     import headlab
     from headlab.models import headed
+    from tests.support.families import FAMILIES
     from tests.support.tiny import ARCHITECTURES, UNSUPPORTED, built
 
     lines = ["Served: each row is a case of tests/models/test_architectures.py, run on a tiny random model "
@@ -93,6 +106,13 @@ def architecture_tables() -> str:
         lines.append(f"| `{name}` | `{type(model).__name__}` | {site.n_heads} / {site.n_kv_heads} | "
                      f"{'yes' if site.causal else 'no'} | `{site.name}` | {_projections(site)} | "
                      f"`{site.out_proj.name}` | {', '.join(arch.features)} |")
+    lines += ["", "Beyond text decoders and encoders: each row is a model of tests/support/families.py, held to "
+              "transformers by the test file named (sites by stack and kind, in the order they run).", "",
+              "| family | class | reads | sites | heads per site | test |", "|---|---|---|---|---|---|"]
+    for name, family in FAMILIES.items():
+        sites = headlab.attach(family.build()).sites
+        lines.append(f"| `{name}` | `{family.model_class}` | {family.takes} | {_stacks(sites)} | "
+                     f"{', '.join(str(n) for n in dict.fromkeys(s.n_heads for s in sites))} | {family.test} |")
     lines += ["", "Refused, with `headlab.attach`'s message:", "", "| model_type | class | message |", "|---|---|---|"]
     for name in UNSUPPORTED:
         model_class, message = _refusal(name)

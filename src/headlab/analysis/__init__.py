@@ -24,6 +24,9 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
                   (Clark et al. 2019 §4.2; needs the `syntax` extra: spaCy and a pipeline)
     capture_pass.py  PassAccumulators: analyze's capture-pass accumulators by name; AnalysisAccumulators makes them
     result.py     AnalysisResult: what analyze measured, its per-head rows, summary and JSON document
+    patches.py    PatchStats: a vision transformer's heads on images: distance attended on the patch grid, share on
+                  [CLS] and the registers, entropy; image roles (Dosovitskiy et al. 2020; Darcet et al. 2024)
+    images.py     analyze_images: analyze on images (the capture pass, a mirror-image importance task, the skips)
     sentences.py  what analyze found, in sentences
     files.py      heads.json, heads.csv, relations.csv
     plots.py      analyze's PNG plots
@@ -60,6 +63,7 @@ from headlab.analysis.importance import (
 )
 from headlab.analysis.norms import ValueWeighted, plot_value_weighted, value_norms, value_weighted, weighted_pattern
 from headlab.analysis.parses import DEFAULT_PIPELINE, Parse, load_pipeline, parse_texts
+from headlab.analysis.patches import PATCH_STATISTICS, PatchStats, patch_roles
 from headlab.analysis.patching import (
     PatchingResult,
     activation_patching,
@@ -110,4 +114,5 @@ __all__ = [
     "FLOW_MAX_LENGTH", "MaxFlow", "TextFlow", "attention_flow", "max_flow", "mixed_attention", "rollout", "text_flow",
     "ValueWeighted", "plot_value_weighted", "value_norms", "value_weighted", "weighted_pattern",
     "SinkResult", "SinkShare", "plot_sink_share", "sink_share",
+    "PATCH_STATISTICS", "PatchStats", "patch_roles",
 ]

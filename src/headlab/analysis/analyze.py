@@ -27,6 +27,7 @@ from torch import nn
 
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION, AnalysisAccumulators, PassAccumulators
 from headlab.analysis.context_heads import context_heads
+from headlab.analysis.images import analyze_images
 from headlab.analysis.importance import (
     LM_MAX_LENGTH,
     MAX_LENGTH,
@@ -59,6 +60,7 @@ from headlab.capture import capture, load_corpus
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
+from headlab.models.images import takes_pixels
 from headlab.models.stream import has_logits
 
 __all__ = [  # the orchestration, and the names it gathers from the modules it calls
@@ -118,7 +120,9 @@ def analyze(
 
     Args:
         model: a ``HeadedModel`` with a tokenizer (``headlab.load``), or an attached model whose handle has one.
-        corpus: a text file, a list of strings, or None for the bundled corpus.
+        corpus: a text file, a list of strings, or None for the bundled corpus; for an image model (``main_input_name
+            == "pixel_values"``), images (``headlab.analysis.images.analyze_images``: a folder, files, PIL images or
+            pixel values; there is no bundled image corpus): what only means something for text is skipped.
         heads: the heads to capture (surface, taxonomy, similarity, syntax), as
             ``headlab.heads.selection`` takes them; None for all.
         quick: smaller budgets (the first 60 corpus items, fewer probe sequences and task batches).
@@ -139,12 +143,17 @@ def analyze(
         An ``AnalysisResult``.
 
     Raises:
-        ValueError: a bad engine, address or workers (``check_engine``), or bad input.
+        ValueError: a bad engine, address or workers (``check_engine``), or bad input; an image model without
+            images, or with the Ray engine.
+        TypeError: images without an image processor.
         ImportError: ``engine="ray"`` without Ray (names ``headlab[ray]``).
         headlab.capture.distributed.ShardError: a shard failed on a Ray worker (named).
     """
     check_engine(engine, address=address, workers=workers)
     model = headed(model)
+    if takes_pixels(model.model):
+        return _images(model, corpus, heads=heads, quick=quick, importance=importance, engine=engine,
+                       progress=progress)
     texts = load_corpus(corpus).texts
     if quick:
         texts = texts[:60]
@@ -231,6 +240,18 @@ def analyze(
     else:
         skipped["importance"] = "not asked for"
     return result
+
+
+def _images(model: HeadedModel, images: Any, *, heads: HeadSelection, quick: bool, importance: bool, engine: str,
+            progress: bool) -> AnalysisResult:
+    """``analyze`` of an image model: ``headlab.analysis.images.analyze_images`` on ``images``, in this process."""
+    if images is None:
+        raise ValueError(f"{model.architecture} takes images and headlab bundles none: give a folder of images "
+                         "(headlab analyze MODEL --images FOLDER; analyze(model, folder))")
+    if engine != "local":
+        raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an image model runs with "
+                         "engine='local'")
+    return analyze_images(model, images, heads=heads, quick=quick, importance=importance, progress=progress)
 
 
 def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:

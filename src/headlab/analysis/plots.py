@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +32,7 @@ __all__ = ["plot_heatmaps", "write_plots"]
 
 def write_plots(out: Path, *, surface: HeadTable, similarity: SimilarityResult, value_weighted: HeadTable | None,
                 sinks: SinkResult | None, streaming: StreamingResult | None, pruning: Mapping[str, PruningCurve],
-                causal: bool) -> list[Path]:
+                causal: bool, statistics: Sequence[str] | None = None) -> list[Path]:
     """The plots of the parts that ran, into the folder ``out`` (made already); returns their paths.
 
     Args:
@@ -40,9 +40,10 @@ def write_plots(out: Path, *, surface: HeadTable, similarity: SimilarityResult, 
         value_weighted, sinks, streaming: those results, or None (no plot).
         pruning: ``{metric name: curve}``; empty: no plot.
         causal: the model's attention is causal (statistics that cannot vary are left out of the heatmaps).
+        statistics: the heatmaps' columns of ``surface``; None: ``head_statistics`` of the model's kind.
     """
     paths = [out / "heatmaps.png"]
-    plot_heatmaps(surface, paths[-1], causal=causal)
+    plot_heatmaps(surface, paths[-1], causal=causal, statistics=statistics)
     paths.append(out / "mds.png")
     plot_mds(similarity, paths[-1])
     if value_weighted is not None:
@@ -61,15 +62,16 @@ def write_plots(out: Path, *, surface: HeadTable, similarity: SimilarityResult, 
     return paths
 
 
-def plot_heatmaps(surface: HeadTable, path: str | os.PathLike[str], *, causal: bool = False) -> None:
-    """One layer × head heatmap per statistic that can vary for the model's kind (``head_statistics``),
-    from a ``SurfaceStats`` result, in one PNG."""
+def plot_heatmaps(surface: HeadTable, path: str | os.PathLike[str], *, causal: bool = False,
+                  statistics: Sequence[str] | None = None) -> None:
+    """One layer × head heatmap per statistic, in one PNG: ``statistics`` (columns of ``surface``), or those that
+    can vary for the model's kind (``head_statistics``) of a ``SurfaceStats`` result."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = head_statistics(causal=causal)
+    names = head_statistics(causal=causal) if statistics is None else tuple(statistics)
     cols = 3
     n_rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(4.2 * cols, 3.2 * n_rows))

@@ -18,6 +18,7 @@ import numpy as np
 from headlab.analysis.context_heads import ContextHeads
 from headlab.analysis.files import jsonable, write_data
 from headlab.analysis.importance import ImportanceResult, PruningCurve
+from headlab.analysis.patches import image_statistics, patch_sentences
 from headlab.analysis.plots import write_plots
 from headlab.analysis.roles import ProbeScores
 from headlab.analysis.sentences import analysis_sentences
@@ -26,6 +27,7 @@ from headlab.analysis.sinks import SinkResult
 from headlab.analysis.taxonomy import class_shares
 from headlab.capture import CaptureResult
 from headlab.heads import HeadTable
+from headlab.models.images import PatchGrid
 
 __all__ = ["AnalysisResult"]
 
@@ -35,9 +37,11 @@ class AnalysisResult:
     """Everything ``analyze`` measured. Parts that did not run are None, with a reason in ``skipped``.
 
     Attributes:
-        surface: ``SurfaceStats``' table (a row per captured head; ``n_queries`` and every statistic).
-        taxonomy: ``TaxonomyStats``' table (same heads).
-        roles, classes: labels and the pattern class per captured head.
+        surface: ``SurfaceStats``' table (a row per captured head; ``n_queries`` and every statistic); for an image
+            model ``PatchStats``' (``headlab.analysis.patches``).
+        taxonomy: ``TaxonomyStats``' table (same heads); None for an image model (the classes read text).
+        roles, classes: labels and the pattern class per captured head (an image model: ``patch_roles``, no
+            classes).
         value_weighted: ``ValueWeighted``'s table (raw vs value-weighted attention on the sink tokens).
         sinks: ``SinkShare``'s result (the share on the sink positions by query position).
         context: retrieval scores (causal language models) and the streaming simulation, every head
@@ -49,12 +53,14 @@ class AnalysisResult:
             accuracy; for a causal model the next-token loss.
         causal: the model's attention is causal (statistics that cannot vary, e.g. ``to_next``, are
             left out of the sentences and plots).
+        grid: an image model's patch grid (its statistics, sentences and plots are ``headlab.analysis.patches``');
+            None for text.
     """
 
     capture: CaptureResult
     surface: HeadTable
     roles: dict[tuple[int, int], tuple[str, ...]]
-    taxonomy: HeadTable
+    taxonomy: HeadTable | None
     classes: dict[tuple[int, int], str]
     similarity: SimilarityResult
     embedding: MDSResult
@@ -68,6 +74,7 @@ class AnalysisResult:
     pruning: dict[str, PruningCurve] = field(default_factory=dict)
     causal: bool = False
     skipped: dict[str, str] = field(default_factory=dict)
+    grid: PatchGrid | None = None
 
     def table(self) -> HeadTable:
         """Every per-head number of heads.json / heads.csv, a row per captured head: the surface columns,
@@ -115,7 +122,8 @@ class AnalysisResult:
                 role_counts[label] = role_counts.get(label, 0) + 1
         return {
             "items": self.capture.items, "tokens": self.capture.tokens, "truncated": self.capture.n_truncated,
-            "heads": len(self.surface), "role_counts": role_counts, "class_shares": class_shares(self.classes),
+            "heads": len(self.surface), "role_counts": role_counts,
+            "class_shares": class_shares(self.classes) if self.taxonomy is not None else {},
             "mean_js_distance": float(self.similarity.distances[np.triu_indices(len(self.similarity.heads), 1)].mean())
             if len(self.similarity.heads) > 1 else None,
             "mds_stress": self.embedding.stress, "importance_spearman": self.importance_spearman,
@@ -125,11 +133,15 @@ class AnalysisResult:
             else [list(h) for h in self.context.retrieval.retrieval_heads()],
             "streaming_heads": None if self.context is None else {
                 str(c.window): [list(h) for h in c.heads] for c in self.context.streaming.conversions},
+            "grid": None if self.grid is None else self.grid.to_dict(),
         }
 
     def sentences(self) -> list[str]:
         """A few sentences about what the heads do, every number taken from this result
-        (``headlab.analysis.sentences.analysis_sentences``)."""
+        (``headlab.analysis.sentences.analysis_sentences``; ``headlab.analysis.patches.patch_sentences`` for an
+        image model)."""
+        if self.grid is not None:
+            return patch_sentences(self.surface, self.roles, self.grid, self.pruning)
         return analysis_sentences(surface=self.surface, roles=self.roles, classes=self.classes, syntax=self.syntax,
                                   pruning=self.pruning, causal=self.causal)
 
@@ -155,4 +167,5 @@ class AnalysisResult:
         return paths + write_plots(out, surface=self.surface, similarity=self.similarity,
                                    value_weighted=self.value_weighted, sinks=self.sinks,
                                    streaming=None if self.context is None else self.context.streaming,
-                                   pruning=self.pruning, causal=self.causal)
+                                   pruning=self.pruning, causal=self.causal,
+                                   statistics=None if self.grid is None else image_statistics(self.surface))

@@ -29,7 +29,7 @@ from headlab.models import HeadedModel, TapOutput, model_max_length
 from headlab.models.handle import TruncationWarning, given_tokenizer, truncation_message
 from headlab.models.interface import reuse_pattern_memory
 
-__all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "model_max_length"]
+__all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "feed", "model_max_length"]
 
 
 @runtime_checkable
@@ -159,7 +159,6 @@ def capture(
     for consumer in consumers:
         if not callable(getattr(consumer, "update", None)):
             raise TypeError(f"consumer {consumer!r} has no update(batch) method")
-    sites = handle.sites
     selection = handle.heads(heads)
     max_length = handle.max_length if max_length is None else max_length
     tokenized = tokenize_corpus(handle.tokenizer, corpus.texts, max_length=max_length)
@@ -168,6 +167,44 @@ def capture(
     batches = plan_batches(tokenized.lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
     device = handle.device
 
+    def step(indices: list[int]) -> tuple[CaptureBatch, dict[str, Any], int]:
+        batch = collate(tokenized, indices, device=device)
+        return batch, handle.token_batch(batch.input_ids, batch.attention_mask), sum(tokenized.lengths[i]
+                                                                                     for i in indices)
+
+    # a generator expression keeps no batch once it is handed over: each is freed when its turn ends
+    feed(handle, selection, take, consumers, (step(indices) for indices in batches), total=len(batches),
+         progress=progress, start=start)
+    return CaptureResult(
+        items=len(tokenized), tokens=tokenized.n_tokens,
+        padded_tokens=padding_stats(tokenized.lengths, batches).padded_tokens, batches=len(batches),
+        truncated=truncated, max_length=max_length, layers=selection, take=take,
+        seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
+    )
+
+
+def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, ...], consumers: Sequence[Consumer],
+         steps: Iterable[tuple[CaptureBatch, dict[str, Any], int]], *, total: int, progress: bool,
+         start: float) -> None:
+    """Run each step's forward with taps on the selected heads, put what they took in its batch, and hand the batch
+    to every consumer in order: the loop of ``capture`` and of ``headlab.capture.images.capture_images``.
+
+    Under ``torch.inference_mode`` with the model in eval mode (restored afterwards); the taps are removed when it
+    ends, on error too, and nothing of a batch outlives its turn.
+
+    Args:
+        handle: the model's handle.
+        selection: ``{layer: heads}`` to take (``HeadedModel.heads``).
+        take: what to take of each head (``headlab.layer.taps.TAKE``).
+        consumers: objects with ``update(batch)``.
+        steps: ``(batch with no layer taken yet, the forward's keyword arguments, real tokens in it)`` per batch.
+        total: how many steps, for the progress bar.
+        progress: show a progress bar with tokens per second.
+        start: ``time.perf_counter()`` when the capture began (the rate counts from it).
+
+    Raises:
+        RuntimeError: a selected layer did not run headlab's attention in a forward, or ran twice.
+    """
     taken: dict[int, LayerCapture] = {}
 
     def sink(layer: int, out: TapOutput) -> None:
@@ -178,13 +215,12 @@ def capture(
 
     try:
         # Patterns in buffers reused from batch to batch (a batch's tensors are dropped before the next forward).
-        with tapped(sites, selection, take, sink), handle.running() as net, torch.inference_mode(), \
-                reuse_pattern_memory(), RateProgress(progress, len(batches)) as bar:
+        with tapped(handle.sites, selection, take, sink), handle.running() as net, torch.inference_mode(), \
+                reuse_pattern_memory(), RateProgress(progress, total) as bar:
             done_tokens = 0
-            for indices in batches:
-                batch = collate(tokenized, indices, device=device)
+            for batch, kwargs, tokens in steps:
                 taken.clear()
-                net(**handle.token_batch(batch.input_ids, batch.attention_mask))
+                net(**kwargs)
                 if len(taken) != len(selection):
                     raise RuntimeError(f"layers {sorted(set(selection) - set(taken))} did not run headlab's attention "
                                        "in this forward")
@@ -192,18 +228,12 @@ def capture(
                 taken.clear()
                 for consumer in consumers:
                     consumer.update(batch)
-                done_tokens += sum(tokenized.lengths[i] for i in indices)  # counted on the host: no wait for the GPU
+                done_tokens += tokens  # counted on the host: no wait for the GPU
                 batch.release_shared()  # what consumers derived may hold the batch: freed now, not at the next GC
-                del batch  # nothing of a batch outlives its turn
+                del batch, kwargs  # nothing of a batch outlives its turn
                 bar.advance(done_tokens / max(time.perf_counter() - start, 1e-9))
     finally:
         taken.clear()
-    return CaptureResult(
-        items=len(tokenized), tokens=tokenized.n_tokens,
-        padded_tokens=padding_stats(tokenized.lengths, batches).padded_tokens, batches=len(batches),
-        truncated=truncated, max_length=max_length, layers=selection, take=take,
-        seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
-    )
 
 
 def warn_truncated(truncated: Sequence[int], items: int, max_length: int | None, *, stacklevel: int = 3) -> None:

@@ -23,12 +23,17 @@ def analyze(
         help="Checkpoint directory or hub id; default: the packaged MiniLM.")] = None,
     text: Annotated[Path | None, typer.Option(
         "--text", help="Corpus file, one item per line; default: bundled.")] = None,
+    images: Annotated[Path | None, typer.Option(
+        "--images", help="For an image model (a vision transformer whose checkpoint holds preprocessor_config.json): "
+                         "the corpus, a folder of images (.png, .jpg, ...) or one image file; no default (none is "
+                         "bundled). What only means something for text is skipped, with the reason.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for heads.json/.csv, relations.csv, plots; replaced as "
                                                     "a whole, so new, empty, or an earlier analysis.")] = Path(
         "analysis"),
     layers: Annotated[str | None, typer.Option("--layers", help=f"Layers to analyse: {LAYERS_HELP}.")] = None,
     heads: Annotated[str | None, typer.Option("--heads", help="Heads to analyse in each layer, e.g. 0,3.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items, no exact ablation.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items (texts or images), no exact "
+                                                        "ablation.")] = False,
     importance: Annotated[bool, typer.Option("--importance/--no-importance", help="Importance and pruning.")] = True,
     syntax: Annotated[bool, typer.Option("--syntax/--no-syntax", help="Dependency syntax (needs spaCy).")] = True,
     streaming: Annotated[bool, typer.Option("--streaming/--no-streaming", help="Also retrieval heads (causal "
@@ -59,6 +64,7 @@ def analyze(
     from headlab.analysis.analyze import analyze as run_analysis
     from headlab.capture.corpus import load_corpus
     from headlab.capture.distributed import ShardError
+    from headlab.models.images import takes_pixels
     from headlab.report.tables import to_rich
 
     selection = head_selection(layers, heads)
@@ -77,14 +83,30 @@ def analyze(
         fail(f"--engine ray: {err}")
     except INPUT_ERRORS as err:
         fail(f"--address: {err}")
+    if images is not None:
+        if text is not None:
+            raise typer.BadParameter("give one corpus: --text for a text model, --images for an image model",
+                                     param_hint="--images")
+        if not images.exists():
+            raise typer.BadParameter(f"{str(images)!r}: no such file or folder; expected a folder of images or an "
+                                     "image file", param_hint="--images")
+        if engine != "local":
+            raise typer.BadParameter("the Ray engine shards text corpora; analyse images with --engine local",
+                                     param_hint="--engine")
     output_folder(out, owner="heads.json")
     try:
-        corpus = load_corpus(text)
+        corpus = load_corpus(text) if images is None else images
     except INPUT_ERRORS as err:
         fail(str(err))
     console = Console(stderr=as_json)
     with staged_folder(out) as work:
-        loaded = load_model(model)  # an architecture headlab cannot serve is refused here, with the reason
+        loaded = load_model(model, images=True)  # an architecture headlab cannot serve is refused here, with the reason
+        if takes_pixels(loaded.model) and images is None:
+            fail(f"{loaded.source}: {loaded.architecture} takes images, and headlab bundles none: give a folder of "
+                 "images with --images FOLDER")
+        if images is not None and not takes_pixels(loaded.model):
+            fail(f"--images is for an image model; {loaded.source} ({loaded.architecture}) reads text: give its corpus "
+                 "with --text FILE")
         try:
             result = run_analysis(loaded, corpus, heads=selection, quick=quick, importance=importance,
                                   syntax=syntax, streaming=streaming, engine=engine, address=address,
@@ -99,7 +121,8 @@ def analyze(
         return
 
     summary = result.summary()
-    console.print(f"{summary['items']} items, {summary['tokens']} tokens, {summary['heads']} heads"
+    items, tokens = ("images", "positions") if result.grid is not None else ("items", "tokens")
+    console.print(f"{summary['items']} {items}, {summary['tokens']} {tokens}, {summary['heads']} heads"
                   + (f"; {summary['truncated']} items truncated" if summary["truncated"] else ""))
     for shown in _tables(result, summary["class_shares"]):
         console.print(to_rich(shown))
@@ -113,9 +136,10 @@ def analyze(
 def _tables(result: AnalysisResult, class_shares: dict[str, float]) -> list[DisplayTable]:
     """The tables of the parts that ran (``headlab.report.tables``, as the report shows them): roles, pattern
     classes, dependency relations, the sink heads (raw vs value-weighted attention), the retrieval heads, and the
-    streaming conversions per window."""
+    streaming conversions per window; for an image model roles and the heads by distance attended."""
     from headlab.report.tables import (
         classes_table,
+        patches_table,
         relations_table,
         retrieval_table,
         roles_table,
@@ -123,6 +147,8 @@ def _tables(result: AnalysisResult, class_shares: dict[str, float]) -> list[Disp
         streaming_table,
     )
 
+    if result.grid is not None:
+        return [roles_table(result.roles), patches_table(result.surface)]
     tables = [roles_table(result.roles), classes_table(class_shares)]
     if result.syntax is not None:
         tables.append(relations_table(result.syntax))

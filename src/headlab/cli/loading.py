@@ -23,12 +23,16 @@ def quiet_loading() -> None:
         enable_progress_bars()  # which a download of a large checkpoint needs
 
 
-def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: str | None = None) -> Any:
+def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: str | None = None,
+               images: bool = False) -> Any:
     """``headlab.load(model, dtype=dtype, device=device)`` for a command.
 
     Args:
         model: the MODEL argument: a checkpoint directory, a hub id, or None for the packaged MiniLM.
         dtype, device: as ``headlab.load`` takes them (None: its defaults).
+        images: the command reads images too (``view``, ``analyze``): an image model (``main_input_name ==
+            "pixel_values"``) is served when it has its image processor; otherwise it is refused as every model
+            whose input is not text.
 
     Returns:
         The ``HeadedModel``.
@@ -36,9 +40,11 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
     Raises:
         typer.Exit: code 2, after one line naming the model and why it cannot be used (missing,
             not a checkpoint, not cached offline, an architecture headlab cannot serve, a model
-            whose input is not text, the default model not installed).
+            whose input is not text (an image model with ``images``: one without its image processor, which
+            names the file to add), the default model not installed).
     """
     import headlab
+    from headlab.models.images import PIXELS, image_processor
 
     quiet_loading()
     try:
@@ -46,7 +52,15 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
     except (*INPUT_ERRORS, ModuleNotFoundError) as err:
         fail(str(err))
     takes = getattr(loaded.model, "main_input_name", "input_ids")
-    if takes != "input_ids":  # every command reads text
-        fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; the commands read text (images and "
-             "audio are not served by them yet): use the library on its inputs (headlab.attach, run_with_cache)")
+    if takes == PIXELS and images:
+        try:
+            image_processor(loaded.tokenizer, architecture=loaded.architecture, source=loaded.source)
+        except TypeError as err:
+            fail(f"{loaded.source}: {err}")
+        return loaded
+    if takes != "input_ids":  # the command reads text
+        served = ("images are read by headlab view and headlab analyze --images" if takes == PIXELS
+                  else "the commands do not read audio yet")
+        fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; this command reads text ({served}): use "
+             "the library on its inputs (headlab.attach, run_with_cache)")
     return loaded

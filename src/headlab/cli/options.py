@@ -4,11 +4,12 @@ name: ``--layers 0,3``, ``--layers encoder``, ``--layers 'decoder.blocks.*.cross
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from headlab.layer.selection import Heads
+if TYPE_CHECKING:
+    from headlab.layer.selection import Heads
 
 __all__ = ["LAYERS_HELP", "Answer", "Clean", "Corrupt", "MetricName", "ModelArgument", "Wrong", "check_seed",
            "head_selection", "int_list"]
@@ -70,6 +71,8 @@ def head_selection(layers: str | None, heads: str | None) -> Heads:
     Raises:
         typer.BadParameter: an empty item, a negative index or a repeated one (``int_list``'s messages).
     """
+    from headlab.layer.selection import Heads  # imports torch: not at the CLI's import
+
     return Heads(layers=None if layers is None else _layer_list(layers),
                  heads=None if heads is None else int_list(heads, option="--heads"))
 

@@ -21,12 +21,30 @@ ARGUMENTS_HELP = (
     "[MODEL] TEXT: a checkpoint directory or hub id (default: the packaged MiniLM), then the text. A lone argument "
     "is the TEXT, unless it names a model (an existing directory or an org/name hub id): that is an error, no text "
     "given. With --text FILE the only argument is a MODEL, a directory or an org/name hub id. A TEXT that is an "
-    "existing file is refused: read files with --text."
+    "existing file is refused: read files with --text. MODEL IMAGE...: for an image model (a vision transformer "
+    "whose checkpoint holds preprocessor_config.json), one or more images, each an image file (.png, .jpg, ...) or "
+    "a folder of them; the page switches between them."
 )
 
 
 def _is_dir(arg: str) -> bool:
     return os.path.isdir(os.path.expanduser(arg))  # os.path: False, not OSError, for a text too long to be a path
+
+
+def _model_and_images(args: list[str]) -> tuple[str | None, list[str]] | None:
+    """The MODEL and IMAGEs of ``ARGUMENTS_HELP`` when every argument after a MODEL is an existing image file or
+    folder (or a lone argument is an image file), else None: the arguments are a text's."""
+    from headlab.models.images import IMAGE_SUFFIXES
+
+    def image_file(arg: str) -> bool:
+        path = os.path.expanduser(arg)  # os.path: False, not OSError, for a text too long to be a path
+        return os.path.isfile(path) and os.path.splitext(path)[1].lower() in IMAGE_SUFFIXES
+
+    if len(args) == 1 and image_file(args[0]):
+        return None, args
+    if len(args) >= 2 and all(image_file(arg) or _is_dir(arg) for arg in args[1:]):
+        return args[0], args[1:]
+    return None
 
 
 def _model_and_text(args: list[str], text_file: Path | None) -> tuple[str | None, str]:
@@ -69,7 +87,7 @@ def _model_and_text(args: list[str], text_file: Path | None) -> tuple[str | None
 
 
 def view(
-    args: Annotated[list[str] | None, typer.Argument(metavar="[MODEL] [TEXT]", help=ARGUMENTS_HELP,
+    args: Annotated[list[str] | None, typer.Argument(metavar="[MODEL] [TEXT | IMAGE...]", help=ARGUMENTS_HELP,
                                                      show_default=False)] = None,
     text_file: Annotated[Path | None, typer.Option("--text", help="Read the text (all of it, one text) from this "
                                                                   "UTF-8 file instead.")] = None,
@@ -87,7 +105,8 @@ def view(
 ) -> None:
     """Write an interactive page: every layer x head as thumbnails, one head open with its pattern,
     what each token attends to and what attends to it, at piece or word level, with each head's
-    statistics and role labels measured on the text.
+    statistics and role labels measured on the text. For an image model, the image under its patch
+    grid: hovering a patch shows the open head's attention from it as heat over the image.
 
     Exits with status 2 on bad input (arguments, the text file, --out, the model, the selection;
     checked before the model runs) and 1 when interrupted (--out left as it was).
@@ -100,19 +119,28 @@ def view(
 
     from headlab.capture import TruncationWarning
     from headlab.heads import head_label
+    from headlab.models.images import takes_pixels
     from headlab.report.viewer import view_data, viewer_document
 
-    model, text = _model_and_text(list(args or []), text_file)
+    images = None if text_file is not None else _model_and_images(list(args or []))
+    model, viewed = _model_and_text(list(args or []), text_file) if images is None else images
     selection = head_selection(layers, heads)
     output_file(out, example="view.html")
     console = Console()
     with staged_files(out.parent, shown=out) as work:
-        loaded = load_model(model)  # an architecture headlab cannot serve is refused here, with the reason
+        loaded = load_model(model, images=True)  # an architecture headlab cannot serve is refused here, with the reason
+        pixels = takes_pixels(loaded.model)
+        if pixels and images is None:
+            fail(f"{loaded.source}: {loaded.architecture} takes images, not text: give image files or folders of "
+                 f"images after it (headlab view {model} IMAGE...)")
+        if images is not None and not pixels:
+            fail(f"{images[1][0]!r} is an image or a folder of them, but {loaded.source} ({loaded.architecture}) "
+                 "reads text: give an image model before it (a checkpoint with preprocessor_config.json), or a text")
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", TruncationWarning)
                 limit: dict[str, Any] = {} if flow_max_length is None else {"flow_max_length": flow_max_length}
-                data = view_data(loaded, text, heads=selection, progress=False, **limit)
+                data = view_data(loaded, viewed, heads=selection, progress=False, **limit)
         except INPUT_ERRORS as err:
             fail(str(err))
         for warning in caught:  # said as every command says it; the page shows it among its notes
@@ -121,7 +149,8 @@ def view(
         (work / out.name).write_text(viewer_document(data), encoding="utf-8")
 
     item = data.items[0]
-    table = Table(title=f"Roles of {len(data.heads)} heads of {escape(data.name)} on {item.pieces.n} pieces")
+    unit = "positions" if pixels else "pieces"
+    table = Table(title=f"Roles of {len(data.heads)} heads of {escape(data.name)} on {item.pieces.n} {unit}")
     table.add_column("role")
     table.add_column("heads")
     by_role: dict[str, list[str]] = {}

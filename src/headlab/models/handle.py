@@ -33,12 +33,12 @@ from torch import Tensor, nn
 
 from headlab import display
 from headlab.layer.selection import HeadSelection, resolve
-from headlab.models import audio
+from headlab.models import audio, images, multimodal
 from headlab.models.interface import IMPLEMENTATION
 from headlab.models.site import AttentionSite, is_attached, sites_of
 
 HANDLE_ATTRIBUTE = "headlab_handle"  # on an attached model: the handle ``attach`` made for it
-Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor | audio.Audio  # what ``HeadedModel.inputs`` takes
+Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor | audio.Audio | images.Images  # what ``inputs`` takes
 
 
 class HeadedModel(display.Shown):
@@ -151,19 +151,28 @@ class HeadedModel(display.Shown):
                 holds (``tokenizer``: a processor or feature extractor): a 1-D float array or tensor of samples
                 at its sampling rate, the path of a 16-bit PCM WAV file (stereo averaged to mono), or a list of
                 them. An encoder-decoder's decoder then reads one token, ``config.decoder_start_token_id``, unless
-                a mapping gives ``decoder_input_ids`` (or ``decoder_inputs_embeds``, or ``labels``).
+                a mapping gives ``decoder_input_ids`` (or ``decoder_inputs_embeds``, or ``labels``). A model of
+                several towers takes a mapping with every tower's input (``input_ids`` and ``pixel_values``); one
+                that puts images in its text (Gemma 3, LLaVA) also takes text alone, which runs its text tower only.
 
         Raises:
-            TypeError: inputs of another type, texts without a tokenizer, or audio without a feature extractor.
+            TypeError: inputs of another type, texts without a tokenizer, audio without a feature extractor, or
+                images without an image processor.
             ValueError: an empty text, input ids that are not an integer ``(batch, pos)`` tensor, features not of
-                the shape the model requires, or a WAV file at another sampling rate than the feature extractor's.
+                the shape the model requires, a WAV file at another sampling rate than the feature extractor's, or
+                text alone for a model whose every forward needs pixel values too (CLIP).
 
         Warns:
             TruncationWarning: texts longer than the model's limit (``max_length``), cut to it.
         """
         device = self.device
+        if self._transformers and not isinstance(inputs, Mapping) and multimodal.needs_pixels(self.model):
+            raise ValueError(multimodal.pixels_needed(self.model))
         if self._transformers and audio.takes_features(self.model):
             return self._with_decoder_start(self._features(inputs))
+        if self._transformers and images.takes_pixels(self.model) and images.is_images(inputs):
+            processor = images.image_processor(self.tokenizer, architecture=self.architecture, source=self.source)
+            return {images.PIXELS: images.pixel_values(inputs, processor).to(device=device, dtype=self.dtype)}
         if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs
                                        and all(isinstance(t, str) for t in inputs)):
             if self.tokenizer is None:
@@ -235,9 +244,12 @@ class HeadedModel(display.Shown):
             attention_mask: ``(batch, pos)``, 1 for real tokens.
 
         Raises:
-            ValueError: a padded batch for a bidirectional headlab model whose forward takes no mask.
+            ValueError: a padded batch for a bidirectional headlab model whose forward takes no mask, or a model
+                whose every forward needs pixel values with the ids (CLIP).
         """
         if self._transformers:
+            if multimodal.needs_pixels(self.model):
+                raise ValueError(multimodal.pixels_needed(self.model))
             return {"input_ids": input_ids, "attention_mask": attention_mask}
         names = set(inspect.signature(self.model.forward).parameters)
         kwargs = {"input_ids" if "input_ids" in names else _first_argument(self.model): input_ids}
@@ -263,6 +275,25 @@ class HeadedModel(display.Shown):
         mask = inputs.get("attention_mask")
         keep = mask.cpu().bool() if isinstance(mask, Tensor) else torch.ones_like(ids, dtype=torch.bool)
         return [self.tokenizer.convert_ids_to_tokens(row[real].tolist()) for row, real in zip(ids, keep)]
+
+    def labels(self, inputs: Mapping[str, Any]) -> list[list[str]] | None:
+        """Each item's positions as a person reads them: its tokens (``tokens``); for an image model ``[CLS]``,
+        ``reg 0``, ``patch r3c7`` (``headlab.models.images.patch_grid``; one forward counts the positions).
+
+        Args:
+            inputs: keyword arguments of a forward (``inputs``).
+
+        Raises:
+            ValueError: an image model whose attention is not over the whole image, or whose config has no
+                ``patch_size``.
+        """
+        pixels = inputs.get(images.PIXELS)
+        if not (self._transformers and isinstance(pixels, Tensor) and pixels.dim() == 4):
+            return self.tokens(inputs)
+        with self.running(grad=False):
+            positions = images.positions_of(self.model, pixels)
+        grid = images.patch_grid(self.model, height=pixels.shape[2], width=pixels.shape[3], positions=positions)
+        return [grid.labels() for _ in range(len(pixels))]
 
     @contextmanager
     def running(self, *, grad: bool | None = None) -> Iterator[nn.Module]:
@@ -414,14 +445,23 @@ def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:
 
 
 def _input_embedding_parent(model: nn.Module) -> str | None:
-    """The name of the module that holds the token embedding (``get_input_embeddings``), or None where the model
+    """The name of the module that holds the token embedding (``token_embedding``), or None where the model
     does not say: a position table counts only beside it (not a vision tower's of a multimodal model)."""
-    try:
-        embedding = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    except NotImplementedError:  # a model of several towers without one input embedding
-        return None
+    embedding = token_embedding(model)
     found = next((name for name, module in model.named_modules() if module is embedding), None)
     return None if embedding is None or found is None else found.rpartition(".")[0]
+
+
+def token_embedding(model: nn.Module) -> nn.Module | None:
+    """The embedding of ``model``'s token ids (``get_input_embeddings``); for a model of several towers without one
+    input embedding (CLIP), its text tower's: the first submodel whose main input is token ids. None where the
+    model does not say."""
+    try:
+        return cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    except NotImplementedError:
+        text = next((m for m in model.modules() if m is not model and hasattr(m, "get_input_embeddings")
+                     and getattr(m, "main_input_name", None) == "input_ids"), None)
+        return None if text is None else cast(Any, text).get_input_embeddings()
 
 
 def _first_argument(model: nn.Module) -> str:

@@ -8,7 +8,9 @@ Weights load from safetensors only (``use_safetensors=True``): a checkpoint that
 pickle weights (``pytorch_model.bin``) is refused, never unpickled. Remote code is never run.
 
 Model class: a causal LM (``AutoModelForCausalLM``) when the config's ``architectures`` name
-one (``…ForCausalLM``, ``…LMHeadModel``), otherwise the base model (``AutoModel``; MiniLM, a
+one (``…ForCausalLM``, ``…LMHeadModel``); a model that reads images and text into text
+(``AutoModelForImageTextToText``: Gemma 3's and LLaVA's ``…ForConditionalGeneration``) when they
+name the class it builds for the config; otherwise the base model (``AutoModel``; MiniLM, a
 sentence-embedding BERT, loads as ``BertModel``). Attention runs through headlab's
 implementation of transformers' ``AttentionInterface`` (``headlab.models.attach``): the fused
 SDPA kernel wherever nothing is asked of the heads.
@@ -28,6 +30,7 @@ import torch
 from headlab.models.attach import attach, check_architecture
 from headlab.models.audio import PREPROCESSOR_FILE, takes_features
 from headlab.models.handle import HeadedModel
+from headlab.models.images import takes_pixels
 from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.saved import RECORD, WEIGHTS, load_interventions, read_record, restore_sites
 
@@ -100,7 +103,7 @@ def load(
     kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation=IMPLEMENTATION)
     if local and (directory / RECORD).exists():  # saved by headlab.heads.save: pruned or intervened heads
         model = _load_saved(directory, model_class, config, torch_dtype)
-        tokenizer = _local_tokenizer(directory, audio=takes_features(model))
+        tokenizer = _local_tokenizer(directory, model)
     elif local:
         from safetensors import SafetensorError
 
@@ -108,12 +111,11 @@ def load(
             model = model_class.from_pretrained(source, **kwargs)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
             raise ValueError(f"{source}: could not load the weights ({type(err).__name__}: {err})") from err
-        tokenizer = _local_tokenizer(directory, audio=takes_features(model))
+        tokenizer = _local_tokenizer(directory, model)
     else:
         model = _hub_call(source, "weights (safetensors)", lambda: model_class.from_pretrained(source, **kwargs))
-        audio = takes_features(model)
-        what = "processor" if audio else "tokenizer"
-        tokenizer = _hub_call(source, what, lambda: _auto_tokenizer(source, audio=audio))
+        what = "image processor" if takes_pixels(model) else "processor" if takes_features(model) else "tokenizer"
+        tokenizer = _hub_call(source, what, lambda: _auto_tokenizer(source, model))
     if device is not None:
         model = model.to(device)
     model.eval()
@@ -221,29 +223,43 @@ def _hub_call(hub_id: str, what: str, call: Any) -> Any:
 
 
 def _model_class(config: Any) -> Any:
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
 
     architectures = getattr(config, "architectures", None) or []
-    return AutoModelForCausalLM if any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures) else AutoModel
+    if any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures):
+        return AutoModelForCausalLM
+    image_text = AutoModelForImageTextToText._model_mapping
+    if type(config) in image_text and image_text[type(config)].__name__ in architectures:
+        return AutoModelForImageTextToText
+    return AutoModel
 
 
-def _local_tokenizer(directory: Path, *, audio: bool = False) -> Any | None:
+def _local_tokenizer(directory: Path, model: Any) -> Any | None:
     """The checkpoint's tokenizer; for a model that takes log-mel features, its processor (tokenizer and feature
-    extractor) or feature extractor alone, from ``preprocessor_config.json``. None when it ships none."""
+    extractor) or feature extractor alone, from ``preprocessor_config.json``; for a model that takes pixels, its
+    image processor, from the same file. None when it ships none."""
     has_tokenizer = any((directory / name).is_file() for name in _TOKENIZER_FILES)
-    has_extractor = audio and (directory / PREPROCESSOR_FILE).is_file()
-    if has_extractor and not has_tokenizer:
+    has_preprocessor = (directory / PREPROCESSOR_FILE).is_file()
+    if has_preprocessor and takes_pixels(model):
+        return _auto_tokenizer(str(directory), model)
+    if has_preprocessor and takes_features(model) and not has_tokenizer:
         from transformers import AutoFeatureExtractor
 
         return AutoFeatureExtractor.from_pretrained(str(directory))
-    return _auto_tokenizer(str(directory), audio=has_extractor) if has_tokenizer else None
+    if not has_tokenizer:
+        return None
+    return _auto_tokenizer(str(directory), model, processor=has_preprocessor)
 
 
-def _auto_tokenizer(source: str, *, audio: bool = False) -> Any:
-    """The tokenizer of ``source``, or its processor for a model that takes log-mel features."""
-    from transformers import AutoProcessor, AutoTokenizer
+def _auto_tokenizer(source: str, model: Any, *, processor: bool = True) -> Any:
+    """The tokenizer of ``source``; its image processor for a model that takes pixels (the PIL backend where
+    torchvision, transformers' default, is not installed); its processor for a model that takes log-mel features
+    (when ``processor``: the checkpoint has one)."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
-    return (AutoProcessor if audio else AutoTokenizer).from_pretrained(source)
+    if takes_pixels(model):
+        return AutoImageProcessor.from_pretrained(source, backend=None if find_spec("torchvision") else "pil")
+    return (AutoProcessor if processor and takes_features(model) else AutoTokenizer).from_pretrained(source)
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:

@@ -12,18 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from headlab.models import multimodal
 from headlab.models.audio import FEATURES, feature_shape, takes_decoder_ids
 from headlab.models.calls import AttentionCall, ProjectionCall
-from headlab.models.handle import evaluating
+from headlab.models.handle import evaluating, token_embedding
 from headlab.models.interface import observing
 
-PROBE_LENGTH = 6  # tokens per probe item
-TOWERS = ("text_config", "vision_config", "audio_config")  # a multimodal config's parts
+PROBE_LENGTH = 6  # tokens per probe item (image tokens not counted)
 PROBE_BATCH = 2
 _active: ContextVar[object | None] = ContextVar("headlab_probe", default=None)  # the recording of this context
 
@@ -35,7 +35,10 @@ def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
     (``main_input_name == "pixel_values"``) seeded random pixels of its configured size; for one whose main
     input is log-mel features (``"input_features"``: Whisper) seeded random features ``(batch, n_mels, frames)``
     of the length its encoder requires (``headlab.models.audio.feature_shape``). An encoder-decoder's decoder
-    gets token ids shorter than the encoder's input, so its cross calls tell from its self calls.
+    gets token ids shorter than the encoder's input, so its cross calls tell from its self calls. A model of
+    several towers (``headlab.models.multimodal``) gets every tower's input, so that all of them run: token ids and
+    pixels of its vision tower's size, one image per item, the ids holding the image's tokens after their first
+    token where the text has a place for it (Gemma 3, LLaVA: as many as ``get_image_features`` gives one image).
 
     Returns:
         The keyword arguments of a forward.
@@ -58,6 +61,9 @@ def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
             raise ValueError(f"{type(model).__name__}: cannot tell its image size (config.image_size)")
         pixels = torch.randn(PROBE_BATCH, channels, size, size, generator=generator)
         return {"pixel_values": pixels.to(device=device, dtype=dtype)}
+    if multimodal.vision_config(model) is not None:
+        pixels = torch.randn(PROBE_BATCH, *multimodal.image_shape(model), generator=generator)
+        return _with_image(model, _token_ids(model, config, device), pixels.to(device=device, dtype=dtype))
     if takes == FEATURES:
         features = torch.randn(PROBE_BATCH, *feature_shape(model), generator=generator)
         inputs = {FEATURES: features.to(device=device, dtype=dtype)}
@@ -72,27 +78,59 @@ def probe_inputs(model: nn.Module) -> dict[str, Tensor]:
 
 
 def _token_ids(model: nn.Module, config: Any, device: torch.device) -> Tensor:
-    """``(PROBE_BATCH, PROBE_LENGTH)`` token ids of the model's vocabulary, none of them a special token.
+    """``(PROBE_BATCH, PROBE_LENGTH)`` token ids of the model's vocabulary (its text tower's), none of them a special
+    token or an image token.
 
     Raises:
-        ValueError: a model of several towers, or one whose vocabulary size cannot be told.
+        ValueError: a model whose vocabulary size cannot be told.
     """
-    try:
-        embeddings = cast(Any, model).get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    except NotImplementedError:  # no one input embedding: a model of several towers (CLIP's text and vision)
-        towers = [name for name in TOWERS if getattr(config, name, None) is not None]
-        if towers:
-            raise ValueError(f"{type(model).__name__} is a model of several towers ({', '.join(towers)}) with no one "
-                             "input embedding, which headlab does not attach as one yet: attach its text model on "
-                             "its own (the submodule whose input is the token ids)") from None
-        embeddings = None
-    vocab = getattr(embeddings, "num_embeddings", None) or getattr(config, "vocab_size", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(token_embedding(model), "num_embeddings", None) or getattr(text, "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 2:
         raise ValueError(f"{type(model).__name__}: cannot tell its vocabulary size; headlab probes text models "
                          "through their input ids")
-    avoid = {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    avoid = {getattr(text, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    avoid |= {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    avoid.add(multimodal.image_token(model))
     ids = [i for i in range(3, 3 + 64) if i % vocab not in avoid][: PROBE_BATCH * PROBE_LENGTH]
     return torch.tensor(ids, device=device).remainder(vocab).view(PROBE_BATCH, PROBE_LENGTH)
+
+
+def _with_image(model: nn.Module, input_ids: Tensor, pixels: Tensor) -> dict[str, Tensor]:
+    """The inputs of a forward of a model of several towers: ``input_ids``, with one image's tokens after each item's
+    first token where the text has a place for the image, their attention mask and ``pixels``
+    ``(PROBE_BATCH, channels, height, width)``."""
+    token = multimodal.image_token(model)
+    if token is not None:
+        image = torch.full((len(input_ids), _tokens_per_image(model, pixels)), token, dtype=input_ids.dtype,
+                           device=input_ids.device)
+        input_ids = torch.cat([input_ids[:, :1], image, input_ids[:, 1:]], dim=1)
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "pixel_values": pixels}
+
+
+def _tokens_per_image(model: nn.Module, pixels: Tensor) -> int:
+    """How many image tokens one image takes in the text: the features the model's ``get_image_features`` gives it
+    (Gemma 3's ``mm_tokens_per_image``; LLaVA's patches, with the CLS token or without it as its
+    ``vision_feature_select_strategy`` says).
+
+    Raises:
+        ValueError: the model puts images in its text but has no ``get_image_features``, or its vision tower does
+            not run on one image ``(1, channels, height, width)`` (it takes several per item, or more inputs).
+    """
+    name = type(model).__name__
+    get = getattr(model, "get_image_features", None)
+    if not callable(get):
+        raise ValueError(f"{name} puts images in its text (config.image_token_id) but has no get_image_features: "
+                         "cannot tell how many image tokens an image takes")
+    try:
+        with evaluating(model, grad=False):
+            features = get(pixel_values=pixels[:1])
+    except (TypeError, ValueError, RuntimeError) as err:  # the tower's own words, on one line
+        why = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"{name}: its vision tower (config.vision_config) does not run on one image "
+                         f"{tuple(pixels[:1].shape)} of its image size ({why}), which is how headlab runs it") from err
+    pooled = getattr(features, "pooler_output", features)  # (1, tokens, d_model), or one (tokens, d_model) per image
+    return int(pooled[0].shape[0])
 
 
 def first_output(output: Any) -> Tensor:

@@ -380,6 +380,7 @@ def is_attached(site: AttentionSite) -> bool:
 
 
 _TOWER_SUFFIXES = ("_model", "_tower")  # "vision_model" → "vision", "audio_tower" → "audio"
+_STACK_ALIASES = {"language": "text"}  # "language_model" (Gemma 3, LLaVA) is CLIP's "text_model"
 
 
 def name_stacks(sites: Sequence[AttentionSite]) -> None:
@@ -387,8 +388,9 @@ def name_stacks(sites: Sequence[AttentionSite]) -> None:
 
     The stack is the first part of a site's module name after what every site's name begins with
     ("model.encoder.layers.0.self_attn" and "model.decoder.layers.0.self_attn": "encoder", "decoder";
-    "text_model.…" and "vision_model.…": "text", "vision"), unless that part is a layer number (a model of
-    one stack: ""). The block is the site's index among its stack's sites of its kind, in call order.
+    "text_model.…" or "language_model.…" and "vision_model.…": "text", "vision"), unless that part is a
+    layer number (a model of one stack: ""). The block is the site's index among its stack's sites of its
+    kind, in call order.
 
     Args:
         sites: every site of a model, in layer order.
@@ -405,6 +407,6 @@ def name_stacks(sites: Sequence[AttentionSite]) -> None:
         for suffix in _TOWER_SUFFIXES:
             if stack.endswith(suffix) and len(stack) > len(suffix):
                 stack = stack[: -len(suffix)]
-        site.stack = stack
+        site.stack = _STACK_ALIASES.get(stack, stack)
         site.block = counts.get((stack, site.cross), 0)
         counts[(stack, site.cross)] = site.block + 1

@@ -148,7 +148,8 @@ def build_report(
     Raises:
         ValueError: two sections or parts share an id, one uses the reserved id
             ``"provenance"``, or a part's ``see_also`` names an id the page lacks; or, as
-            ``headlab.load`` and ``load_corpus`` raise them, ``model`` or ``text`` cannot be used.
+            ``headlab.load`` and ``load_corpus`` raise them, ``model`` or ``text`` cannot be used; or ``model``
+            does not read text (an image or audio model).
         FileNotFoundError, NotADirectoryError: ``model`` or ``text`` cannot be found. The model
             (when given) and the corpus are checked before any section runs or any file is written.
     """
@@ -168,7 +169,11 @@ def build_report(
     # A model or corpus that cannot be used stops the report now, not after minutes of other sections.
     corpus = load_corpus(text)
     if model is not None:  # the packaged default is loaded when a section first asks for it
-        ctx.load_model()
+        loaded = ctx.load_model()
+        takes = getattr(loaded.model, "main_input_name", "input_ids")
+        if takes != "input_ids":  # every model section reads the corpus's text
+            raise ValueError(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; the report's model "
+                             "sections read text (images are read by headlab view and headlab analyze --images)")
     out_dir.mkdir(parents=True, exist_ok=True)
 
     start = time.perf_counter()

@@ -10,6 +10,7 @@ escape every cell and the title, so token text and relation labels can never bec
     classes_table(shares)               share of heads in each pattern class
     relations_table(syntax)             dependency relations: the best head against the best fixed offset
     sinks_table(value_weighted, sinks)  raw vs value-weighted attention on the sink tokens, top heads
+    patches_table(surface)              an image model's heads by distance attended on the patch grid, nearest first
     retrieval_table(retrieval)          retrieval heads by score, top heads
     streaming_table(streaming)          streaming-head conversions per window
 
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
     from headlab.analysis.syntax import SyntaxResult
     from headlab.heads import HeadTable
 
-__all__ = ["TOP_HEADS", "Column", "DisplayTable", "classes_table", "relations_table", "retrieval_table", "roles_table",
-           "share", "sinks_table", "streaming_table", "to_html", "to_rich"]
+__all__ = ["TOP_HEADS", "Column", "DisplayTable", "classes_table", "patches_table", "relations_table",
+           "retrieval_table", "roles_table", "share", "sinks_table", "streaming_table", "to_html", "to_rich"]
 
 TOP_HEADS = 8  # rows of the tables that rank heads (sinks, retrieval)
 MISSING = "–"  # a cell whose head has no value in that result
@@ -176,6 +177,29 @@ def sinks_table(value_weighted: HeadTable, sinks: SinkResult) -> DisplayTable:
                                 Column("‖f(x)‖ other tokens", numeric=True), Column(f"raw on {first}", numeric=True),
                                 Column("sink head", numeric=True), Column("points per doubling", numeric=True)),
                         tuple(rows))
+
+
+def patches_table(surface: HeadTable) -> DisplayTable:
+    """An image model's ``TOP_HEADS`` heads that look nearest on the patch grid (``PatchStats``' table,
+    ``headlab.analysis.patches``): the mean distance attended among the patches, the share on [CLS] and on every
+    special token, the entropy against uniform attention's."""
+    from headlab.heads import head_label
+
+    def cell(name: str, layer: int, head: int, fmt: str) -> str:
+        if name not in surface.columns or math.isnan(value := surface.value(name, layer, head)):
+            return MISSING
+        return format(value, fmt)
+
+    rows = tuple((head_label(layer, head), cell("patch_distance", layer, head, ".2f"),
+                  cell("to_cls", layer, head, ".0%"), cell("to_special", layer, head, ".0%"),
+                  f"{cell('entropy', layer, head, '.2f')} / {cell('uniform_entropy', layer, head, '.2f')}")
+                 for layer, head in surface.top("patch_distance", TOP_HEADS, largest=False))
+    title = (f"Heads on images, the {len(rows)} of {len(surface)} that look nearest: mean distance attended among the "
+             "patches (Euclidean, in patches), the share from the patches on [CLS] and on every special token "
+             "([CLS], [DIST], registers), entropy against uniform attention's (L = layer, H = head, from 0)")
+    return DisplayTable(title, (Column("head"), Column("distance (patches)", numeric=True),
+                                Column("to [CLS]", numeric=True), Column("to special tokens", numeric=True),
+                                Column("entropy / uniform (nats)", numeric=True)), rows)
 
 
 def retrieval_table(retrieval: RetrievalResult) -> DisplayTable:

@@ -18,8 +18,8 @@ from torch import Tensor
 from headlab.analysis.flow import FLOW_MAX_LENGTH, attention_flow, rollout
 from headlab.capture.cache import Cache
 from headlab.heads.selection import HeadSelection, resolve
-from headlab.report.viewer.data import HeadInfo, Level, ViewerData, ViewerItem
 from headlab.report.viewer.encoding import quantize, thumbnails
+from headlab.report.viewer.payload import HeadInfo, Level, ViewerData, ViewerItem
 
 __all__ = ["cache_view_data"]
 

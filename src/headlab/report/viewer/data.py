@@ -1,5 +1,6 @@
-"""What the attention viewer shows: every selected head's pattern on a few texts, at piece and word level,
-with each head's statistics and role labels measured on those texts.
+"""``view_data``: what the attention viewer shows of a text model (``payload.ViewerData``): every selected head's
+pattern on a few texts, at piece and word level, with each head's statistics and role labels measured on those
+texts. An image model's goes to ``images.image_view_data``.
 
 Axis legend:
     patterns   (head, query_pos, key_pos)   one layer's selected heads on one item
@@ -19,9 +20,7 @@ head's strongest incoming and outgoing edges (``circuit.circuit_view``) for its 
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,170 +35,16 @@ from headlab.circuits.graph import EdgeScores
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.models.handle import truncation_message
+from headlab.models.images import takes_pixels
 from headlab.report.provenance import model_name
-from headlab.report.viewer.circuit import TOP_EDGES, CircuitView, circuit_view
-from headlab.report.viewer.encoding import QuantizedPattern, quantize, thumbnails
+from headlab.report.viewer.circuit import TOP_EDGES, circuit_view
+from headlab.report.viewer.encoding import quantize, thumbnails
+from headlab.report.viewer.images import image_view_data
+from headlab.report.viewer.payload import MAX_ENTRIES, HeadInfo, Level, ViewerData, ViewerItem
 
-__all__ = ["MAX_ENTRIES", "HeadInfo", "Level", "ViewerData", "ViewerItem", "view_data"]
+__all__ = ["view_data"]
 
-MAX_ENTRIES = 400_000_000  # pattern entries (one byte each before deflate) one page may carry
 _TAXONOMY = ("special", "band", "block", "top_columns")
-
-
-@dataclass(frozen=True)
-class HeadInfo:
-    """One head as measured on the viewed texts.
-
-    Attributes:
-        layer, head: the head's address.
-        roles: labels from ``label_heads`` (possibly none).
-        pattern_class: the Kovaleva et al. class from ``classify``.
-        stats: every surface statistic and the taxonomy scores (NaN-free: a statistic that could
-            not be measured on these texts, e.g. ``block`` without two sentences, is left out).
-        corpus: what a corpus-wide analysis found for this head (``AnalysisResult.rows()``), if given.
-    """
-
-    layer: int
-    head: int
-    roles: tuple[str, ...]
-    pattern_class: str
-    stats: dict[str, float]
-    corpus: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "head": self.head, "roles": list(self.roles), "class": self.pattern_class,
-                "stats": dict(self.stats), "corpus": self.corpus}
-
-
-@dataclass(frozen=True)
-class Level:
-    """One item at one level of detail.
-
-    Attributes:
-        name: ``"pieces"`` or ``"words"``.
-        labels: each position's text (a special token's own string, e.g. ``[CLS]``).
-        gaps: the text between the previous position and this one (usually a space), so that the
-            labels and gaps together give back the item's text.
-        tail: the text after the last position.
-        special: True at special tokens.
-        pieces: word pieces in each position (1 at piece level).
-        patterns: one encoded pattern per head, in ``ViewerData.heads`` order.
-        thumb_size, thumbs: every head's pooled pattern (``encoding.thumbnails``).
-        rollout: per layer 0 … the last shown layer, the attention rollout through it (``flow.rollout``).
-        flow: the same for attention flow (``flow.attention_flow``), or None when the item has more than
-            ``ViewerData.flow_max_length`` pieces.
-    """
-
-    name: str
-    labels: list[str]
-    gaps: list[str]
-    tail: str
-    special: list[bool]
-    pieces: list[int]
-    patterns: list[QuantizedPattern]
-    thumb_size: int
-    thumbs: bytes
-    rollout: list[QuantizedPattern] = field(default_factory=list)
-    flow: list[QuantizedPattern] | None = None
-
-    @property
-    def n(self) -> int:
-        return len(self.labels)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "n": self.n, "labels": self.labels, "gaps": self.gaps, "tail": self.tail,
-                "special": self.special, "pieces": self.pieces, "patterns": [p.to_dict() for p in self.patterns],
-                "thumbSize": self.thumb_size, "thumbs": base64.b64encode(self.thumbs).decode("ascii"),
-                "rollout": [p.to_dict() for p in self.rollout],
-                "flow": None if self.flow is None else [p.to_dict() for p in self.flow]}
-
-
-@dataclass(frozen=True)
-class ViewerItem:
-    """One viewed text.
-
-    Attributes:
-        text: the text as given.
-        full_length: its length in pieces before truncation (special tokens included).
-        truncated: True when it was cut to the model's limit; only the first ``pieces.n`` pieces are shown.
-        pieces: the piece-level view.
-        words: the word-level view, or None when every word is a single piece.
-    """
-
-    text: str
-    full_length: int
-    truncated: bool
-    pieces: Level
-    words: Level | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "fullLength": self.full_length, "truncated": self.truncated,
-                "pieces": self.pieces.to_dict(), "words": None if self.words is None else self.words.to_dict()}
-
-
-@dataclass(frozen=True)
-class ViewerData:
-    """Everything the viewer page needs.
-
-    Attributes:
-        name: the model's short name (``headlab.report.provenance.model_name``).
-        source: where the model came from.
-        architecture: its model class, e.g. ``"BertModel"``.
-        causal: whether its attention is causal.
-        n_heads: heads of every layer of the model.
-        heads: the shown ``(layer, head)`` pairs, in layer then head order.
-        info: one ``HeadInfo`` per shown head, same order.
-        items: the viewed texts.
-        max_length: the truncation length in pieces, or None.
-        flow_max_length: the longest item (in pieces) whose attention flow is computed.
-        circuit: each shown head's strongest edges (``circuit.CircuitView``), or None: no circuit panel.
-    """
-
-    name: str
-    source: str
-    architecture: str
-    causal: bool
-    n_heads: list[int]
-    heads: list[tuple[int, int]]
-    info: list[HeadInfo]
-    items: list[ViewerItem]
-    max_length: int | None = None
-    notes: list[str] = field(default_factory=list)
-    flow_max_length: int = FLOW_MAX_LENGTH
-    circuit: CircuitView | None = None
-
-    def head_index(self, layer: int, head: int) -> int:
-        """The position of ``(layer, head)`` in ``heads`` (and in every ``Level.patterns``).
-
-        Raises:
-            KeyError: the head is not shown.
-        """
-        try:
-            return self.heads.index((layer, head))
-        except ValueError:
-            raise KeyError(f"(layer {layer}, head {head}) is not among the shown heads {self.heads}") from None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of encoded patterns and thumbnails (before base64)."""
-        levels = [lv for item in self.items for lv in (item.pieces, item.words) if lv is not None]
-        matrices = [p for lv in levels for p in (*lv.patterns, *lv.rollout, *(lv.flow or ()))]
-        return sum(p.nbytes for p in matrices) + sum(len(lv.thumbs) for lv in levels)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Returns: the page's payload (the format ``static/viewer.js`` reads)."""
-        return {"format": 1, "name": self.name, "source": self.source, "architecture": self.architecture,
-                "causal": self.causal, "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
-                "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
-                "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length,
-                "circuit": None if self.circuit is None else self.circuit.to_dict()}
-
-    def __repr__(self) -> str:
-        pieces = sum(item.pieces.n for item in self.items)
-        circuit = "" if self.circuit is None else f", the strongest {self.circuit.method} edges of each head"
-        return (f"ViewerData: {len(self.heads)} heads of {self.name} ({self.architecture}) on {len(self.items)} "
-                f"text{'s' if len(self.items) != 1 else ''}, {pieces} word pieces, {self.nbytes:,} bytes encoded"
-                f"{circuit}")
 
 
 def view_data(
@@ -218,8 +63,10 @@ def view_data(
     """Run the model on ``texts`` and encode what the viewer shows.
 
     Args:
-        model: a ``HeadedModel`` (``headlab.load``) with a fast tokenizer, needed for offsets.
-        texts: one text or several (the viewer switches between them).
+        model: a ``HeadedModel`` (``headlab.load``) with a fast tokenizer, needed for offsets (an image model: its
+            image processor).
+        texts: one text or several (the viewer switches between them); for an image model (``main_input_name ==
+            "pixel_values"``), images: ``images.image_view_data`` shows them (no edges then).
         heads: the heads to show (``headlab.heads.selection``); None for all.
         corpus_rows: per-head rows of a corpus-wide analysis (``AnalysisResult.rows()``), shown
             next to the statistics measured on ``texts``.
@@ -244,6 +91,12 @@ def view_data(
             fit the model, a bad ``top_edges`` or ``edge_texts`` (``circuit.circuit_view``).
         TypeError: the model has no fast tokenizer.
     """
+    if takes_pixels(headed(model).model):
+        if edges is not None or edge_texts is not None:
+            raise ValueError(f"{headed(model).architecture} takes images: its viewer has no circuit panel (edges=, "
+                             "edge_texts= are for text models)")
+        return image_view_data(model, texts, heads=heads, corpus_rows=corpus_rows, max_entries=max_entries,
+                               flow_max_length=flow_max_length, progress=progress)
     if isinstance(flow_max_length, bool) or not isinstance(flow_max_length, int) or flow_max_length < 0:
         raise ValueError(f"flow_max_length={flow_max_length!r}; expected an int >= 0 (pieces; 0: no flow)")
     texts = [texts] if isinstance(texts, str) else list(texts)

@@ -29,8 +29,9 @@ from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
 from headlab.report.viewer.cached import cache_view_data
 from headlab.report.viewer.circuit import TOP_EDGES
-from headlab.report.viewer.data import ViewerData, view_data
+from headlab.report.viewer.data import view_data
 from headlab.report.viewer.page import asset_text, viewer_document, viewer_fragment
+from headlab.report.viewer.payload import ViewerData
 
 __all__ = ["InlineViewer", "show"]
 
@@ -67,11 +68,8 @@ class InlineViewer:
         return path
 
     def __repr__(self) -> str:
-        items = self.data.items
-        pieces = sum(item.pieces.n for item in items)
-        return (f"InlineViewer: {len(self.data.heads)} heads of {self.data.name} on {len(items)} "
-                f"text{'s' if len(items) != 1 else ''} ({pieces} word pieces); a notebook draws it, .save(path) "
-                "writes it as a page")
+        return (f"InlineViewer: {len(self.data.heads)} heads of {self.data.name} on {self.data.contents}; a notebook "
+                "draws it, .save(path) writes it as a page")
 
 
 def show(what: HeadedModel | nn.Module | Cache | ViewerData, texts: str | Sequence[str] | None = None, *,

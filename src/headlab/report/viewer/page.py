@@ -16,13 +16,13 @@ from importlib import resources
 from pathlib import Path
 
 from headlab.report.html import Html, escape
-from headlab.report.viewer.data import ViewerData
 from headlab.report.viewer.encoding import script_json
+from headlab.report.viewer.payload import ViewerData
 
 __all__ = ["ASSETS", "SCRIPT_PARTS", "asset_text", "viewer_document", "viewer_fragment", "write_assets"]
 
 # static/, joined in this order
-SCRIPT_PARTS = ("util.js", "ui.js", "panel.js", "circuit.js", "tokens.js", "canvas.js", "mount.js")
+SCRIPT_PARTS = ("util.js", "ui.js", "panel.js", "circuit.js", "tokens.js", "canvas.js", "image.js", "mount.js")
 ASSETS = ("viewer.js", "viewer.css")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
@@ -106,9 +106,7 @@ def viewer_document(data: ViewerData, *, title: str | None = None) -> str:
     policy = (f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)} {_sha256(page_style)}; "
               "img-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")  # data: for the icon
     title = title if title is not None else f"headlab view: {data.name}"
-    n = sum(item.pieces.n for item in data.items)
-    subtitle = (f"{len(data.heads)} heads of {data.name} on {len(data.items)} text"
-                f"{'s' if len(data.items) != 1 else ''} ({n} word pieces)")
+    subtitle = f"{len(data.heads)} heads of {data.name} on {data.contents}"
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'

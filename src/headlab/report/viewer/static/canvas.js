@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 6 of 7: drawing on canvas (thumbnails, the open head's matrix). */
+/* headlab attention viewer, part 6 of 8: drawing on canvas (thumbnails, the open head's matrix). */
 (function () {
   "use strict";
   var HV = window.HeadlabViewer = window.HeadlabViewer || {};

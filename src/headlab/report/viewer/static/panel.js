@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 3 of 7: the open head's panel: the view buttons' state, its header
+/* headlab attention viewer, part 3 of 8: the open head's panel: the view buttons' state, its header
  * (layer, head, roles, pattern class) and its statistics on this text and on the corpus.
  */
 (function () {
@@ -18,7 +18,9 @@
     ["top_columns", "to the two most attended tokens", "share"],
     ["confidence", "largest weight of a row", "share"],
     ["entropy", "entropy (nats)", "nats"],
-    ["distance", "mean distance attended (tokens)", "tokens"]
+    ["distance", "mean distance attended (tokens)", "tokens"],
+    ["to_special", "to every special token ([CLS], [DIST], registers)", "share"],
+    ["patch_distance", "mean distance attended among the patches (patches)", "patches"]
   ];
   Viewer.prototype.renderViews = function (item) {
     var self = this, lv = (this.level === "words" && item.words) ? item.words : item.pieces, limit = this.data.flowMaxLength;
@@ -29,8 +31,8 @@
     this.viewButtons.rollout.disabled = !rolloutOk;
     this.viewButtons.flow.disabled = !flowOk;
     this.viewHint.textContent = !rolloutOk ? "(rollout and flow: every head of layers 0\u2013" + this.layerOf() +
-      " is needed)" : flowOk ? "" : "(flow: texts of at most " + limit + " word pieces; this one has " +
-      item.pieces.n + ")";
+      " is needed)" : flowOk ? "" : "(flow: " + (item.image ? "images" : "texts") + " of at most " + limit +
+      (item.image ? " positions" : " word pieces") + "; this one has " + item.pieces.n + ")";
     Object.keys(this.viewButtons).forEach(function (k) {
       self.viewButtons[k].setAttribute("aria-pressed", String(k === self.view));
     });
@@ -74,7 +76,8 @@
     this.statsTitle.textContent = "Layer " + lh[0] + " \u00B7 head " + lh[1] + ": where its attention goes";
     var table = el("table", "hv-stats");
     var head = el("tr");
-    head.appendChild(el("th", null, "mean over the tokens, of attention\u2026"));
+    var image = !!this.data.items[this.item].image;
+    head.appendChild(el("th", null, "mean over the " + (image ? "patches" : "tokens") + ", of attention\u2026"));
     head.appendChild(el("th", "hv-num", corpus ? "these texts" : "value"));
     if (corpus) head.appendChild(el("th", "hv-num", "corpus"));
     var thead = el("thead");
@@ -113,8 +116,9 @@
       return;
     }
     this.statsBody.appendChild(table);
-    var note = "Measured on " + (this.data.items.length > 1 ? "the " + this.data.items.length + " texts of this viewer" : "this text") +
-      ", word-piece level; entropy against uniform attention's.";
+    var what = image ? "image" : "text", many = this.data.items.length > 1;
+    var note = "Measured on " + (many ? "the " + this.data.items.length + " " + what + "s of this viewer" : "this " + what) +
+      (image ? ", from each patch" : ", word-piece level") + "; entropy against uniform attention's.";
     var rank = this.importanceRank(info);
     if (rank) note += " On the corpus this head ranks " + rank + " by gradient importance (1 = most important).";
     this.statsBody.appendChild(el("p", "hv-help", note));

@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 5 of 7: the text as tokens; focusing one shows what it attends to and what
+/* headlab attention viewer, part 5 of 8: the text as tokens; focusing one shows what it attends to and what
  * attends to it (every span then carries data-to and data-from: the test hooks).
  */
 (function () {
@@ -58,6 +58,7 @@
     });
     this.focusLine.textContent = "Hover over a token to see what it attends to and what attends to it.";
     if (this.current) this.drawMatrix();
+    this.drawOverlay();  // image.js: an image's heat goes with the focus
   };
 
   Viewer.prototype.applyFocus = function (pos) {
@@ -84,6 +85,7 @@
     this.focusLine.appendChild(el("span", "hv-muted", " (position " + pos + (this.pinned ? ", pinned" : "") + ")"));
     this.focusLine.appendChild(this.topList(" attends most to ", to, "hv-to"));
     this.focusLine.appendChild(this.topList(" \u00B7 attended most by ", from, "hv-from"));
+    this.drawOverlay();
   };
 
   Viewer.prototype.topList = function (lead, values, cls) {

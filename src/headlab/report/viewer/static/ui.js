@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 2 of 7: every layer x head as thumbnails, one head opened in full.
+/* headlab attention viewer, part 2 of 8: every layer x head as thumbnails, one head opened in full.
  *
  * Reads the payload written by headlab.report.viewer (data.py, encoding.py) from a
  * script element of type application/json named by the root's data-headlab-viewer attribute.
@@ -101,7 +101,7 @@
     var controls = el("div", "hv-controls");
     if (d.items.length > 1) {
       var pick = el("label", "hv-control");
-      pick.appendChild(el("span", null, "Text "));
+      pick.appendChild(el("span", null, d.items[0].image ? "Image " : "Text "));
       this.itemSelect = el("select");
       d.items.forEach(function (it, i) {
         var o = el("option", null, (i + 1) + ". " + (it.text.length > 48 ? it.text.slice(0, 47) + "\u2026" : it.text));
@@ -115,6 +115,7 @@
     var seg = el("div", "hv-seg");
     seg.setAttribute("role", "group");
     seg.setAttribute("aria-label", "level");
+    if (d.items.every(function (it) { return it.image; })) seg.style.display = "none";  // an image has no words
     this.levelButtons = {};
     ["pieces", "words"].forEach(function (name) {
       var b = el("button", null, name === "pieces" ? "word pieces" : "words");
@@ -217,6 +218,7 @@
     main.appendChild(left);
 
     var right = el("div", "hv-right");
+    this.buildImage(right);  // image.js: an image model's picture under its patch grid
     var headBox = el("section", "hv-panel");
     this.headTitle = el("h3", "hv-head-title");
     headBox.appendChild(this.headTitle);
@@ -282,7 +284,7 @@
     this.levelButtons.words.disabled = !item.words;
     this.levelButtons.words.title = item.words ? "words: attention to a word sums its pieces, from a word averages them" :
       "every word of this text is a single piece";
-    this.levelHint.textContent = item.words ? "" : "(every word here is one piece)";
+    this.levelHint.textContent = item.words || item.image ? "" : "(every word here is one piece)";
     if (!item.words) this.level = "pieces";
     this.renderViews(item);
     Object.keys(this.levelButtons).forEach(function (k) {
@@ -301,6 +303,7 @@
     this.renderStats(lh, info);
     if (this.circuitBody) this.renderCircuit(lh);
     this.renderText();
+    this.renderImage();
     return Promise.all([this.pattern(), this.thumbs()]).then(function (got) {
       if (id !== self.renderId) return;
       self.current = got[0];

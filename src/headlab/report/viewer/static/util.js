@@ -1,5 +1,6 @@
-/* headlab attention viewer, part 1 of 7: small helpers shared by the other parts (window.HeadlabViewer).
- * The parts are concatenated in the order util.js, ui.js, panel.js, circuit.js, tokens.js, canvas.js, mount.js
+/* headlab attention viewer, part 1 of 8: small helpers shared by the other parts (window.HeadlabViewer).
+ * The parts are concatenated in the order util.js, ui.js, panel.js, circuit.js, tokens.js, canvas.js, image.js,
+ * mount.js
  * (headlab.report.viewer.page.SCRIPT_PARTS).
  */
 (function () {
