@@ -20,6 +20,7 @@ import headlab.capture
 from headlab.analysis import (
     Accumulator,
     AnalysisAccumulators,
+    AudioStats,
     HeadSimilarity,
     Mergeable,
     PassAccumulators,
@@ -48,7 +49,7 @@ from tests.support.text import ENGLISH
 # class → the type its result() returns
 ACCUMULATORS = {SurfaceStats: HeadTable, TaxonomyStats: HeadTable, HeadSimilarity: SimilarityResult,
                 ValueWeighted: HeadTable, SinkShare: SinkResult, SyntaxAccuracy: SyntaxResult,
-                MeanZ: dict[int, torch.Tensor], PatchStats: HeadTable}
+                MeanZ: dict[int, torch.Tensor], PatchStats: HeadTable, AudioStats: HeadTable}
 MERGEABLE = {RetrievalScores: RetrievalResult, StreamingStats: StreamingChanges}  # fed other things than batches
 BASES = {HeadSums, PerHeadMeans}  # shared state of the per-head accumulators, not used alone
 STRUCTURES = {PassAccumulators}  # accumulators held by name
@@ -193,8 +194,9 @@ def test_two_halves_merged_give_one_pass_for_every_accumulator():
     assert first_pass.merge(second_pass) is first_pass  # the named structure merges field by field
     assert first[-1].merge(second[-1]) is first[-1]  # MeanZ
     kinds = {type(p) for p in first}
-    # PatchStats reads images, not this text pass: tests/analysis/test_patches.py merges its halves
-    assert kinds == set(ACCUMULATORS) - {PatchStats} - ({SyntaxAccuracy} if parses is None else set())
+    # PatchStats reads images and AudioStats recordings, not this text pass: tests/analysis/test_patches.py and
+    # test_frames.py merge their halves
+    assert kinds == set(ACCUMULATORS) - {PatchStats, AudioStats} - ({SyntaxAccuracy} if parses is None else set())
     for merged, single in zip(first, whole):
         if isinstance(merged, SyntaxAccuracy):
             a, b = merged.result(min_count=1), single.result(min_count=1)

@@ -7,13 +7,12 @@ With nothing asked the attached model's output equals the plain SDPA model's; ``
 decoder and cross) equal eager's; tapped patterns, z and results equal what the model computes (float64); masking
 a cross head zeroes its z alone; pruning it equals masking it; a pruned and masked model saves and loads identical.
 ``HeadedModel.inputs`` turns samples and WAV files into features through the feature extractor the handle holds,
-and refuses in one line what it cannot read.
+and refuses in one line what it cannot read; ``HeadedModel.labels`` names each site's queries and keys: the frames in
+seconds, the decoder's tokens. The commands on audio: tests/cli/test_audio_cli.py.
 """
 
 from __future__ import annotations
 
-import wave
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,14 +21,15 @@ import torch
 
 import headlab
 from headlab import heads
+from headlab.models.audio import Timeline, frame_seconds
 from headlab.models.probe import probe_inputs
+from tests.support.audio import RATE, extractor, tone, write_wav
 from tests.support.families import WHISPER
 from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
 
 FEATURES = (8, 32)  # (n_mels, frames): the encoder's conv2 halves 32 frames to its 16 positions
-RATE = 16_000
 KINDS = [("encoder.layers.0.self_attn", "self", False), ("encoder.layers.1.self_attn", "self", False),
          ("decoder.layers.0.self_attn", "self", True), ("decoder.layers.0.encoder_attn", "cross", False),
          ("decoder.layers.1.self_attn", "self", True), ("decoder.layers.1.encoder_attn", "cross", False)]
@@ -53,28 +53,6 @@ def _inputs(dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
 def _output(model: torch.nn.Module, **kwargs: Any) -> Any:
     with torch.no_grad():
         return model(**_inputs(), **kwargs)
-
-
-def _extractor(rate: int = RATE) -> Any:
-    """Features the tiny model takes: 1 s at ``rate`` in hops of 1/32 s gives 32 frames of 8 mel bins."""
-    return transformers.WhisperFeatureExtractor(feature_size=8, sampling_rate=rate, hop_length=rate // 32,
-                                                chunk_length=1, n_fft=400)
-
-
-def _samples(n: int = RATE // 2) -> np.ndarray:
-    """Half a second of a 440 Hz tone, quantized to 16 bits (what a WAV file holds)."""
-    tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(n) / RATE)
-    return (np.round(tone * 32767).astype(np.int16) / 32768.0).astype(np.float32)
-
-
-def _wav(path: Path, samples: np.ndarray, *, rate: int = RATE, channels: int = 1) -> Path:
-    pcm = np.repeat(np.round(samples * 32768).astype("<i2")[:, None], channels, axis=1)
-    with wave.open(str(path), "wb") as file:
-        file.setnchannels(channels)
-        file.setsampwidth(2)
-        file.setframerate(rate)
-        file.writeframes(pcm.tobytes())
-    return path
 
 
 def test_the_probe_gives_features_of_the_encoders_length_and_a_shorter_decoder():
@@ -118,7 +96,7 @@ def test_masking_a_cross_head_and_pruning_it_equal():
 def test_a_pruned_and_masked_model_saves_and_loads_identical_with_its_feature_extractor(tmp_path):
     """A cross head pruned, an encoder head masked: the folder loads as it was, its feature extractor with it;
     without preprocessor_config.json, audio is refused in one line naming the file."""
-    handle = headlab.attach(_build(), tokenizer=_extractor())
+    handle = headlab.attach(_build(), tokenizer=extractor())
     heads.prune(handle, {CROSS: [2]})
     heads.mask(handle, {0: [0]})
     path = heads.save(handle, tmp_path / "whisper")
@@ -126,26 +104,26 @@ def test_a_pruned_and_masked_model_saves_and_loads_identical_with_its_feature_ex
     assert [site.n_heads for site in loaded.sites] == [4, 4, 4, 3, 4, 4]
     assert torch.equal(_output(loaded.model).last_hidden_state, _output(handle.model).last_hidden_state)
     assert isinstance(loaded.tokenizer, transformers.WhisperFeatureExtractor)
-    assert torch.equal(loaded.inputs(_samples())["input_features"], handle.inputs(_samples())["input_features"])
+    assert torch.equal(loaded.inputs(tone())["input_features"], handle.inputs(tone())["input_features"])
     (path / "preprocessor_config.json").unlink()
     with pytest.raises(TypeError, match=r"whisper has no preprocessor_config\.json") as refused:
-        headlab.load(path).inputs(_samples())
+        headlab.load(path).inputs(tone())
     assert "\n" not in str(refused.value)
 
 
 def test_samples_and_wav_files_become_the_feature_extractors_features(tmp_path):
     """Samples (an array, a tensor), a mono WAV and a stereo one (averaged to mono), one or a list: the features
     are the extractor's own, and an encoder-decoder's decoder reads decoder_start_token_id."""
-    extractor, samples = _extractor(), _samples()
-    want = extractor(samples, sampling_rate=RATE, return_tensors="pt")["input_features"]
-    handle = headlab.attach(_build("WhisperForConditionalGeneration"), tokenizer=extractor)
-    mono, stereo = _wav(tmp_path / "mono.wav", samples), _wav(tmp_path / "stereo.wav", samples, channels=2)
+    made, samples = extractor(), tone()
+    want = made(samples, sampling_rate=RATE, return_tensors="pt")["input_features"]
+    handle = headlab.attach(_build("WhisperForConditionalGeneration"), tokenizer=made)
+    mono, stereo = write_wav(tmp_path / "mono.wav", samples), write_wav(tmp_path / "stereo.wav", samples, channels=2)
     for audio in (samples, torch.from_numpy(samples), mono, str(stereo)):
         kwargs = handle.inputs(audio)
         assert torch.equal(kwargs["input_features"], want) and kwargs["decoder_input_ids"].tolist() == [[0]]
     batch = handle.inputs([mono, samples[: RATE // 4]])
     assert batch["input_features"].shape == (2, *FEATURES) and torch.equal(batch["input_features"][:1], want)
-    processor = type("Processor", (), {"feature_extractor": extractor})()  # a processor holds its feature extractor
+    processor = type("Processor", (), {"feature_extractor": made})()  # a processor holds its feature extractor
     assert torch.equal(headlab.attach(_build(), tokenizer=processor).inputs(mono)["input_features"], want)
     logits = headlab.run_with_cache(handle, mono, take="pattern").output.logits
     assert logits.shape == (1, 1, WHISPER["vocab_size"])
@@ -164,8 +142,8 @@ def test_features_tensors_pass_as_they_are_and_a_wrong_shape_is_refused():
 
 
 def test_what_cannot_be_read_is_refused_in_one_line(tmp_path):
-    handle = headlab.attach(_build(), tokenizer=_extractor())
-    low = _wav(tmp_path / "low.wav", _samples(4000), rate=8000)
+    handle = headlab.attach(_build(), tokenizer=extractor())
+    low = write_wav(tmp_path / "low.wav", tone(4000), rate=8000)
     with pytest.raises(ValueError, match=r"low\.wav: sampled at 8000 Hz, but the feature extractor takes 16000 Hz"):
         handle.inputs(low)
     with pytest.raises(ValueError, match=r"audio samples must be a 1-D float array .* got int16"):
@@ -173,7 +151,7 @@ def test_what_cannot_be_read_is_refused_in_one_line(tmp_path):
     bare = headlab.attach(_build())
     with pytest.raises(TypeError, match=r"audio inputs need a feature extractor, and this WhisperModel has none: "
                                         r"headlab\.attach\(model, tokenizer=AutoProcessor"):
-        bare.inputs(_samples())
+        bare.inputs(tone())
     speech = transformers.Speech2TextModel(transformers.Speech2TextConfig(
         vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, input_feat_per_channel=8))
@@ -181,13 +159,42 @@ def test_what_cannot_be_read_is_refused_in_one_line(tmp_path):
         headlab.attach(speech)
 
 
-def test_the_commands_refuse_an_audio_model_in_one_line(tmp_path):
-    from typer.testing import CliRunner
+def test_labels_give_each_sites_queries_and_keys_frames_in_seconds_tokens_by_id():
+    """The encoder's self-attention frames × frames, the decoder's tokens × tokens, cross-attention tokens × frames:
+    the labels of each site are as long as its pattern's axes; a frame's time is its position × 2 (conv2's stride)
+    × 500 (hop_length) / 16 000 Hz."""
+    handle = headlab.attach(_build(), tokenizer=extractor())
+    inputs = handle.inputs(tone())
+    frames = [f"frame {i * 2 * 500 / RATE:.2f} s" for i in range(16)]
+    assert frames[:4] == ["frame 0.00 s", "frame 0.06 s", "frame 0.12 s", "frame 0.19 s"]
+    assert handle.labels(inputs) == [frames]
+    want = {"self": (frames, frames), "cross": (["tok 0"], frames)}
+    cache = headlab.run_with_cache(handle, inputs, take="pattern")
+    for layer, (_, kind, causal) in enumerate(KINDS):
+        [(queries, keys)] = handle.labels(inputs, layer=layer)
+        assert (queries, keys) == ((["tok 0"], ["tok 0"]) if causal else want[kind])
+        assert cache["pattern", layer].shape[-2:] == (len(queries), len(keys))
 
-    from headlab.cli import app
 
-    _build().save_pretrained(tmp_path / "whisper")
-    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "whisper"), "--quick"])
-    said = " ".join(result.output.split())
-    assert result.exit_code == 2 and "WhisperModel takes input_features, not text" in said, result.output
-    assert len(result.output.strip().splitlines()) <= 3 and "Traceback" not in result.output
+def test_the_processors_tokenizer_names_the_decoders_tokens_and_no_extractor_numbers_the_frames():
+    class Words:
+        def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+            return [f"<|{i}|>" for i in ids]
+
+    processor = type("Processor", (), {"feature_extractor": extractor(), "tokenizer": Words()})()
+    handle = headlab.attach(_build(), tokenizer=processor)
+    ids = torch.tensor([[0, 7]] * 2)
+    inputs = handle.inputs({"input_features": _inputs()["input_features"], "decoder_input_ids": ids})
+    assert handle.labels(inputs, layer=CROSS)[1][0] == ["<|0|>", "<|7|>"]
+    bare = headlab.attach(_build())
+    assert bare.labels(bare.inputs(_inputs()["input_features"]))[0][:2] == ["frame 0", "frame 1"]
+    seconds = frame_seconds(_build(), transformers.WhisperFeatureExtractor())  # Whisper's: 2 × 160 / 16 000 Hz
+    assert seconds == 0.02 and Timeline(positions=1500, seconds=seconds).labels()[21] == "frame 0.42 s"
+
+
+def test_a_layer_it_has_not_and_a_decoder_site_without_decoder_ids_are_refused():
+    handle = headlab.attach(_build(), tokenizer=extractor())
+    with pytest.raises(ValueError, match=r"layer=6; expected a layer of WhisperModel, 0 to 5"):
+        handle.labels(handle.inputs(tone()), layer=6)
+    with pytest.raises(ValueError, match=r"layer 3 is its decoder's and the inputs have no decoder_input_ids"):
+        handle.labels({"input_features": _inputs()["input_features"]}, layer=CROSS)

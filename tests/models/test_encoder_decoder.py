@@ -17,7 +17,7 @@ import torch
 
 import headlab
 from headlab import heads
-from tests.support.families import FAMILIES, SEQ2SEQ
+from tests.support.families import FAMILIES
 from tests.support.reference import check_taps
 
 transformers = pytest.importorskip("transformers")
@@ -84,9 +84,11 @@ def test_masking_a_cross_head_and_pruning_it_equal(name):
     torch.testing.assert_close(_output(pruned.model).last_hidden_state, masked, rtol=1e-5, atol=1e-5)
 
 
-def test_analyze_and_view_run_on_an_encoder_decoder_checkpoint(tmp_path):
-    """The commands serve it as any text model (its decoder reads the source shifted); the causal probes and the
-    context heads are skipped with the reason."""
+@pytest.mark.parametrize("name", MODELS)
+def test_analyze_and_view_run_on_an_encoder_decoder_checkpoint(name, tmp_path):
+    """The commands serve it as any text model (its decoder reads the source shifted: BART by itself, Marian and
+    T5 given it);
+    the causal probes and the context heads are skipped with the reason."""
     import json
 
     from typer.testing import CliRunner
@@ -95,23 +97,48 @@ def test_analyze_and_view_run_on_an_encoder_decoder_checkpoint(tmp_path):
     from headlab.models import default_model_path
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_path()))
-    config = transformers.BartConfig(**SEQ2SEQ | dict(vocab_size=len(tokenizer), max_position_embeddings=130,
-                                                    pad_token_id=tokenizer.pad_token_id,
-                                                    bos_token_id=tokenizer.cls_token_id,
-                                                    eos_token_id=tokenizer.sep_token_id,
-                                                    decoder_start_token_id=tokenizer.cls_token_id))
-    transformers.BartModel(config).save_pretrained(tmp_path / "bart")
-    tokenizer.save_pretrained(tmp_path / "bart")
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.sep_token_id,
+               decoder_start_token_id=tokenizer.cls_token_id)
+    FAMILIES[name].build(**ids).save_pretrained(tmp_path / name)
+    tokenizer.save_pretrained(tmp_path / name)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The cat sat on the mat.\nHeads attend to words.\nA dog ran home, fast.\n", encoding="utf-8")
-    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "bart"), "--quick", "--no-syntax", "--streaming",
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path / name), "--quick", "--no-syntax", "--streaming",
                                       "--text", str(corpus), "--json", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert len(document["heads"]) == 6 * 4 and "bidirectional layers" in document["summary"]["skipped"]["causal probes"]
-    result = CliRunner().invoke(app, ["view", str(tmp_path / "bart"), "The cat sat on the mat.",
+    result = CliRunner().invoke(app, ["view", str(tmp_path / name), "The cat sat on the mat.",
                                       "--out", str(tmp_path / "view.html")])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_text_gives_the_decoder_the_source_shifted_and_pairs_the_target(name):
+    """One rule for every encoder-decoder: text alone, the decoder reads the source shifted right behind the start
+    token (what BART does by itself: the same output); a (source, target) pair, the target shifted."""
+    from tests.support.text import word_piece_tokenizer
+
+    tokenizer = word_piece_tokenizer()
+    handle = headlab.attach(_build(name), tokenizer=tokenizer)
+    start = handle.model.config.decoder_start_token_id
+    kwargs = handle.inputs(["the cat sat", "a dog"])
+    ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+    assert torch.equal(kwargs["decoder_input_ids"], torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], 1))
+    assert torch.equal(kwargs["decoder_attention_mask"][:, 1:], mask[:, :-1])
+    if name == "bart":  # BART shifts the source itself when given no decoder input (Marian and T5 need it given)
+        with torch.no_grad():
+            theirs = handle.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            ours = handle.model(**kwargs).last_hidden_state
+        real = kwargs["decoder_attention_mask"].bool()
+        torch.testing.assert_close(ours[real], theirs[real])
+    pair = handle.inputs([("the cat sat", "a dog ran"), ("a dog", "the cat")])
+    target = tokenizer(text_target=["a dog ran", "the cat"], padding=True, return_tensors="pt")["input_ids"]
+    assert torch.equal(pair["input_ids"], ids)
+    assert torch.equal(pair["decoder_input_ids"][:, 1:], target[:, :-1])
+    one = handle.inputs(("the cat sat", "a dog ran"))  # target × source positions
+    assert headlab.run_with_cache(handle, ("the cat sat", "a dog ran"), take="pattern")["pattern", CROSS].shape[-2:] \
+        == (one["decoder_input_ids"].shape[1], one["input_ids"].shape[1])
 
 
 @pytest.mark.parametrize("name", MODELS)

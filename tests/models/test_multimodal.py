@@ -168,13 +168,21 @@ def test_clip_refuses_text_alone_in_one_line_and_takes_every_towers_inputs():
 
 
 def test_gemma3_on_text_alone_runs_its_text_layers():
-    """A model that puts images in its text reads text alone too: its text layers run, its vision tower does not."""
-    handle = headlab.attach(_build("gemma3"))
+    """A model that puts images in its text reads text alone too: its text layers run, its vision tower does not, so
+    every head means the text layers' (a capture over a text corpus too); asking for a vision head is an error."""
+    from headlab.capture import capture
+    from tests.support.text import word_piece_tokenizer
+
+    handle = headlab.attach(_build("gemma3"), tokenizer=word_piece_tokenizer())
     ids = torch.randint(3, IMAGE_TOKEN, (2, 5), generator=torch.Generator().manual_seed(2))
     cache = headlab.run_with_cache(handle, ids, take="pattern", heads={layer: [0] for layer in TEXT_SITES})
     assert cache["pattern", TEXT_SITES[0], 0].shape == (2, 5, 5)
-    with pytest.raises(RuntimeError, match=r"layers \[0, 1\] did not run"):
-        headlab.run_with_cache(handle, ids, take="pattern")
+    every = headlab.run_with_cache(handle, ids, take="pattern")
+    assert every.keys() == ["text.blocks.0.attn.pattern", "text.blocks.1.attn.pattern"]
+    assert capture(handle, corpus=["the cat sat", "a dog ran"], progress=False).layers == {2: [0, 1, 2, 3],
+                                                                                           3: [0, 1, 2, 3]}
+    with pytest.raises(RuntimeError, match=r"layers \[0\] did not run"):
+        headlab.run_with_cache(handle, ids, take="pattern", heads={"vision.blocks.0.attn": [0]})
 
 
 def test_a_vision_tower_that_does_not_take_one_image_is_refused_in_one_line():
@@ -189,3 +197,21 @@ def test_a_vision_tower_that_does_not_take_one_image_is_refused_in_one_line():
         headlab.attach(model)
     assert "\n" not in str(err.value) and model.config._attn_implementation == "sdpa"
     assert not any(hasattr(module, "headlab_site") for module in model.modules())
+
+
+def test_one_tower_of_a_checkpoint_loads_on_its_own(tmp_path):
+    """``headlab.load(..., tower=)``: CLIP's text tower as a CLIPTextModel (its own length limit, causal), its vision
+    tower as a CLIPVisionModel, each with the checkpoint's weights; a tower it lacks is one line naming those it has."""
+    model = _build("clip")
+    model.save_pretrained(tmp_path / "clip")
+    text, vision = headlab.load(tmp_path / "clip", tower="text"), headlab.load(tmp_path / "clip", tower="vision")
+    assert (text.architecture, text.max_length, text.causal) == ("CLIPTextModel", 64, True)
+    assert (vision.architecture, vision.causal) == ("CLIPVisionModel", False)
+    inputs = _inputs("clip")
+    with torch.no_grad():
+        torch.testing.assert_close(text.model(input_ids=inputs["input_ids"]).pooler_output,
+                                   model.text_model(input_ids=inputs["input_ids"]).pooler_output)
+        torch.testing.assert_close(vision.model(pixel_values=inputs["pixel_values"]).pooler_output,
+                                   model.vision_model(pixel_values=inputs["pixel_values"]).pooler_output)
+    with pytest.raises(ValueError, match=r"tower='audio', but this CLIPConfig has towers 'text', 'vision'"):
+        headlab.load(tmp_path / "clip", tower="audio")

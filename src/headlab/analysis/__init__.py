@@ -27,6 +27,9 @@ Every per-head number is a ``headlab.heads.HeadTable`` (the result itself, or it
     patches.py    PatchStats: a vision transformer's heads on images: distance attended on the patch grid, share on
                   [CLS] and the registers, entropy; image roles (Dosovitskiy et al. 2020; Darcet et al. 2024)
     images.py     analyze_images: analyze on images (the capture pass, a mirror-image importance task, the skips)
+    frames.py     AudioStats: an audio encoder-decoder's heads on recordings: time attended, cross-attention's spread,
+                  shares on the first frame and on the padding, entropy; audio roles
+    audio.py      analyze_audio: analyze on recordings (the capture pass, the skips)
     sentences.py  what analyze found, in sentences
     files.py      heads.json, heads.csv, relations.csv
     plots.py      analyze's PNG plots
@@ -45,6 +48,7 @@ from headlab.analysis.flow import (
     rollout,
     text_flow,
 )
+from headlab.analysis.frames import AUDIO_STATISTICS, AudioStats, audio_roles
 from headlab.analysis.importance import (
     ImportanceResult,
     PruningCurve,
@@ -115,4 +119,5 @@ __all__ = [
     "ValueWeighted", "plot_value_weighted", "value_norms", "value_weighted", "weighted_pattern",
     "SinkResult", "SinkShare", "plot_sink_share", "sink_share",
     "PATCH_STATISTICS", "PatchStats", "patch_roles",
+    "AUDIO_STATISTICS", "AudioStats", "audio_roles",
 ]

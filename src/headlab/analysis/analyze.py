@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from headlab.analysis.audio import analyze_audio
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION, AnalysisAccumulators, PassAccumulators
 from headlab.analysis.context_heads import context_heads
 from headlab.analysis.images import analyze_images
@@ -60,6 +61,7 @@ from headlab.capture import capture, load_corpus
 from headlab.capture.corpus import ShortCorpus
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
+from headlab.models.audio import takes_features
 from headlab.models.images import takes_pixels
 from headlab.models.stream import has_logits
 
@@ -122,7 +124,9 @@ def analyze(
         model: a ``HeadedModel`` with a tokenizer (``headlab.load``), or an attached model whose handle has one.
         corpus: a text file, a list of strings, or None for the bundled corpus; for an image model (``main_input_name
             == "pixel_values"``), images (``headlab.analysis.images.analyze_images``: a folder, files, PIL images or
-            pixel values; there is no bundled image corpus): what only means something for text is skipped.
+            pixel values; there is no bundled image corpus): what only means something for text is skipped; for an
+            audio encoder-decoder (``main_input_name == "input_features"``: Whisper), recordings
+            (``headlab.analysis.audio.analyze_audio``: a folder of WAV files, files, samples; none is bundled).
         heads: the heads to capture (surface, taxonomy, similarity, syntax), as
             ``headlab.heads.selection`` takes them; None for all.
         quick: smaller budgets (the first 60 corpus items, fewer probe sequences and task batches).
@@ -144,8 +148,8 @@ def analyze(
 
     Raises:
         ValueError: a bad engine, address or workers (``check_engine``), or bad input; an image model without
-            images, or with the Ray engine.
-        TypeError: images without an image processor.
+            images, an audio model without recordings, either with the Ray engine.
+        TypeError: images without an image processor, recordings without a feature extractor.
         ImportError: ``engine="ray"`` without Ray (names ``headlab[ray]``).
         headlab.capture.distributed.ShardError: a shard failed on a Ray worker (named).
     """
@@ -154,6 +158,9 @@ def analyze(
     if takes_pixels(model.model):
         return _images(model, corpus, heads=heads, quick=quick, importance=importance, engine=engine,
                        progress=progress)
+    if takes_features(model.model):
+        return _audio(model, corpus, heads=heads, quick=quick, importance=importance, engine=engine,
+                      progress=progress)
     texts = load_corpus(corpus).texts
     if quick:
         texts = texts[:60]
@@ -252,6 +259,18 @@ def _images(model: HeadedModel, images: Any, *, heads: HeadSelection, quick: boo
         raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an image model runs with "
                          "engine='local'")
     return analyze_images(model, images, heads=heads, quick=quick, importance=importance, progress=progress)
+
+
+def _audio(model: HeadedModel, audio: Any, *, heads: HeadSelection, quick: bool, importance: bool, engine: str,
+           progress: bool) -> AnalysisResult:
+    """``analyze`` of an audio model: ``headlab.analysis.audio.analyze_audio`` on ``audio``, in this process."""
+    if audio is None:
+        raise ValueError(f"{model.architecture} takes audio and headlab bundles none: give a folder of WAV files "
+                         "(headlab analyze MODEL --audio FOLDER; analyze(model, folder))")
+    if engine != "local":
+        raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an audio model runs with "
+                         "engine='local'")
+    return analyze_audio(model, audio, heads=heads, quick=quick, importance=importance, progress=progress)
 
 
 def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:

@@ -35,6 +35,7 @@ from torch.nn import functional as F
 from headlab import display
 from headlab.heads import HeadTable, head_label, intervening, mask
 from headlab.models import HeadedModel, headed
+from headlab.models.seq2seq import with_decoder
 
 __all__ = [
     "ImportanceResult", "PruningCurve", "ablation_importance", "causal_lm_loss", "embed", "fidelity_metric",
@@ -316,9 +317,11 @@ def plot_pruning_curve(
 
 def _mean_pool(net: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Mean of the last hidden states over real tokens, L2-normalised (sentence-transformers'
-    all-MiniLM-L6-v2 recipe); differentiable. Returns ``(batch, d_model)``."""
-    hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (batch, pos, d_model)
-    weights = attention_mask.to(hidden.dtype)[..., None]
+    all-MiniLM-L6-v2 recipe); differentiable. An encoder-decoder's decoder reads the source shifted
+    (``headlab.models.seq2seq``) and its positions are pooled. Returns ``(batch, d_model)``."""
+    kwargs = with_decoder(net, {"input_ids": input_ids, "attention_mask": attention_mask})
+    hidden = net(**kwargs).last_hidden_state  # (batch, pos, d_model)
+    weights = kwargs.get("decoder_attention_mask", attention_mask).to(hidden.dtype)[..., None]
     pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1e-9)
     return F.normalize(pooled, dim=-1)
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from headlab.analysis.context_heads import ContextHeads
 from headlab.analysis.files import jsonable, write_data
+from headlab.analysis.frames import audio_sentences, audio_statistics
 from headlab.analysis.importance import ImportanceResult, PruningCurve
 from headlab.analysis.patches import image_statistics, patch_sentences
 from headlab.analysis.plots import write_plots
@@ -27,6 +28,7 @@ from headlab.analysis.sinks import SinkResult
 from headlab.analysis.taxonomy import class_shares
 from headlab.capture import CaptureResult
 from headlab.heads import HeadTable
+from headlab.models.audio import Timeline
 from headlab.models.images import PatchGrid
 
 __all__ = ["AnalysisResult"]
@@ -38,7 +40,8 @@ class AnalysisResult:
 
     Attributes:
         surface: ``SurfaceStats``' table (a row per captured head; ``n_queries`` and every statistic); for an image
-            model ``PatchStats``' (``headlab.analysis.patches``).
+            model ``PatchStats``' (``headlab.analysis.patches``), for an audio model ``AudioStats``'
+            (``headlab.analysis.frames``).
         taxonomy: ``TaxonomyStats``' table (same heads); None for an image model (the classes read text).
         roles, classes: labels and the pattern class per captured head (an image model: ``patch_roles``, no
             classes).
@@ -55,6 +58,8 @@ class AnalysisResult:
             left out of the sentences and plots).
         grid: an image model's patch grid (its statistics, sentences and plots are ``headlab.analysis.patches``');
             None for text.
+        timeline: an audio model's encoder positions in time (its statistics, sentences and plots are
+            ``headlab.analysis.frames``'); None for text and images.
     """
 
     capture: CaptureResult
@@ -75,6 +80,7 @@ class AnalysisResult:
     causal: bool = False
     skipped: dict[str, str] = field(default_factory=dict)
     grid: PatchGrid | None = None
+    timeline: Timeline | None = None
 
     def table(self) -> HeadTable:
         """Every per-head number of heads.json / heads.csv, a row per captured head: the surface columns,
@@ -134,12 +140,15 @@ class AnalysisResult:
             "streaming_heads": None if self.context is None else {
                 str(c.window): [list(h) for h in c.heads] for c in self.context.streaming.conversions},
             "grid": None if self.grid is None else self.grid.to_dict(),
+            "timeline": None if self.timeline is None else self.timeline.to_dict(),
         }
 
     def sentences(self) -> list[str]:
         """A few sentences about what the heads do, every number taken from this result
         (``headlab.analysis.sentences.analysis_sentences``; ``headlab.analysis.patches.patch_sentences`` for an
-        image model)."""
+        image model, ``headlab.analysis.frames.audio_sentences`` for an audio model)."""
+        if self.timeline is not None:
+            return audio_sentences(self.surface, self.roles, self.timeline)
         if self.grid is not None:
             return patch_sentences(self.surface, self.roles, self.grid, self.pruning)
         return analysis_sentences(surface=self.surface, roles=self.roles, classes=self.classes, syntax=self.syntax,
@@ -168,4 +177,11 @@ class AnalysisResult:
                                    value_weighted=self.value_weighted, sinks=self.sinks,
                                    streaming=None if self.context is None else self.context.streaming,
                                    pruning=self.pruning, causal=self.causal,
-                                   statistics=None if self.grid is None else image_statistics(self.surface))
+                                   statistics=self._statistics())
+
+    def _statistics(self) -> tuple[str, ...] | None:
+        """The heatmaps' columns: an image or audio model's own (``image_statistics``, ``audio_statistics``); None:
+        the text statistics of the model's kind."""
+        if self.timeline is not None:
+            return audio_statistics(self.surface)
+        return None if self.grid is None else image_statistics(self.surface)

@@ -8,6 +8,7 @@ selected heads' tensors handed to consumers).
     batch.py      CaptureBatch: what a consumer receives per batch
     taps.py       what a tap takes; taps that are always removed
     run.py        capture(...) -> CaptureResult
+    audio.py      capture_audio(...): an audio encoder-decoder (Whisper) over recordings, its frames as positions
     means.py      MeanZ, mean_z: each head's mean z, for mean-ablation
     words.py      word-piece → word patterns (Clark et al. 2019)
     distributed.py the Ray engine: a corpus in shards on Ray workers, accumulators merged (headlab[ray])

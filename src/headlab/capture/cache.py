@@ -192,8 +192,8 @@ def run_with_cache(
     take = renamed_take(take, names, "names", "run_with_cache")
     handle = given_tokenizer(model, tokenizer, "run_with_cache")
     sites = handle.sites
-    selection = handle.heads(heads)
     kwargs = handle.inputs(inputs)
+    selection = handle.heads(heads, inputs=kwargs)
     cache = Cache(output=None, inputs=kwargs, n_heads=[site.n_heads for site in sites],
                   names=[site.address for site in sites], tokens=handle.tokens(kwargs))
 

@@ -159,7 +159,7 @@ def capture(
     for consumer in consumers:
         if not callable(getattr(consumer, "update", None)):
             raise TypeError(f"consumer {consumer!r} has no update(batch) method")
-    selection = handle.heads(heads)
+    selection = handle.heads(heads, inputs={"input_ids": None})  # text alone
     max_length = handle.max_length if max_length is None else max_length
     tokenized = tokenize_corpus(handle.tokenizer, corpus.texts, max_length=max_length)
     truncated = tokenized.truncated

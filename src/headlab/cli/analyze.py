@@ -27,13 +27,18 @@ def analyze(
         "--images", help="For an image model (a vision transformer whose checkpoint holds preprocessor_config.json): "
                          "the corpus, a folder of images (.png, .jpg, ...) or one image file; no default (none is "
                          "bundled). What only means something for text is skipped, with the reason.")] = None,
+    audio: Annotated[Path | None, typer.Option(
+        "--audio", help="For an audio model (Whisper, its checkpoint holding preprocessor_config.json): the corpus, a "
+                        "folder of 16-bit PCM WAV files at its sampling rate or one WAV file; no default (none is "
+                        "bundled). The decoder reads its start token alone; what only means something for text is "
+                        "skipped, with the reason.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for heads.json/.csv, relations.csv, plots; replaced as "
                                                     "a whole, so new, empty, or an earlier analysis.")] = Path(
         "analysis"),
     layers: Annotated[str | None, typer.Option("--layers", help=f"Layers to analyse: {LAYERS_HELP}.")] = None,
     heads: Annotated[str | None, typer.Option("--heads", help="Heads to analyse in each layer, e.g. 0,3.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items (texts or images), no exact "
-                                                        "ablation.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small budgets: 60 items (texts, images or recordings), no "
+                                                        "exact ablation.")] = False,
     importance: Annotated[bool, typer.Option("--importance/--no-importance", help="Importance and pruning.")] = True,
     syntax: Annotated[bool, typer.Option("--syntax/--no-syntax", help="Dependency syntax (needs spaCy).")] = True,
     streaming: Annotated[bool, typer.Option("--streaming/--no-streaming", help="Also retrieval heads (causal "
@@ -64,6 +69,7 @@ def analyze(
     from headlab.analysis.analyze import analyze as run_analysis
     from headlab.capture.corpus import load_corpus
     from headlab.capture.distributed import ShardError
+    from headlab.models.audio import takes_features
     from headlab.models.images import takes_pixels
     from headlab.report.tables import to_rich
 
@@ -83,30 +89,39 @@ def analyze(
         fail(f"--engine ray: {err}")
     except INPUT_ERRORS as err:
         fail(f"--address: {err}")
-    if images is not None:
-        if text is not None:
-            raise typer.BadParameter("give one corpus: --text for a text model, --images for an image model",
-                                     param_hint="--images")
-        if not images.exists():
-            raise typer.BadParameter(f"{str(images)!r}: no such file or folder; expected a folder of images or an "
-                                     "image file", param_hint="--images")
+    media = {"--images": (images, "images", "a folder of images or an image file"),
+             "--audio": (audio, "recordings", "a folder of WAV files or a WAV file")}
+    given = [name for name, (path, _, _) in media.items() if path is not None]
+    if len(given) + (text is not None) > 1:
+        raise typer.BadParameter("give one corpus: --text for a text model, --images for an image model, --audio for "
+                                 "an audio model", param_hint=given[-1])
+    for name in given:
+        path, what, expected = media[name]
+        if path is not None and not path.exists():
+            raise typer.BadParameter(f"{str(path)!r}: no such file or folder; expected {expected}", param_hint=name)
         if engine != "local":
-            raise typer.BadParameter("the Ray engine shards text corpora; analyse images with --engine local",
+            raise typer.BadParameter(f"the Ray engine shards text corpora; analyse {what} with --engine local",
                                      param_hint="--engine")
     output_folder(out, owner="heads.json")
     try:
-        corpus = load_corpus(text) if images is None else images
+        corpus = load_corpus(text) if images is None and audio is None else images or audio
     except INPUT_ERRORS as err:
         fail(str(err))
     console = Console(stderr=as_json)
     with staged_folder(out) as work:
-        loaded = load_model(model, images=True)  # an architecture headlab cannot serve is refused here, with the reason
-        if takes_pixels(loaded.model) and images is None:
-            fail(f"{loaded.source}: {loaded.architecture} takes images, and headlab bundles none: give a folder of "
-                 "images with --images FOLDER")
-        if images is not None and not takes_pixels(loaded.model):
-            fail(f"--images is for an image model; {loaded.source} ({loaded.architecture}) reads text: give its corpus "
-                 "with --text FILE")
+        # an architecture headlab cannot serve is refused here, with the reason
+        loaded = load_model(model, images=True, audio=True)
+        reads = "images" if takes_pixels(loaded.model) else "audio" if takes_features(loaded.model) else "text"
+        wanted = {"images": "--images", "audio": "--audio"}.get(reads)
+        if wanted is not None and media[wanted][0] is None:
+            folder = "images" if reads == "images" else "WAV files"
+            fail(f"{loaded.source}: {loaded.architecture} takes {reads}, and headlab bundles none: give a folder of "
+                 f"{folder} with {wanted} FOLDER")
+        for wrong in given:
+            if wrong != wanted:
+                kind = "an image model" if wrong == "--images" else "an audio model"
+                fail(f"{wrong} is for {kind}; {loaded.source} ({loaded.architecture}) reads {reads}: give its corpus "
+                     f"with {'--text FILE' if wanted is None else wanted + ' FOLDER'}")
         try:
             result = run_analysis(loaded, corpus, heads=selection, quick=quick, importance=importance,
                                   syntax=syntax, streaming=streaming, engine=engine, address=address,
@@ -121,7 +136,8 @@ def analyze(
         return
 
     summary = result.summary()
-    items, tokens = ("images", "positions") if result.grid is not None else ("items", "tokens")
+    items, tokens = (("images", "positions") if result.grid is not None else ("recordings", "frames holding audio")
+                     if result.timeline is not None else ("items", "tokens"))
     console.print(f"{summary['items']} {items}, {summary['tokens']} {tokens}, {summary['heads']} heads"
                   + (f"; {summary['truncated']} items truncated" if summary["truncated"] else ""))
     for shown in _tables(result, summary["class_shares"]):
@@ -136,7 +152,8 @@ def analyze(
 def _tables(result: AnalysisResult, class_shares: dict[str, float]) -> list[DisplayTable]:
     """The tables of the parts that ran (``headlab.report.tables``, as the report shows them): roles, pattern
     classes, dependency relations, the sink heads (raw vs value-weighted attention), the retrieval heads, and the
-    streaming conversions per window; for an image model roles and the heads by distance attended."""
+    streaming conversions per window; for an image model roles and the heads by distance attended; for an audio model
+    roles."""
     from headlab.report.tables import (
         classes_table,
         patches_table,
@@ -149,6 +166,8 @@ def _tables(result: AnalysisResult, class_shares: dict[str, float]) -> list[Disp
 
     if result.grid is not None:
         return [roles_table(result.roles), patches_table(result.surface)]
+    if result.timeline is not None:
+        return [roles_table(result.roles)]
     tables = [roles_table(result.roles), classes_table(class_shares)]
     if result.syntax is not None:
         tables.append(relations_table(result.syntax))

@@ -24,7 +24,7 @@ def quiet_loading() -> None:
 
 
 def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: str | None = None,
-               images: bool = False) -> Any:
+               images: bool = False, audio: bool = False) -> Any:
     """``headlab.load(model, dtype=dtype, device=device)`` for a command.
 
     Args:
@@ -33,6 +33,8 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
         images: the command reads images too (``view``, ``analyze``): an image model (``main_input_name ==
             "pixel_values"``) is served when it has its image processor; otherwise it is refused as every model
             whose input is not text.
+        audio: the command reads audio too (``view``, ``analyze``): an audio model (``main_input_name ==
+            "input_features"``: Whisper) is served when it has its feature extractor; otherwise refused likewise.
 
     Returns:
         The ``HeadedModel``.
@@ -40,10 +42,11 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
     Raises:
         typer.Exit: code 2, after one line naming the model and why it cannot be used (missing,
             not a checkpoint, not cached offline, an architecture headlab cannot serve, a model
-            whose input is not text (an image model with ``images``: one without its image processor, which
-            names the file to add), the default model not installed).
+            whose input is not text (an image model with ``images``, an audio model with ``audio``: one without its
+            image processor or feature extractor, which names the file to add), the default model not installed).
     """
     import headlab
+    from headlab.models.audio import FEATURES, feature_extractor
     from headlab.models.images import PIXELS, image_processor
 
     quiet_loading()
@@ -52,15 +55,17 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
     except (*INPUT_ERRORS, ModuleNotFoundError) as err:
         fail(str(err))
     takes = getattr(loaded.model, "main_input_name", "input_ids")
-    if takes == PIXELS and images:
+    preprocessor = {PIXELS: image_processor, FEATURES: feature_extractor}.get(takes)
+    if preprocessor is not None and (images if takes == PIXELS else audio):
         try:
-            image_processor(loaded.tokenizer, architecture=loaded.architecture, source=loaded.source)
+            preprocessor(loaded.tokenizer, architecture=loaded.architecture, source=loaded.source)
         except TypeError as err:
             fail(f"{loaded.source}: {err}")
         return loaded
     if takes != "input_ids":  # the command reads text
         served = ("images are read by headlab view and headlab analyze --images" if takes == PIXELS
-                  else "the commands do not read audio yet")
+                  else "audio is read by headlab view and headlab analyze --audio" if takes == FEATURES
+                  else "the commands read text, images and audio only")
         fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; this command reads text ({served}): use "
              "the library on its inputs (headlab.attach, run_with_cache)")
     return loaded

@@ -23,7 +23,8 @@ ARGUMENTS_HELP = (
     "given. With --text FILE the only argument is a MODEL, a directory or an org/name hub id. A TEXT that is an "
     "existing file is refused: read files with --text. MODEL IMAGE...: for an image model (a vision transformer "
     "whose checkpoint holds preprocessor_config.json), one or more images, each an image file (.png, .jpg, ...) or "
-    "a folder of them; the page switches between them."
+    "a folder of them; the page switches between them. MODEL WAV...: for an audio model (Whisper, likewise), one or "
+    "more recordings, each a 16-bit PCM WAV file or a folder of them."
 )
 
 
@@ -31,18 +32,19 @@ def _is_dir(arg: str) -> bool:
     return os.path.isdir(os.path.expanduser(arg))  # os.path: False, not OSError, for a text too long to be a path
 
 
-def _model_and_images(args: list[str]) -> tuple[str | None, list[str]] | None:
-    """The MODEL and IMAGEs of ``ARGUMENTS_HELP`` when every argument after a MODEL is an existing image file or
-    folder (or a lone argument is an image file), else None: the arguments are a text's."""
+def _model_and_files(args: list[str]) -> tuple[str | None, list[str]] | None:
+    """The MODEL and IMAGEs (or WAVs) of ``ARGUMENTS_HELP`` when every argument after a MODEL is an existing image
+    file, WAV file or folder (or a lone argument is such a file), else None: the arguments are a text's."""
+    from headlab.models.audio import AUDIO_SUFFIXES
     from headlab.models.images import IMAGE_SUFFIXES
 
-    def image_file(arg: str) -> bool:
+    def media_file(arg: str) -> bool:
         path = os.path.expanduser(arg)  # os.path: False, not OSError, for a text too long to be a path
-        return os.path.isfile(path) and os.path.splitext(path)[1].lower() in IMAGE_SUFFIXES
+        return os.path.isfile(path) and os.path.splitext(path)[1].lower() in IMAGE_SUFFIXES + AUDIO_SUFFIXES
 
-    if len(args) == 1 and image_file(args[0]):
+    if len(args) == 1 and media_file(args[0]):
         return None, args
-    if len(args) >= 2 and all(image_file(arg) or _is_dir(arg) for arg in args[1:]):
+    if len(args) >= 2 and all(media_file(arg) or _is_dir(arg) for arg in args[1:]):
         return args[0], args[1:]
     return None
 
@@ -106,7 +108,9 @@ def view(
     """Write an interactive page: every layer x head as thumbnails, one head open with its pattern,
     what each token attends to and what attends to it, at piece or word level, with each head's
     statistics and role labels measured on the text. For an image model, the image under its patch
-    grid: hovering a patch shows the open head's attention from it as heat over the image.
+    grid: hovering a patch shows the open head's attention from it as heat over the image. For an audio model
+    (Whisper), the encoder's frames as a strip of times beside the decoder's tokens: hovering a token (cross-attention)
+    or a frame (the encoder's self-attention) shows the open head's attention from it as heat over the frames.
 
     Exits with status 2 on bad input (arguments, the text file, --out, the model, the selection;
     checked before the model runs) and 1 when interrupted (--out left as it was).
@@ -119,23 +123,29 @@ def view(
 
     from headlab.capture import TruncationWarning
     from headlab.heads import head_label
+    from headlab.models.audio import takes_features
     from headlab.models.images import takes_pixels
     from headlab.report.viewer import view_data, viewer_document
 
-    images = None if text_file is not None else _model_and_images(list(args or []))
-    model, viewed = _model_and_text(list(args or []), text_file) if images is None else images
+    files = None if text_file is not None else _model_and_files(list(args or []))
+    model, viewed = _model_and_text(list(args or []), text_file) if files is None else files
     selection = head_selection(layers, heads)
     output_file(out, example="view.html")
     console = Console()
     with staged_files(out.parent, shown=out) as work:
-        loaded = load_model(model, images=True)  # an architecture headlab cannot serve is refused here, with the reason
-        pixels = takes_pixels(loaded.model)
-        if pixels and images is None:
+        # an architecture headlab cannot serve is refused here, with the reason
+        loaded = load_model(model, images=True, audio=True)
+        pixels, audio = takes_pixels(loaded.model), takes_features(loaded.model)
+        if pixels and files is None:
             fail(f"{loaded.source}: {loaded.architecture} takes images, not text: give image files or folders of "
                  f"images after it (headlab view {model} IMAGE...)")
-        if images is not None and not pixels:
-            fail(f"{images[1][0]!r} is an image or a folder of them, but {loaded.source} ({loaded.architecture}) "
-                 "reads text: give an image model before it (a checkpoint with preprocessor_config.json), or a text")
+        if audio and files is None:
+            fail(f"{loaded.source}: {loaded.architecture} takes audio, not text: give WAV files or folders of them "
+                 f"after it (headlab view {model} WAV...)")
+        if files is not None and not (pixels or audio):
+            fail(f"{files[1][0]!r} is an image, a recording or a folder of them, but {loaded.source} "
+                 f"({loaded.architecture}) reads text: give an image or audio model before it (a checkpoint with "
+                 "preprocessor_config.json), or a text")
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", TruncationWarning)
@@ -149,8 +159,9 @@ def view(
         (work / out.name).write_text(viewer_document(data), encoding="utf-8")
 
     item = data.items[0]
-    unit = "positions" if pixels else "pieces"
-    table = Table(title=f"Roles of {len(data.heads)} heads of {escape(data.name)} on {item.pieces.n} {unit}")
+    count, unit = ((item.frames.n, "frames") if item.frames is not None
+                   else (item.pieces.n, "positions" if pixels else "pieces"))
+    table = Table(title=f"Roles of {len(data.heads)} heads of {escape(data.name)} on {count} {unit}")
     table.add_column("role")
     table.add_column("heads")
     by_role: dict[str, list[str]] = {}

@@ -1,28 +1,38 @@
 """Audio inputs of a model that takes log-mel features (``main_input_name == "input_features"``: Whisper and
-its kin): the features' shape the encoder requires, WAV files, and samples turned into features by the
-model's own feature extractor.
+its kin): the features' shape the encoder requires, WAV files, samples turned into features by the model's own
+feature extractor, and the labels of its positions.
 
 Notation: features are ``(batch, n_mels, frames)``; samples are ``(n_samples,)``, mono, at the feature
-extractor's sampling rate. headlab never resamples.
+extractor's sampling rate. headlab never resamples. The encoder's convolutions subsample the feature frames
+(``encoder_stride`` of them per encoder position), so encoder position ``i`` starts ``i × stride × hop_length /
+sampling_rate`` seconds into the recording: its label is ``frame 0.42 s`` (``Timeline``). An encoder-decoder's
+sites run over two axes (``site_axes``): the encoder's frames (``FRAMES``) and the decoder's tokens (``TOKENS``),
+labelled by the processor's tokenizer, or ``tok 50258`` (the id) without one.
 """
 
 from __future__ import annotations
 
-import inspect
+import math
 import os
 import wave
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+if TYPE_CHECKING:
+    from headlab.models.site import AttentionSite
+
 FEATURES = "input_features"  # the main input name of a model that takes log-mel features
 PREPROCESSOR_FILE = "preprocessor_config.json"  # where a checkpoint keeps its feature extractor
 Samples = str | os.PathLike[str] | np.ndarray | Tensor  # one recording: a WAV path or its samples
 Audio = Samples | Sequence[Samples]  # one recording or several
+AUDIO_SUFFIXES = (".wav",)  # what a folder's recordings end in (16-bit PCM WAV files, any case)
+FRAMES, TOKENS = "frames", "tokens"  # the axes of an audio encoder-decoder's sites: its encoder's, its decoder's
 
 
 def takes_features(model: nn.Module) -> bool:
@@ -31,47 +41,146 @@ def takes_features(model: nn.Module) -> bool:
 
 
 def feature_shape(model: nn.Module) -> tuple[int, int]:
-    """The ``(n_mels, frames)`` of the features ``model``'s encoder requires.
-
-    The frames are ``config.max_source_positions`` (the encoder's positions) times the strides of the
-    encoder's 1-D convolutions, which subsample the frames (Whisper's conv1 and conv2: 1 × 2).
+    """The ``(n_mels, frames)`` of the features ``model``'s encoder requires: ``config.num_mel_bins``, and
+    ``encoder_positions`` × ``encoder_stride`` frames.
 
     Raises:
         ValueError: the config has no ``num_mel_bins`` or ``max_source_positions``, or the encoder no
             ``Conv1d``; the message names what is missing.
     """
-    name, config = type(model).__name__, getattr(model, "config", None)
-    n_mels, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    n_mels = getattr(getattr(model, "config", None), "num_mel_bins", None)
     if not isinstance(n_mels, int):
-        raise ValueError(f"{name} takes input_features, but its config has no num_mel_bins: cannot tell its mel bins")
+        raise ValueError(f"{type(model).__name__} takes input_features, but its config has no num_mel_bins: cannot "
+                         "tell its mel bins")
+    return n_mels, encoder_positions(model) * encoder_stride(model)
+
+
+def encoder_positions(model: nn.Module) -> int:
+    """The positions of ``model``'s encoder: ``config.max_source_positions`` (Whisper: 1500, its 30 s).
+
+    Raises:
+        ValueError: the config has none.
+    """
+    positions = getattr(getattr(model, "config", None), "max_source_positions", None)
     if not isinstance(positions, int):
-        raise ValueError(f"{name} takes input_features, but its config has no max_source_positions: cannot tell the "
-                         "frames its encoder requires")
+        raise ValueError(f"{type(model).__name__} takes input_features, but its config has no max_source_positions: "
+                         "cannot tell the frames its encoder requires")
+    return positions
+
+
+def encoder_stride(model: nn.Module) -> int:
+    """Feature frames per encoder position: the product of the strides of the encoder's 1-D convolutions, which
+    subsample the frames (Whisper's conv1 and conv2: 1 × 2).
+
+    Raises:
+        ValueError: the encoder has no ``Conv1d``.
+    """
     # a transformers model's get_encoder is the model itself when it has no encoder
     encoder = cast(Any, model).get_encoder() if hasattr(model, "get_encoder") else model
     strides = [m.stride[0] for m in encoder.modules() if isinstance(m, nn.Conv1d)]
     if not strides:
-        raise ValueError(f"{name} takes input_features, but its encoder has no Conv1d: cannot tell how many frames "
-                         "make one of its max_source_positions")
-    return n_mels, positions * int(np.prod(strides))
+        raise ValueError(f"{type(model).__name__} takes input_features, but its encoder has no Conv1d: cannot tell "
+                         "how many frames make one of its max_source_positions")
+    return int(np.prod(strides))
 
 
-def takes_decoder_ids(model: nn.Module) -> bool:
-    """Whether ``model``'s forward takes ``decoder_input_ids`` (an encoder-decoder, not its encoder alone)."""
-    return "decoder_input_ids" in inspect.signature(model.forward).parameters
+def frame_seconds(model: nn.Module, extractor: Any) -> float:
+    """Seconds per encoder position: ``encoder_stride × hop_length / sampling_rate`` (Whisper: 2 × 160 / 16 000 =
+    0.02 s).
 
-
-def decoder_start(model: nn.Module, batch: int, device: torch.device) -> Tensor:
-    """A one-token decoder input per item: ``config.decoder_start_token_id``, ``(batch, 1)``.
+    Args:
+        model: the model itself.
+        extractor: its feature extractor (``feature_extractor``).
 
     Raises:
-        ValueError: the config sets no ``decoder_start_token_id``.
+        ValueError: the extractor has no positive int ``hop_length`` or ``sampling_rate``, or the encoder no
+            ``Conv1d``.
     """
-    start = getattr(getattr(model, "config", None), "decoder_start_token_id", None)
-    if not isinstance(start, int):
-        raise ValueError(f"{type(model).__name__} sets no config.decoder_start_token_id: pass decoder_input_ids "
-                         "with the input features in a dict")
-    return torch.full((batch, 1), start, dtype=torch.long, device=device)
+    hop, rate = getattr(extractor, "hop_length", None), getattr(extractor, "sampling_rate", None)
+    if not (isinstance(hop, int) and hop > 0 and isinstance(rate, int) and rate > 0):
+        raise ValueError(f"{type(extractor).__name__} has hop_length={hop!r}, sampling_rate={rate!r}; expected "
+                         "positive ints to tell the time of a frame")
+    return encoder_stride(model) * hop / rate
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Where an audio encoder's positions lie in time.
+
+    Attributes:
+        positions: the encoder's positions (``encoder_positions``).
+        seconds: seconds per position (``frame_seconds``); None where no feature extractor tells.
+    """
+
+    positions: int
+    seconds: float | None
+
+    @property
+    def unit(self) -> str:
+        """What ``times`` counts: ``"s"``, or ``"frames"`` without ``seconds``."""
+        return "frames" if self.seconds is None else "s"
+
+    def labels(self) -> list[str]:
+        """Every position's label: ``frame 0.42 s``, its start with as many decimals as keep two positions apart
+        (at least 2); ``frame 3`` (the position) without ``seconds``."""
+        if self.seconds is None:
+            return [f"frame {i}" for i in range(self.positions)]
+        decimals = max(2, math.ceil(-math.log10(self.seconds)))
+        return [f"frame {i * self.seconds:.{decimals}f} s" for i in range(self.positions)]
+
+    def times(self) -> Tensor:
+        """``(positions,)`` float64: each position's start in ``unit`` (seconds, or positions)."""
+        return torch.arange(self.positions, dtype=torch.float64) * (1.0 if self.seconds is None else self.seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"positions": self.positions, "seconds": self.seconds}
+
+
+def timeline(model: nn.Module, extractor: Any = None) -> Timeline:
+    """The ``Timeline`` of ``model``'s encoder, its seconds from ``extractor`` (None: positions only).
+
+    Raises:
+        ValueError: as ``encoder_positions`` and ``frame_seconds`` raise.
+    """
+    return Timeline(positions=encoder_positions(model),
+                    seconds=None if extractor is None else frame_seconds(model, extractor))
+
+
+def site_axes(site: AttentionSite) -> tuple[str, str]:
+    """The axes of a site's pattern, ``(queries, keys)``, in an audio encoder-decoder: cross-attention ``(TOKENS,
+    FRAMES)``, the decoder's self-attention (the causal one) ``(TOKENS, TOKENS)``, the encoder's ``(FRAMES,
+    FRAMES)``."""
+    if site.cross:
+        return TOKENS, FRAMES
+    return (TOKENS, TOKENS) if site.causal else (FRAMES, FRAMES)
+
+
+def axis_labels(model: nn.Module, tokenizer: Any, inputs: Mapping[str, Any]) -> dict[str, list[list[str]]]:
+    """Each item's labels on the axes of an audio encoder-decoder: ``FRAMES`` (``Timeline.labels``, in seconds when
+    the handle holds a feature extractor) and, when ``inputs`` has ``decoder_input_ids``, ``TOKENS``: the tokens of
+    the processor's tokenizer, or ``tok {id}`` without one.
+
+    Args:
+        model: the model itself.
+        tokenizer: the handle's tokenizer slot (a processor, a feature extractor, or None).
+        inputs: keyword arguments of a forward, with ``input_features`` ``(batch, n_mels, frames)``.
+
+    Raises:
+        ValueError: inputs without ``input_features``.
+    """
+    features = inputs.get(FEATURES)
+    if not isinstance(features, Tensor) or features.dim() != 3:
+        raise ValueError(f"inputs have no {FEATURES} (batch, n_mels, frames); got {sorted(inputs)}")
+    frames = timeline(model, held_extractor(tokenizer)).labels()
+    out = {FRAMES: [list(frames) for _ in range(len(features))]}
+    ids = inputs.get("decoder_input_ids")
+    if isinstance(ids, Tensor) and ids.dim() == 2:
+        words = getattr(tokenizer, "tokenizer", tokenizer)  # a processor holds its tokenizer
+        rows = ids.cpu().tolist()
+        out[TOKENS] = ([list(words.convert_ids_to_tokens(row)) for row in rows]
+                       if callable(getattr(words, "convert_ids_to_tokens", None))
+                       else [[f"tok {i}" for i in row] for row in rows])
+    return out
 
 
 def check_features(features: Tensor, shape: tuple[int, int]) -> Tensor:
@@ -124,11 +233,9 @@ def feature_extractor(tokenizer: Any, *, architecture: str, source: str) -> Any:
     Raises:
         TypeError: the slot holds neither; the message says what to pass, or which file the folder lacks.
     """
-    from transformers.feature_extraction_utils import FeatureExtractionMixin
-
-    for candidate in (tokenizer, getattr(tokenizer, "feature_extractor", None)):
-        if isinstance(candidate, FeatureExtractionMixin) and isinstance(getattr(candidate, "sampling_rate", None), int):
-            return candidate
+    found = held_extractor(tokenizer)
+    if found is not None:
+        return found
     held = "none" if tokenizer is None else f"a {type(tokenizer).__name__}"
     if os.path.isdir(source) and not (Path(source) / PREPROCESSOR_FILE).is_file():
         fix = f"{source} has no {PREPROCESSOR_FILE} (the checkpoint's feature extractor): add it"
@@ -139,8 +246,68 @@ def feature_extractor(tokenizer: Any, *, architecture: str, source: str) -> Any:
                     "input features (batch, n_mels, frames)")
 
 
+def held_extractor(tokenizer: Any) -> Any:
+    """The feature extractor a handle's tokenizer slot holds (``feature_extractor``), or None."""
+    from transformers.feature_extraction_utils import FeatureExtractionMixin
+
+    for candidate in (tokenizer, getattr(tokenizer, "feature_extractor", None)):
+        if isinstance(candidate, FeatureExtractionMixin) and isinstance(getattr(candidate, "sampling_rate", None), int):
+            return candidate
+    return None
+
+
+def audio_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """The recordings of ``folder`` (names ending in one of ``AUDIO_SUFFIXES``, any case), sorted by name.
+
+    Raises:
+        NotADirectoryError: ``folder`` is not a directory.
+        ValueError: it holds no recording.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder}: not a directory; expected a folder of WAV files")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES)
+    if not files:
+        raise ValueError(f"{folder} holds no recording; expected files ending in {', '.join(AUDIO_SUFFIXES)}")
+    return files
+
+
+def audio_sources(audio: Audio) -> list[tuple[str, Samples]]:
+    """Each recording of ``audio`` with its name, not read yet: a folder becomes its ``audio_files``.
+
+    Args:
+        audio: a WAV file, a folder of them, a 1-D array / tensor of samples, or a list of them.
+
+    Returns:
+        ``[(name, path or samples)]``: a file's name, or ``"clip {i}"`` for samples (``i``: its place).
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        NotADirectoryError / ValueError: a folder without recordings (``audio_files``); no recording at all.
+    """
+    items = [audio] if isinstance(audio, (str, os.PathLike, np.ndarray, Tensor)) else list(audio)
+    out: list[tuple[str, Samples]] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            out.append((f"clip {len(out)}", item))
+            continue
+        path = Path(item).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or folder; expected a WAV file or a folder of them")
+        out += [(file.name, file) for file in (audio_files(path) if path.is_dir() else [path])]
+    if not out:
+        raise ValueError("no recording given; expected a WAV file, a folder of them or samples")
+    return out
+
+
 def audio_features(audio: Audio, extractor: Any, shape: tuple[int, int]) -> Tensor:
-    """Features of one recording or several, from ``extractor`` (a feature extractor).
+    """Features of one recording or several, from ``extractor`` (a feature extractor): ``features_with_mask``'s
+    features."""
+    return features_with_mask(audio, extractor, shape)[0]
+
+
+def features_with_mask(audio: Audio, extractor: Any, shape: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Features of one recording or several, from ``extractor`` (a feature extractor), and which frames hold audio.
 
     Args:
         audio: a WAV path or a 1-D float array / tensor of samples (at the extractor's sampling rate), or a
@@ -149,24 +316,33 @@ def audio_features(audio: Audio, extractor: Any, shape: tuple[int, int]) -> Tens
         shape: the ``(n_mels, frames)`` the model requires (``feature_shape``).
 
     Returns:
-        ``(batch, n_mels, frames)`` float32 on the CPU.
+        ``(features (batch, n_mels, frames) float32, mask (batch, frames) bool)`` on the CPU: the mask is True at the
+        frames that hold audio, the rest padding (the extractor's ``attention_mask``; every frame where it gives
+        none).
 
     Raises:
         ValueError: a WAV file at another sampling rate than the extractor's, samples that are not a 1-D float
             array, or an extractor whose features do not have the model's ``shape``.
     """
     items = [audio] if isinstance(audio, (str, os.PathLike, np.ndarray, Tensor)) else list(audio)
-    samples = [_samples(item, extractor.sampling_rate) for item in items]
-    features = extractor(samples, sampling_rate=extractor.sampling_rate, return_tensors="pt")[FEATURES]
+    samples = [samples_at(item, extractor.sampling_rate) for item in items]
+    made = extractor(samples, sampling_rate=extractor.sampling_rate, return_tensors="pt", return_attention_mask=True)
+    features = made[FEATURES]
+    mask = made.get("attention_mask")
     if tuple(features.shape[1:]) != shape:
         raise ValueError(f"{type(extractor).__name__} gives features {tuple(features.shape)}, but the model takes "
                          f"(batch, {shape[0]}, {shape[1]}): its feature_size, chunk_length and hop_length do not "
                          "match the model's num_mel_bins and frames")
-    return features
+    frames = torch.ones(features.shape[0], shape[1], dtype=torch.bool) if mask is None else mask.bool()
+    return features, frames
 
 
-def _samples(item: Samples, rate: int) -> np.ndarray:
-    """One recording's samples at ``rate``: read from a WAV path, or an array / tensor checked."""
+def samples_at(item: Samples, rate: int) -> np.ndarray:
+    """One recording's samples at ``rate``: read from a WAV path, or an array / tensor checked.
+
+    Raises:
+        ValueError: a WAV file at another rate than ``rate``, or samples that are not a 1-D float array.
+    """
     if isinstance(item, (str, os.PathLike)):
         samples, found = read_wav(item)
         if found != rate:

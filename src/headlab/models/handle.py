@@ -25,7 +25,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import numpy as np
 import torch
@@ -33,12 +33,13 @@ from torch import Tensor, nn
 
 from headlab import display
 from headlab.layer.selection import HeadSelection, resolve
-from headlab.models import audio, images, multimodal
+from headlab.models import audio, images, multimodal, seq2seq
 from headlab.models.interface import IMPLEMENTATION
 from headlab.models.site import AttentionSite, is_attached, sites_of
 
 HANDLE_ATTRIBUTE = "headlab_handle"  # on an attached model: the handle ``attach`` made for it
-Inputs = str | Sequence[str] | Mapping[str, Any] | Tensor | audio.Audio | images.Images  # what ``inputs`` takes
+Inputs = (str | Sequence[str] | seq2seq.Pair | Sequence[seq2seq.Pair] | Mapping[str, Any] | Tensor | audio.Audio
+          | images.Images)  # what ``HeadedModel.inputs`` takes
 
 
 class HeadedModel(display.Shown):
@@ -126,8 +127,14 @@ class HeadedModel(display.Shown):
         return model_max_length(self.model, self.tokenizer)
 
     # --- what every caller does with it ---
-    def heads(self, selection: HeadSelection = None) -> dict[int, list[int]]:
+    def heads(self, selection: HeadSelection = None, *, inputs: Mapping[str, Any] | None = None
+              ) -> dict[int, list[int]]:
         """A head selection resolved against this model (``headlab.layer.selection.resolve``).
+
+        Args:
+            selection: the selection; None for every head — of the layers that ``inputs`` run, when given: a
+                model of several towers given text alone (no ``pixel_values``) runs no vision tower's layer.
+            inputs: the keyword arguments of the forward the selection is for (``inputs``), or None.
 
         Returns:
             ``{layer: sorted unique heads}``.
@@ -136,6 +143,9 @@ class HeadedModel(display.Shown):
             TypeError / ValueError: a malformed selection, or a layer or head the model does not have.
         """
         sites = self.sites
+        if (selection is None and inputs is not None and "pixel_values" not in inputs
+                and multimodal.vision_config(self.model) is not None):
+            selection = {site.layer: None for site in sites if site.stack != "vision"}
         return resolve(selection, [site.n_heads for site in sites], [site.address for site in sites])
 
     def inputs(self, inputs: Inputs) -> dict[str, Any]:
@@ -150,8 +160,10 @@ class HeadedModel(display.Shown):
                 ``(batch, n_mels, frames)``; or audio, turned into features by the feature extractor the handle
                 holds (``tokenizer``: a processor or feature extractor): a 1-D float array or tensor of samples
                 at its sampling rate, the path of a 16-bit PCM WAV file (stereo averaged to mono), or a list of
-                them. An encoder-decoder's decoder then reads one token, ``config.decoder_start_token_id``, unless
-                a mapping gives ``decoder_input_ids`` (or ``decoder_inputs_embeds``, or ``labels``). A model of
+                them. An encoder-decoder also takes ``(source, target)`` text pairs, or a list of them; given no
+                decoder input (``decoder_input_ids``, ``decoder_inputs_embeds`` or ``labels`` in a mapping), its
+                decoder reads the source shifted right behind ``config.decoder_start_token_id``, or (audio) that
+                token alone (``headlab.models.seq2seq``). A model of
                 several towers takes a mapping with every tower's input (``input_ids`` and ``pixel_values``); one
                 that puts images in its text (Gemma 3, LLaVA) also takes text alone, which runs its text tower only.
 
@@ -165,30 +177,27 @@ class HeadedModel(display.Shown):
         Warns:
             TruncationWarning: texts longer than the model's limit (``max_length``), cut to it.
         """
+        kwargs = self._arguments(inputs)
+        return seq2seq.with_decoder(self.model, kwargs) if self._transformers else kwargs
+
+    def _arguments(self, inputs: Inputs) -> dict[str, Any]:
+        """``inputs``' keyword arguments (``inputs``), an encoder-decoder's decoder inputs left to the caller."""
         device = self.device
         if self._transformers and not isinstance(inputs, Mapping) and multimodal.needs_pixels(self.model):
             raise ValueError(multimodal.pixels_needed(self.model))
         if self._transformers and audio.takes_features(self.model):
-            return self._with_decoder_start(self._features(inputs))
+            return self._features(inputs)
+        if self._transformers and seq2seq.takes_decoder_ids(self.model) and seq2seq.is_pairs(inputs):
+            pairs = [inputs] if isinstance(inputs, tuple) else cast(list[tuple[str, str]], inputs)
+            source = self._encode([s for s, _ in pairs])
+            target = self._encode([t for _, t in pairs], target=True)
+            return source | seq2seq.shifted(self.model, target["input_ids"], target["attention_mask"])
         if self._transformers and images.takes_pixels(self.model) and images.is_images(inputs):
             processor = images.image_processor(self.tokenizer, architecture=self.architecture, source=self.source)
             return {images.PIXELS: images.pixel_values(inputs, processor).to(device=device, dtype=self.dtype)}
         if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs
                                        and all(isinstance(t, str) for t in inputs)):
-            if self.tokenizer is None:
-                raise TypeError(f"text inputs need a tokenizer, and this {self.architecture} has none: "
-                                "headlab.attach(model, tokenizer=...) gives it one")
-            texts = [inputs] if isinstance(inputs, str) else cast(list[str], list(inputs))  # all str: checked above
-            if any(not t.strip() for t in texts):
-                raise ValueError("an input text is empty or whitespace only")
-            limit = self.max_length  # transformers' own warning of a text over it is said below, and acted on
-            encoded = self.tokenizer(texts, padding=True, return_tensors="pt", verbose=limit is None)
-            if limit is not None and encoded["input_ids"].shape[1] > limit:  # cut to the limit, as every entry is
-                lengths = encoded["attention_mask"].sum(dim=1).tolist()
-                warnings.warn(truncation_message([i for i, n in enumerate(lengths) if n > limit], len(texts), limit),
-                              TruncationWarning, stacklevel=2)
-                encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt")
-            return {k: v.to(device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+            return self._encode([inputs] if isinstance(inputs, str) else cast(list[str], list(inputs)))
         if isinstance(inputs, Tensor):
             if not self._transformers:
                 return {_first_argument(self.model): inputs.to(device)}
@@ -206,6 +215,24 @@ class HeadedModel(display.Shown):
         raise TypeError(f"inputs must be a text, a list of texts, a tensor or a dict of a forward's arguments; got "
                         f"{type(inputs).__name__}")
 
+    def _encode(self, texts: list[str], *, target: bool = False) -> dict[str, Tensor]:
+        """``input_ids`` and ``attention_mask`` of ``texts`` (an encoder-decoder's targets: ``target``), padded, on
+        the model's device; texts over the model's limit cut to it, with a ``TruncationWarning``."""
+        if self.tokenizer is None:
+            raise TypeError(f"text inputs need a tokenizer, and this {self.architecture} has none: "
+                            "headlab.attach(model, tokenizer=...) gives it one")
+        if any(not t.strip() for t in texts):
+            raise ValueError("an input text is empty or whitespace only")
+        limit = self.max_length  # transformers' own warning of a text over it is said below, and acted on
+        given = {"text_target" if target else "text": texts}
+        encoded = self.tokenizer(**given, padding=True, return_tensors="pt", verbose=limit is None)
+        if limit is not None and encoded["input_ids"].shape[1] > limit:  # cut to the limit, as every entry is
+            lengths = encoded["attention_mask"].sum(dim=1).tolist()
+            warnings.warn(truncation_message([i for i, n in enumerate(lengths) if n > limit], len(texts), limit),
+                          TruncationWarning, stacklevel=4)
+            encoded = self.tokenizer(**given, padding=True, truncation=True, max_length=limit, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+
     def _features(self, inputs: Inputs) -> dict[str, Any]:
         """The keyword arguments of a forward of a model that takes log-mel features (``inputs``), on its device."""
         if isinstance(inputs, Mapping) and inputs:
@@ -215,26 +242,17 @@ class HeadedModel(display.Shown):
             features = audio.check_features(inputs, shape)
         elif isinstance(inputs, (str, os.PathLike, Tensor, np.ndarray)) or (isinstance(inputs, Sequence) and inputs):
             extractor = audio.feature_extractor(self.tokenizer, architecture=self.architecture, source=self.source)
-            features = audio.audio_features(inputs, extractor, shape)
+            features = audio.audio_features(cast(audio.Audio, inputs), extractor, shape)  # checked in it
         else:
             raise TypeError(f"inputs of {self.architecture} must be input features, audio samples, a WAV path, a list "
                             f"of them or a dict of a forward's arguments; got {type(inputs).__name__}")
         return {audio.FEATURES: features.to(device=self.device, dtype=self.dtype)}
 
-    def _with_decoder_start(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """``kwargs`` with a one-token decoder input (``config.decoder_start_token_id``) for an encoder-decoder
-        given none."""
-        given = ("decoder_input_ids", "decoder_inputs_embeds", "labels")
-        features = kwargs.get(audio.FEATURES)
-        if (not isinstance(features, Tensor) or not audio.takes_decoder_ids(self.model)
-                or any(kwargs.get(name) is not None for name in given)):
-            return kwargs
-        return kwargs | {"decoder_input_ids": audio.decoder_start(self.model, len(features), self.device)}
-
     def token_batch(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Any]:
         """The keyword arguments of a forward on a right-padded batch of token ids (``capture``'s batches).
 
-        A transformers model takes both. A headlab model takes the ids as its forward's ``input_ids``, else
+        A transformers model takes both (an encoder-decoder's decoder reads the ids shifted:
+        ``headlab.models.seq2seq``). A headlab model takes the ids as its forward's ``input_ids``, else
         as its first argument, and the mask as its ``attention_mask`` or (True = padding)
         ``key_padding_mask`` when its forward has one; without either, a causal model's real tokens never
         see the padding after them, and a bidirectional one's would.
@@ -250,7 +268,7 @@ class HeadedModel(display.Shown):
         if self._transformers:
             if multimodal.needs_pixels(self.model):
                 raise ValueError(multimodal.pixels_needed(self.model))
-            return {"input_ids": input_ids, "attention_mask": attention_mask}
+            return seq2seq.with_decoder(self.model, {"input_ids": input_ids, "attention_mask": attention_mask})
         names = set(inspect.signature(self.model.forward).parameters)
         kwargs = {"input_ids" if "input_ids" in names else _first_argument(self.model): input_ids}
         if "attention_mask" in names:
@@ -276,24 +294,57 @@ class HeadedModel(display.Shown):
         keep = mask.cpu().bool() if isinstance(mask, Tensor) else torch.ones_like(ids, dtype=torch.bool)
         return [self.tokenizer.convert_ids_to_tokens(row[real].tolist()) for row, real in zip(ids, keep)]
 
-    def labels(self, inputs: Mapping[str, Any]) -> list[list[str]] | None:
+    @overload
+    def labels(self, inputs: Mapping[str, Any], *, layer: None = None) -> list[list[str]] | None: ...
+
+    @overload
+    def labels(self, inputs: Mapping[str, Any], *, layer: int) -> list[tuple[list[str], list[str]]] | None: ...
+
+    def labels(self, inputs: Mapping[str, Any], *, layer: int | None = None) -> Any:
         """Each item's positions as a person reads them: its tokens (``tokens``); for an image model ``[CLS]``,
-        ``reg 0``, ``patch r3c7`` (``headlab.models.images.patch_grid``; one forward counts the positions).
+        ``reg 0``, ``patch r3c7`` (``headlab.models.images.patch_grid``; one forward counts the positions); for an
+        audio model (Whisper) its encoder's frames, ``frame 0.42 s`` (``headlab.models.audio.Timeline``).
+
+        Given a ``layer``, the labels of that site's pattern axes: for an audio encoder-decoder by the site's kind
+        (``headlab.models.audio.site_axes``): the encoder's self-attention frames × frames, the decoder's
+        self-attention tokens × tokens, cross-attention tokens × frames (the decoder's tokens by the processor's
+        tokenizer, else ``tok {id}``); for any other model its positions both ways.
 
         Args:
             inputs: keyword arguments of a forward (``inputs``).
+            layer: a site's layer index, or None.
+
+        Returns:
+            Per item its labels; given a ``layer``, per item ``(query labels, key labels)``. None for a model
+            without a tokenizer or input ids.
 
         Raises:
-            ValueError: an image model whose attention is not over the whole image, or whose config has no
-                ``patch_size``.
+            ValueError: a layer the model does not have; a decoder site of an audio model whose ``inputs`` have no
+                ``decoder_input_ids``; an image model whose attention is not over the whole image, or whose config
+                has no ``patch_size``.
         """
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)
+                                  or not 0 <= layer < self.n_layers):
+            raise ValueError(f"layer={layer!r}; expected a layer of {self.architecture}, 0 to {self.n_layers - 1}")
+        if self._transformers and audio.takes_features(self.model):
+            axes = audio.axis_labels(self.model, self.tokenizer, inputs)
+            if layer is None:
+                return axes[audio.FRAMES]
+            query, key = audio.site_axes(self.sites[layer])
+            if audio.TOKENS not in axes and audio.TOKENS in (query, key):
+                raise ValueError(f"layer {layer} is its decoder's and the inputs have no decoder_input_ids; expected "
+                                 "the inputs of a forward (HeadedModel.inputs gives the decoder its start token)")
+            return [(queries, keys) for queries, keys in zip(axes[query], axes[key])]
         pixels = inputs.get(images.PIXELS)
-        if not (self._transformers and isinstance(pixels, Tensor) and pixels.dim() == 4):
-            return self.tokens(inputs)
-        with self.running(grad=False):
-            positions = images.positions_of(self.model, pixels)
-        grid = images.patch_grid(self.model, height=pixels.shape[2], width=pixels.shape[3], positions=positions)
-        return [grid.labels() for _ in range(len(pixels))]
+        labels: list[list[str]] | None
+        if self._transformers and isinstance(pixels, Tensor) and pixels.dim() == 4:
+            with self.running(grad=False):
+                positions = images.positions_of(self.model, pixels)
+            grid = images.patch_grid(self.model, height=pixels.shape[2], width=pixels.shape[3], positions=positions)
+            labels = [grid.labels() for _ in range(len(pixels))]
+        else:
+            labels = self.tokens(inputs)
+        return labels if layer is None or labels is None else [(list(item), list(item)) for item in labels]
 
     @contextmanager
     def running(self, *, grad: bool | None = None) -> Iterator[nn.Module]:

@@ -62,6 +62,7 @@ def load(
     *,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
+    tower: str | None = None,
 ) -> HeadedModel:
     """Load a checkpoint and attach headlab's attention (``headlab.models.attach``).
 
@@ -70,6 +71,9 @@ def load(
             and safetensors weights); or a Hugging Face Hub id.
         dtype: weights' dtype (a torch dtype or its name, e.g. ``"bfloat16"``); None: float32.
         device: where to put the model; None: CPU.
+        tower: of a checkpoint of several towers (CLIP, SigLIP: ``text_config`` and ``vision_config``), the one
+            to load on its own ("text", "vision": its model class, e.g. ``CLIPTextModel``, and its weights);
+            None: the whole model.
 
     Returns:
         The model's ``HeadedModel``: the transformers model (``.model``, in eval mode), its tokenizer
@@ -79,8 +83,8 @@ def load(
         FileNotFoundError: a local path that does not exist, or lacks config.json or weights.
         NotADirectoryError: a local path that is a file.
         ValueError: a corrupt config or weights file, pickle-only weights, an architecture
-            headlab cannot serve (the message says why), a bad dtype, or a hub id that cannot be
-            fetched (e.g. offline).
+            headlab cannot serve (the message says why), a bad dtype, a tower the checkpoint does not
+            have, or a hub id that cannot be fetched (e.g. offline).
         ModuleNotFoundError: name_or_path is None and the default model is not installed.
     """
     from transformers import AutoConfig  # heavy: imported on use
@@ -97,11 +101,13 @@ def load(
         config = _read_local_config(directory, AutoConfig)
     else:
         config = _hub_call(source, "config", lambda: AutoConfig.from_pretrained(source))
+    if tower is not None:
+        config = _tower_config(config, tower, source)
     model_class = _model_class(config)
     check_architecture(model_class, config)  # refuse before loading weights
     register()
     kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation=IMPLEMENTATION)
-    if local and (directory / RECORD).exists():  # saved by headlab.heads.save: pruned or intervened heads
+    if local and (directory / RECORD).exists() and tower is None:  # saved by headlab.heads.save: pruned heads…
         model = _load_saved(directory, model_class, config, torch_dtype)
         tokenizer = _local_tokenizer(directory, model)
     elif local:
@@ -220,6 +226,20 @@ def _hub_call(hub_id: str, what: str, call: Any) -> Any:
             f"to load a checkpoint directory instead, pass its path (e.g. ./{hub_id.rsplit('/', 1)[-1]}: "
             "config.json and model.safetensors)"
         ) from err
+
+
+def _tower_config(config: Any, tower: str, source: str) -> Any:
+    """The config of ``config``'s ``tower`` ("text": ``config.text_config``, ...).
+
+    Raises:
+        ValueError: the checkpoint has no such tower; the message names the ones it has.
+    """
+    towers = [name.removesuffix("_config") for name in ("text_config", "vision_config", "audio_config")
+              if getattr(config, name, None) is not None]
+    if tower not in towers:
+        raise ValueError(f"{source}: tower={tower!r}, but this {type(config).__name__} has "
+                         f"{'towers ' + ', '.join(map(repr, towers)) if towers else 'no towers'}")
+    return getattr(config, f"{tower}_config")
 
 
 def _model_class(config: Any) -> Any:

@@ -18,10 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from headlab.models import multimodal
-from headlab.models.audio import FEATURES, feature_shape, takes_decoder_ids
+from headlab.models.audio import FEATURES, feature_shape
 from headlab.models.calls import AttentionCall, ProjectionCall
 from headlab.models.handle import evaluating, token_embedding
 from headlab.models.interface import observing
+from headlab.models.seq2seq import takes_decoder_ids
 
 PROBE_LENGTH = 6  # tokens per probe item (image tokens not counted)
 PROBE_BATCH = 2

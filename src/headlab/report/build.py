@@ -173,7 +173,8 @@ def build_report(
         takes = getattr(loaded.model, "main_input_name", "input_ids")
         if takes != "input_ids":  # every model section reads the corpus's text
             raise ValueError(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; the report's model "
-                             "sections read text (images are read by headlab view and headlab analyze --images)")
+                             "sections read text (images and audio are read by headlab view and headlab analyze "
+                             "--images / --audio)")
     out_dir.mkdir(parents=True, exist_ok=True)
 
     start = time.perf_counter()

@@ -44,8 +44,8 @@ def test_a_row_of_zeros_stays_zero_and_bad_patterns_are_refused() -> None:
     values = quantize(p).values()
     assert (values[0] == 0).all() and (values[2] == 0).all()
     np.testing.assert_allclose(values[1], [0.25, 0.5, 0.25], atol=0.5 / 510)
-    with pytest.raises(ValueError, match="expected \\(n, n\\)"):
-        quantize(torch.ones(2, 3))
+    with pytest.raises(ValueError, match="expected \\(n, m\\)"):
+        quantize(torch.ones(3))
     with pytest.raises(ValueError, match="finite and ≥ 0"):
         quantize(torch.tensor([[1.0, -0.1], [0.5, 0.5]]))
     with pytest.raises(ValueError, match="finite and ≥ 0"):
@@ -59,6 +59,24 @@ def test_to_dict_is_what_the_browser_decodes() -> None:
     codes = np.frombuffer(zlib.decompress(base64.b64decode(d["codes"])), dtype=np.uint8).reshape(9, 9)
     np.testing.assert_array_equal(codes.astype(np.float32) * (scale[:, None] / np.float32(255)), q.values())
     assert d["n"] == 9 and q.nbytes == len(q.deflated) + 9 * 4
+
+
+def test_a_rectangle_encodes_its_rows_over_its_own_keys() -> None:
+    """Cross-attention's target × source pattern: n rows of m keys, each within half a step of its largest."""
+    g = torch.Generator().manual_seed(3)
+    p = (torch.randn(2, 7, generator=g) * 3).softmax(-1)
+    q = quantize(p)
+    assert (q.n, q.m, q.to_dict()["m"]) == (2, 7, 7) and q.values().shape == (2, 7)
+    assert (np.abs(q.values() - p.numpy()) <= p.amax(1, keepdim=True).numpy() / 510 + 1e-7).all()
+
+
+def test_thumbnails_of_heads_of_several_shapes_share_one_grid() -> None:
+    """An encoder-decoder's heads (5 × 5, 1 × 5, 1 × 1) each become t × t, t their longest side; a 1-row pattern is
+    stretched over every row."""
+    row = torch.tensor([[0.1, 0.2, 0.4, 0.2, 0.1]])
+    size, deflated = thumbnails([_softmax_pattern(5, sharpness=2.0), row, torch.ones(1, 1)], size=10)
+    codes = np.frombuffer(zlib.decompress(deflated), dtype=np.uint8).reshape(3, 5, 5)
+    assert size == 5 and (codes[1] == np.round(row.numpy() / 0.4 * 255)).all() and (codes[2] == 255).all()
 
 
 def test_a_sharp_causal_pattern_deflates_far_below_one_byte_per_entry() -> None:

@@ -1,6 +1,6 @@
 """``view_data``: what the attention viewer shows of a text model (``payload.ViewerData``): every selected head's
 pattern on a few texts, at piece and word level, with each head's statistics and role labels measured on those
-texts. An image model's goes to ``images.image_view_data``.
+texts. An image model's goes to ``images.image_view_data``, an audio model's to ``audio.audio_view_data``.
 
 Axis legend:
     patterns   (head, query_pos, key_pos)   one layer's selected heads on one item
@@ -34,9 +34,11 @@ from headlab.capture import CaptureBatch, LayerCapture, capture, pattern_to_word
 from headlab.circuits.graph import EdgeScores
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
+from headlab.models.audio import takes_features
 from headlab.models.handle import truncation_message
 from headlab.models.images import takes_pixels
 from headlab.report.provenance import model_name
+from headlab.report.viewer.audio import audio_view_data
 from headlab.report.viewer.circuit import TOP_EDGES, circuit_view
 from headlab.report.viewer.encoding import quantize, thumbnails
 from headlab.report.viewer.images import image_view_data
@@ -66,7 +68,9 @@ def view_data(
         model: a ``HeadedModel`` (``headlab.load``) with a fast tokenizer, needed for offsets (an image model: its
             image processor).
         texts: one text or several (the viewer switches between them); for an image model (``main_input_name ==
-            "pixel_values"``), images: ``images.image_view_data`` shows them (no edges then).
+            "pixel_values"``), images: ``images.image_view_data`` shows them (no edges then); for an audio model
+            (``main_input_name == "input_features"``: Whisper), recordings: ``audio.audio_view_data`` shows them (no
+            edges, no rollout or flow).
         heads: the heads to show (``headlab.heads.selection``); None for all.
         corpus_rows: per-head rows of a corpus-wide analysis (``AnalysisResult.rows()``), shown
             next to the statistics measured on ``texts``.
@@ -91,12 +95,16 @@ def view_data(
             fit the model, a bad ``top_edges`` or ``edge_texts`` (``circuit.circuit_view``).
         TypeError: the model has no fast tokenizer.
     """
-    if takes_pixels(headed(model).model):
-        if edges is not None or edge_texts is not None:
-            raise ValueError(f"{headed(model).architecture} takes images: its viewer has no circuit panel (edges=, "
-                             "edge_texts= are for text models)")
+    pixels, audio = takes_pixels(headed(model).model), takes_features(headed(model).model)
+    if (pixels or audio) and (edges is not None or edge_texts is not None):
+        raise ValueError(f"{headed(model).architecture} takes {'images' if pixels else 'audio'}: its viewer has no "
+                         "circuit panel (edges=, edge_texts= are for text models)")
+    if pixels:
         return image_view_data(model, texts, heads=heads, corpus_rows=corpus_rows, max_entries=max_entries,
                                flow_max_length=flow_max_length, progress=progress)
+    if audio:
+        return audio_view_data(model, texts, heads=heads, corpus_rows=corpus_rows, max_entries=max_entries,
+                               progress=progress)
     if isinstance(flow_max_length, bool) or not isinstance(flow_max_length, int) or flow_max_length < 0:
         raise ValueError(f"flow_max_length={flow_max_length!r}; expected an int >= 0 (pieces; 0: no flow)")
     texts = [texts] if isinstance(texts, str) else list(texts)

@@ -22,7 +22,8 @@ from headlab.report.viewer.payload import ViewerData
 __all__ = ["ASSETS", "SCRIPT_PARTS", "asset_text", "viewer_document", "viewer_fragment", "write_assets"]
 
 # static/, joined in this order
-SCRIPT_PARTS = ("util.js", "ui.js", "panel.js", "circuit.js", "tokens.js", "canvas.js", "image.js", "mount.js")
+SCRIPT_PARTS = ("util.js", "ui.js", "panel.js", "circuit.js", "tokens.js", "canvas.js", "image.js", "audio.js",
+                "mount.js")
 ASSETS = ("viewer.js", "viewer.css")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 

@@ -1,12 +1,19 @@
 """What the viewer page carries (``ViewerData.to_dict()``, the format ``static/viewer.js`` reads): every shown head's
-pattern on a few texts or images, at each level of detail, with each head's statistics and role labels.
+pattern on a few texts, images or recordings, at each level of detail, with each head's statistics and role labels.
 
 Axis legend:
     patterns   (head, query_pos, key_pos)   one item's shown heads, encoded (``encoding.quantize``)
     pos        an item's positions: word pieces, special tokens included (``pieces`` level); words and special
-               tokens (``words`` level); an image's special tokens and patches (``headlab.models.images``)
+               tokens (``words`` level); an image's special tokens and patches (``headlab.models.images``); a
+               recording's decoder tokens (``pieces`` level) and encoder frames (``FrameStrip``)
 
-``data.view_data`` makes it for text, ``images.image_view_data`` for images, ``cached.cache_view_data`` from a cache.
+A pattern is square, over the item's positions both ways, unless ``ViewerData.axes`` names each head's axes: then
+its rows are the positions of its query axis and its columns those of its key axis (``"tokens"``: the ``pieces``
+level, ``"frames"``: the item's ``FrameStrip``), as an audio encoder-decoder's sites need (cross-attention: tokens ×
+frames).
+
+``data.view_data`` makes it for text, ``images.image_view_data`` for images, ``audio.audio_view_data`` for recordings,
+``cached.cache_view_data`` from a cache.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from headlab.models.images import PatchGrid
 from headlab.report.viewer.circuit import CircuitView
 from headlab.report.viewer.encoding import QuantizedPattern
 
-__all__ = ["MAX_ENTRIES", "HeadInfo", "ImagePanel", "Level", "ViewerData", "ViewerItem"]
+__all__ = ["MAX_ENTRIES", "FrameStrip", "HeadInfo", "ImagePanel", "Level", "ViewerData", "ViewerItem"]
 
 MAX_ENTRIES = 400_000_000  # pattern entries (one byte each before deflate) one page may carry
 
@@ -118,16 +125,37 @@ class ImagePanel:
 
 
 @dataclass(frozen=True)
-class ViewerItem:
-    """One viewed text or image.
+class FrameStrip:
+    """An audio model's encoder positions, shown as a strip of times beside the decoder's tokens.
 
     Attributes:
-        text: the text as given (an image's name).
+        labels: each position's label (``frame 0.42 s``: ``headlab.models.audio.Timeline``).
+        audio: how many positions hold audio (the first ones; the rest is the padding to the encoder's window).
+    """
+
+    labels: list[str]
+    audio: int
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "labels": self.labels, "audio": self.audio}
+
+
+@dataclass(frozen=True)
+class ViewerItem:
+    """One viewed text, image or recording.
+
+    Attributes:
+        text: the text as given (an image's or a recording's name).
         full_length: its length in pieces before truncation (special tokens included).
         truncated: True when it was cut to the model's limit; only the first ``pieces.n`` pieces are shown.
-        pieces: the piece-level view.
-        words: the word-level view, or None when every word is a single piece (and for an image).
+        pieces: the piece-level view (a recording's: its decoder tokens).
+        words: the word-level view, or None when every word is a single piece (and for an image or a recording).
         image: an image's picture and patch grid; None for a text.
+        frames: a recording's encoder frames; None for a text or an image.
     """
 
     text: str
@@ -136,11 +164,13 @@ class ViewerItem:
     pieces: Level
     words: Level | None
     image: ImagePanel | None = None
+    frames: FrameStrip | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "fullLength": self.full_length, "truncated": self.truncated,
                 "pieces": self.pieces.to_dict(), "words": None if self.words is None else self.words.to_dict(),
-                "image": None if self.image is None else self.image.to_dict()}
+                "image": None if self.image is None else self.image.to_dict(),
+                "frames": None if self.frames is None else self.frames.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -159,6 +189,8 @@ class ViewerData:
         max_length: the truncation length in pieces, or None.
         flow_max_length: the longest item (in pieces) whose attention flow is computed.
         circuit: each shown head's strongest edges (``circuit.CircuitView``), or None: no circuit panel.
+        axes: per shown head (``heads`` order), its pattern's ``(query axis, key axis)``, each ``"tokens"`` or
+            ``"frames"`` (the module docstring); None: every pattern is over the item's positions both ways.
     """
 
     name: str
@@ -173,6 +205,7 @@ class ViewerData:
     notes: list[str] = field(default_factory=list)
     flow_max_length: int = FLOW_MAX_LENGTH
     circuit: CircuitView | None = None
+    axes: list[tuple[str, str]] | None = None
 
     def head_index(self, layer: int, head: int) -> int:
         """The position of ``(layer, head)`` in ``heads`` (and in every ``Level.patterns``).
@@ -198,14 +231,19 @@ class ViewerData:
                 "causal": self.causal, "nHeads": list(self.n_heads), "heads": [list(h) for h in self.heads],
                 "info": [i.to_dict() for i in self.info], "items": [it.to_dict() for it in self.items],
                 "maxLength": self.max_length, "notes": list(self.notes), "flowMaxLength": self.flow_max_length,
-                "circuit": None if self.circuit is None else self.circuit.to_dict()}
+                "circuit": None if self.circuit is None else self.circuit.to_dict(),
+                "axes": None if self.axes is None else [list(pair) for pair in self.axes]}
 
     @property
     def contents(self) -> str:
-        """What the items are, counted: ``"2 texts (23 word pieces)"``, ``"1 image (17 positions)"``."""
-        n = sum(item.pieces.n for item in self.items)
-        images = all(item.image is not None for item in self.items)
-        what, unit = ("image", "positions") if images else ("text", "word pieces")
+        """What the items are, counted: ``"2 texts (23 word pieces)"``, ``"1 image (17 positions)"``, ``"1 recording
+        (1500 frames)"``."""
+        if all(item.frames is not None for item in self.items):
+            n, what, unit = sum(item.frames.n for item in self.items if item.frames), "recording", "frames"
+        else:
+            images = all(item.image is not None for item in self.items)
+            n = sum(item.pieces.n for item in self.items)
+            what, unit = ("image", "positions") if images else ("text", "word pieces")
         return f"{len(self.items)} {what}{'s' if len(self.items) != 1 else ''} ({n} {unit})"
 
     def __repr__(self) -> str:

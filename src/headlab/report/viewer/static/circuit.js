@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 4 of 8: the circuit panel: the open head's strongest incoming and outgoing
+/* headlab attention viewer, part 4 of 9: the circuit panel: the open head's strongest incoming and outgoing
  * edges, from the payload's circuit (headlab.report.viewer.circuit). A viewer without a circuit has no panel.
  *
  * Incoming edges end at the head's query or at the key/value head it reads (shared by its group with

@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 7 of 8: an image model's picture under its patch grid. Hovering a patch (or any
+/* headlab attention viewer, part 7 of 9: an image model's picture under its patch grid. Hovering a patch (or any
  * position, in the token list) shows the open view's attention from it as heat over the picture: each patch's cell
  * is filled with the weight the focused position puts on it, relative to its largest weight on a patch.
  *

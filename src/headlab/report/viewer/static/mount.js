@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 8 of 8: mount a viewer on every element that names a payload.
+/* headlab attention viewer, part 9 of 9: mount a viewer on every element that names a payload.
  *
  * The script runs once on a page (headlab view, the report) or once per notebook output that shows a viewer
  * (headlab.show): a notebook front end inserts the output's markup, then runs its scripts, so each run mounts

@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 3 of 8: the open head's panel: the view buttons' state, its header
+/* headlab attention viewer, part 3 of 9: the open head's panel: the view buttons' state, its header
  * (layer, head, roles, pattern class) and its statistics on this text and on the corpus.
  */
 (function () {
@@ -20,7 +20,11 @@
     ["entropy", "entropy (nats)", "nats"],
     ["distance", "mean distance attended (tokens)", "tokens"],
     ["to_special", "to every special token ([CLS], [DIST], registers)", "share"],
-    ["patch_distance", "mean distance attended among the patches (patches)", "patches"]
+    ["patch_distance", "mean distance attended among the patches (patches)", "patches"],
+    ["to_first", "to the first key (the first frame; the decoder's start token)", "share"],
+    ["to_padding", "to the padding beyond the audio", "share"],
+    ["time_distance", "mean time between a frame and the frames it attends to (s)", "seconds"],
+    ["time_spread", "spread in time of the frames attended, a standard deviation (s)", "seconds"]
   ];
   Viewer.prototype.renderViews = function (item) {
     var self = this, lv = (this.level === "words" && item.words) ? item.words : item.pieces, limit = this.data.flowMaxLength;
@@ -30,8 +34,9 @@
     if (this.view === "rollout" && !rolloutOk) this.view = "pattern";
     this.viewButtons.rollout.disabled = !rolloutOk;
     this.viewButtons.flow.disabled = !flowOk;
-    this.viewHint.textContent = !rolloutOk ? "(rollout and flow: every head of layers 0\u2013" + this.layerOf() +
-      " is needed)" : flowOk ? "" : "(flow: " + (item.image ? "images" : "texts") + " of at most " + limit +
+    this.viewHint.textContent = item.frames ? "(rollout and flow: not across an encoder-decoder's two sequences)" :
+      !rolloutOk ? "(rollout and flow: every head of layers 0\u2013" + this.layerOf() + " is needed)" :
+      flowOk ? "" : "(flow: " + (item.image ? "images" : "texts") + " of at most " + limit +
       (item.image ? " positions" : " word pieces") + "; this one has " + item.pieces.n + ")";
     Object.keys(this.viewButtons).forEach(function (k) {
       self.viewButtons[k].setAttribute("aria-pressed", String(k === self.view));
@@ -76,8 +81,9 @@
     this.statsTitle.textContent = "Layer " + lh[0] + " \u00B7 head " + lh[1] + ": where its attention goes";
     var table = el("table", "hv-stats");
     var head = el("tr");
-    var image = !!this.data.items[this.item].image;
-    head.appendChild(el("th", null, "mean over the " + (image ? "patches" : "tokens") + ", of attention\u2026"));
+    var image = !!this.data.items[this.item].image, audio = !!this.data.items[this.item].frames;
+    head.appendChild(el("th", null, "mean over the " + (image ? "patches" : audio ? "queries" : "tokens") +
+      ", of attention\u2026"));
     head.appendChild(el("th", "hv-num", corpus ? "these texts" : "value"));
     if (corpus) head.appendChild(el("th", "hv-num", "corpus"));
     var thead = el("thead");
@@ -116,9 +122,11 @@
       return;
     }
     this.statsBody.appendChild(table);
-    var what = image ? "image" : "text", many = this.data.items.length > 1;
+    var what = image ? "image" : audio ? "recording" : "text", many = this.data.items.length > 1;
     var note = "Measured on " + (many ? "the " + this.data.items.length + " " + what + "s of this viewer" : "this " + what) +
-      (image ? ", from each patch" : ", word-piece level") + "; entropy against uniform attention's.";
+      (image ? ", from each patch" : audio ? ", from each query (a frame that holds audio, or a decoder token)" :
+        ", word-piece level") +
+      "; entropy against uniform attention's.";
     var rank = this.importanceRank(info);
     if (rank) note += " On the corpus this head ranks " + rank + " by gradient importance (1 = most important).";
     this.statsBody.appendChild(el("p", "hv-help", note));

@@ -1,5 +1,7 @@
-/* headlab attention viewer, part 5 of 8: the text as tokens; focusing one shows what it attends to and what
- * attends to it (every span then carries data-to and data-from: the test hooks).
+/* headlab attention viewer, part 5 of 9: the text as tokens; focusing one shows what it attends to and what
+ * attends to it (every span then carries data-to and data-from: the test hooks). Where the open head's keys are not
+ * tokens (cross-attention reads an audio model's frames: audio.js), a focused token's weights go to the frames and
+ * the spans carry no data-to; where its queries are not tokens, no data-from.
  */
 (function () {
   "use strict";
@@ -30,21 +32,26 @@
     this.text.appendChild(frag);
     this.text.onmouseover = function (ev) {
       var t = ev.target.closest ? ev.target.closest(".hv-tok") : null;
-      if (t && !self.pinned) self.setFocus(+t.dataset.pos);
+      if (t && !self.pinned) self.setFocus(+t.dataset.pos, "tokens");
     };
     this.text.onclick = function (ev) {
       var t = ev.target.closest ? ev.target.closest(".hv-tok") : null;
-      if (!t) return;
-      var pos = +t.dataset.pos;
-      if (self.pinned && self.focus === pos) { self.pinned = false; return; }
-      self.pinned = true;
-      self.setFocus(pos);
+      if (t) self.pinFocus(+t.dataset.pos, "tokens");
     };
   };
 
-  Viewer.prototype.setFocus = function (pos) {
+  // a click: pin the position (on axis), or unpin it when it is the pinned one
+  Viewer.prototype.pinFocus = function (pos, axis) {
+    if (this.pinned && this.focus === pos && this.focusAxis === axis) { this.pinned = false; return; }
+    this.pinned = true;
+    this.setFocus(pos, axis);
+  };
+
+  Viewer.prototype.setFocus = function (pos, axis) {
     this.focus = pos;
+    this.focusAxis = axis || "tokens";
     this.root.dataset.focus = String(pos);
+    this.root.dataset.focusAxis = this.focusAxis;
     if (this.current && this.root.dataset.ready === "1") { this.applyFocus(pos); this.drawMatrix(); }
   };
 
@@ -52,44 +59,72 @@
     if (unpin) this.pinned = false;
     this.focus = null;
     delete this.root.dataset.focus;
-    (this.tokens || []).forEach(function (s) {
-      s.style.backgroundColor = ""; s.style.boxShadow = ""; s.removeAttribute("data-to"); s.removeAttribute("data-from");
-      s.classList.remove("hv-focused"); s.removeAttribute("title");
-    });
+    delete this.root.dataset.focusAxis;
+    this.paintTokens(null, null);
     this.focusLine.textContent = "Hover over a token to see what it attends to and what attends to it.";
     if (this.current) this.drawMatrix();
     this.drawOverlay();  // image.js: an image's heat goes with the focus
+    this.drawFrames();  // audio.js: so does a recording's
+  };
+
+  // the open matrix through the focus: row, the focused query's weights over the key axis; col, every query's weight
+  // on the focused key; each null where the focus is not on that axis
+  Viewer.prototype.focusWeights = function () {
+    var p = this.current, pos = this.focus, out = { row: null, col: null, axes: p ? p.axes : ["tokens", "tokens"] };
+    if (!p || pos === null) return out;
+    var i;
+    if (p.axes[0] === this.focusAxis && pos < p.n) {
+      out.row = new Float64Array(p.m);
+      for (i = 0; i < p.m; i++) out.row[i] = p.value(pos, i);
+    }
+    if (p.axes[1] === this.focusAxis && pos < p.m) {
+      out.col = new Float64Array(p.n);
+      for (i = 0; i < p.n; i++) out.col[i] = p.value(i, pos);
+    }
+    return out;
+  };
+
+  // each token's highlight: to (blue), the focused position's weight on it; from (orange), its weight on the focus
+  Viewer.prototype.paintTokens = function (to, from) {
+    var maxTo = 0, maxFrom = 0, j, tokens = this.tokens || [], focused = this.focusAxis === "tokens" ? this.focus : null;
+    for (j = 0; j < tokens.length; j++) {
+      if (to && to[j] > maxTo) maxTo = to[j];
+      if (from && from[j] > maxFrom) maxFrom = from[j];
+    }
+    for (j = 0; j < tokens.length; j++) {
+      var s = tokens[j], a = to && maxTo > 0 ? to[j] / maxTo : 0, b = from && maxFrom > 0 ? from[j] / maxFrom : 0;
+      if (to) s.dataset.to = String(to[j]); else s.removeAttribute("data-to");
+      if (from) s.dataset.from = String(from[j]); else s.removeAttribute("data-from");
+      s.style.backgroundColor = a > 0.004 ? "rgba(" + BLUE.join(",") + "," + (0.08 + 0.72 * a).toFixed(3) + ")" : "";
+      s.style.boxShadow = b > 0.004 ? "inset 0 -4px 0 rgba(" + ORANGE.join(",") + "," + (0.15 + 0.85 * b).toFixed(3) + ")" : "";
+      s.classList.toggle("hv-focused", j === focused);
+      if (to || from) {
+        s.title = (to ? "weight from the hovered position: " + fmtWeight(to[j]) : "") + (to && from ? "\n" : "") +
+          (from ? "weight to the hovered position: " + fmtWeight(from[j]) : "");
+      } else {
+        s.removeAttribute("title");
+      }
+    }
   };
 
   Viewer.prototype.applyFocus = function (pos) {
-    var p = this.current, n = p.n, lv = this.levelData();
-    if (pos >= n) return;
-    var to = new Float64Array(n), from = new Float64Array(n), maxTo = 0, maxFrom = 0;
-    for (var j = 0; j < n; j++) {
-      to[j] = p.value(pos, j); from[j] = p.value(j, pos);
-      if (to[j] > maxTo) maxTo = to[j];
-      if (from[j] > maxFrom) maxFrom = from[j];
-    }
-    for (j = 0; j < n; j++) {
-      var s = this.tokens[j], a = maxTo > 0 ? to[j] / maxTo : 0, b = maxFrom > 0 ? from[j] / maxFrom : 0;
-      s.dataset.to = String(to[j]);
-      s.dataset.from = String(from[j]);
-      s.style.backgroundColor = a > 0.004 ? "rgba(" + BLUE.join(",") + "," + (0.08 + 0.72 * a).toFixed(3) + ")" : "";
-      s.style.boxShadow = b > 0.004 ? "inset 0 -4px 0 rgba(" + ORANGE.join(",") + "," + (0.15 + 0.85 * b).toFixed(3) + ")" : "";
-      s.classList.toggle("hv-focused", j === pos);
-      s.title = "weight from the hovered token: " + fmtWeight(to[j]) + "\nweight to the hovered token: " + fmtWeight(from[j]);
-    }
+    var w = this.focusWeights(), ax = w.axes;
+    if (!w.row && !w.col) return;
+    this.paintTokens(ax[1] === "tokens" ? w.row : null, ax[0] === "tokens" ? w.col : null);
     this.focusLine.textContent = "";
-    var who = el("strong", null, "\u201C" + lv.labels[pos] + "\u201D");
+    var who = el("strong", null, "\u201C" + this.axisLabels(this.focusAxis)[pos] + "\u201D");
     this.focusLine.appendChild(who);
-    this.focusLine.appendChild(el("span", "hv-muted", " (position " + pos + (this.pinned ? ", pinned" : "") + ")"));
-    this.focusLine.appendChild(this.topList(" attends most to ", to, "hv-to"));
-    this.focusLine.appendChild(this.topList(" \u00B7 attended most by ", from, "hv-from"));
+    var where = this.focusAxis === "frames" ? "frame " : "position ";
+    this.focusLine.appendChild(el("span", "hv-muted", " (" + where + pos + (this.pinned ? ", pinned" : "") + ")"));
+    if (w.row) this.focusLine.appendChild(this.topList(" attends most to ", w.row, "hv-to", this.axisLabels(ax[1])));
+    if (w.col) this.focusLine.appendChild(this.topList((w.row ? " \u00B7 " : " ") + "attended most by ", w.col,
+      "hv-from", this.axisLabels(ax[0])));
     this.drawOverlay();
+    this.drawFrames();
   };
 
-  Viewer.prototype.topList = function (lead, values, cls) {
-    var lv = this.levelData(), order = [];
+  Viewer.prototype.topList = function (lead, values, cls, labels) {
+    var order = [];
     for (var i = 0; i < values.length; i++) order.push(i);
     order.sort(function (a, b) { return values[b] - values[a]; });
     var span = el("span");
@@ -97,7 +132,7 @@
     var shown = order.slice(0, 4).filter(function (i) { return values[i] > 0; });
     if (!shown.length) span.appendChild(el("span", "hv-muted", "nothing (no later token sees it)"));
     shown.forEach(function (i, k) {
-      var chip = el("span", "hv-chip " + cls, lv.labels[i] + " " + fmtWeight(values[i]));
+      var chip = el("span", "hv-chip " + cls, labels[i] + " " + fmtWeight(values[i]));
       span.appendChild(chip);
       if (k < shown.length - 1) span.appendChild(document.createTextNode(" "));
     });

@@ -1,4 +1,4 @@
-/* headlab attention viewer, part 2 of 8: every layer x head as thumbnails, one head opened in full.
+/* headlab attention viewer, part 2 of 9: every layer x head as thumbnails, one head opened in full.
  *
  * Reads the payload written by headlab.report.viewer (data.py, encoding.py) from a
  * script element of type application/json named by the root's data-headlab-viewer attribute.
@@ -8,6 +8,10 @@
  * Beside a head's pattern the viewer shows two views of the whole model up to the open head's layer
  * (Abnar & Zuidema 2020; headlab.analysis.flow): attention rollout and, for texts within the payload's
  * flowMaxLength pieces, attention flow.
+ *
+ * A pattern is over the item's positions both ways, unless the payload's axes name the open head's query and key
+ * axes: "tokens" (the level's labels) or "frames" (an audio item's frame strip, audio.js). The focus is a position
+ * on one axis (focusAxis); what it reaches is read from the matrix shown (focusWeights, tokens.js).
  *
  * Test hooks: window.headlabViewers lists the viewers; each root carries data-ready, data-layer,
  * data-head, data-level, data-item, data-view (pattern, rollout or flow) and data-focus; after a
@@ -33,6 +37,7 @@
     this.view = "pattern";
     this.selected = 0;
     this.focus = null;
+    this.focusAxis = "tokens";
     this.pinned = false;
     this.cache = {};
     this.thumbCache = {};
@@ -50,6 +55,15 @@
 
   Viewer.prototype.layerOf = function () { return this.data.heads[this.selected][0]; };
 
+  // the open view's [query axis, key axis]: a head's own (payload axes), else the level's positions both ways
+  Viewer.prototype.axes = function () {
+    return this.data.axes && this.view === "pattern" ? this.data.axes[this.selected] : ["tokens", "tokens"];
+  };
+
+  Viewer.prototype.axisLabels = function (axis) {
+    return axis === "frames" ? this.data.items[this.item].frames.labels : this.levelData().labels;
+  };
+
   // the encoded matrix the open view shows: the head's pattern, or rollout / flow through its layer
   Viewer.prototype.shown = function () {
     var lv = this.levelData();
@@ -61,14 +75,14 @@
   Viewer.prototype.pattern = function () {
     var shown = this.shown(), key = this.item + "/" + this.level + "/" + shown.key;
     if (!this.cache[key]) {
-      var enc = shown.enc;
+      var enc = shown.enc, m = enc.m || enc.n, axes = this.axes();
       var scale = new Float32Array(bytesOf(enc.scale).buffer);
       this.cache[key] = inflate(enc.codes).then(function (codes) {
         var peak = 0;
         for (var i = 0; i < scale.length; i++) peak = Math.max(peak, scale[i]);
         return {
-          n: enc.n, codes: codes, scale: scale, peak: peak,
-          value: function (q, k) { return codes[q * enc.n + k] * scale[q] / 255; }
+          n: enc.n, m: m, axes: axes, codes: codes, scale: scale, peak: peak,
+          value: function (q, k) { return codes[q * m + k] * scale[q] / 255; }
         };
       });
     }
@@ -101,7 +115,7 @@
     var controls = el("div", "hv-controls");
     if (d.items.length > 1) {
       var pick = el("label", "hv-control");
-      pick.appendChild(el("span", null, d.items[0].image ? "Image " : "Text "));
+      pick.appendChild(el("span", null, d.items[0].image ? "Image " : d.items[0].frames ? "Recording " : "Text "));
       this.itemSelect = el("select");
       d.items.forEach(function (it, i) {
         var o = el("option", null, (i + 1) + ". " + (it.text.length > 48 ? it.text.slice(0, 47) + "\u2026" : it.text));
@@ -115,7 +129,8 @@
     var seg = el("div", "hv-seg");
     seg.setAttribute("role", "group");
     seg.setAttribute("aria-label", "level");
-    if (d.items.every(function (it) { return it.image; })) seg.style.display = "none";  // an image has no words
+    // an image and a recording have no words
+    if (d.items.every(function (it) { return it.image || it.frames; })) seg.style.display = "none";
     this.levelButtons = {};
     ["pieces", "words"].forEach(function (name) {
       var b = el("button", null, name === "pieces" ? "word pieces" : "words");
@@ -219,6 +234,7 @@
 
     var right = el("div", "hv-right");
     this.buildImage(right);  // image.js: an image model's picture under its patch grid
+    this.buildFrames(right);  // audio.js: an audio model's encoder frames, a strip of times
     var headBox = el("section", "hv-panel");
     this.headTitle = el("h3", "hv-head-title");
     headBox.appendChild(this.headTitle);
@@ -284,7 +300,7 @@
     this.levelButtons.words.disabled = !item.words;
     this.levelButtons.words.title = item.words ? "words: attention to a word sums its pieces, from a word averages them" :
       "every word of this text is a single piece";
-    this.levelHint.textContent = item.words || item.image ? "" : "(every word here is one piece)";
+    this.levelHint.textContent = item.words || item.image || item.frames ? "" : "(every word here is one piece)";
     if (!item.words) this.level = "pieces";
     this.renderViews(item);
     Object.keys(this.levelButtons).forEach(function (k) {
@@ -304,6 +320,7 @@
     if (this.circuitBody) this.renderCircuit(lh);
     this.renderText();
     this.renderImage();
+    this.renderFrames();
     return Promise.all([this.pattern(), this.thumbs()]).then(function (got) {
       if (id !== self.renderId) return;
       self.current = got[0];

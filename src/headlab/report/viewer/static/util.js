@@ -1,7 +1,6 @@
-/* headlab attention viewer, part 1 of 8: small helpers shared by the other parts (window.HeadlabViewer).
+/* headlab attention viewer, part 1 of 9: small helpers shared by the other parts (window.HeadlabViewer).
  * The parts are concatenated in the order util.js, ui.js, panel.js, circuit.js, tokens.js, canvas.js, image.js,
- * mount.js
- * (headlab.report.viewer.page.SCRIPT_PARTS).
+ * audio.js, mount.js (headlab.report.viewer.page.SCRIPT_PARTS).
  */
 (function () {
   "use strict";
@@ -41,6 +40,7 @@
   function fmt(x, kind) {
     if (x === undefined || x === null) return "\u2013";
     if (kind === "share") return (100 * x).toFixed(1) + "%";
+    if (kind === "seconds") return x.toFixed(3);
     return x.toFixed(2);
   }
 
