@@ -215,3 +215,45 @@ def test_one_tower_of_a_checkpoint_loads_on_its_own(tmp_path):
                                    model.vision_model(pixel_values=inputs["pixel_values"]).pooler_output)
     with pytest.raises(ValueError, match=r"tower='audio', but this CLIPConfig has towers 'text', 'vision'"):
         headlab.load(tmp_path / "clip", tower="audio")
+
+
+def test_the_commands_run_a_model_of_two_towers_on_the_tower_of_their_input(tmp_path):
+    """CLIP needs text and pixels in every forward, a command one input: analyze and view read text with its text
+    tower and images with its vision tower (``headlab.load(..., tower=)``); Gemma 3 reads text with its text layers."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from headlab.models import default_model_path
+    from tests.support.vision import SIZE, write_images
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_path()))
+    processor = transformers.ViTImageProcessor(size={"height": SIZE, "width": SIZE})
+    text_config = TEXT | dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    clip = tmp_path / "clip"
+    transformers.CLIPModel(transformers.CLIPConfig(text_config=text_config, vision_config=VISION,
+                                                   projection_dim=16)).save_pretrained(clip)
+    tokenizer.save_pretrained(clip)
+    processor.save_pretrained(clip)
+    gemma = tmp_path / "gemma3"
+    FAMILIES["gemma3"].build().save_pretrained(gemma)
+    tokenizer.save_pretrained(gemma)
+    result = CliRunner().invoke(app, ["view", str(gemma), "The cat sat.", "--out", str(tmp_path / "view.html")])
+    assert result.exit_code == 2 and "beyond the 128 token embeddings of Gemma3ForConditionalGeneration: the " \
+        "tokenizer is not the model's" in " ".join(result.output.split()), result.output
+    config = FAMILIES["gemma3"].config()
+    config.text_config.vocab_size = len(tokenizer)
+    transformers.Gemma3ForConditionalGeneration(config).save_pretrained(gemma)
+    images = write_images(tmp_path / "images", n=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\nHeads attend to words.\n", encoding="utf-8")
+    runs = {"text": ["analyze", str(clip), "--quick", "--no-syntax", "--text", str(corpus)],
+            "images": ["analyze", str(clip), "--quick", "--images", str(tmp_path / "images")]}
+    for given, command in runs.items():
+        result = CliRunner().invoke(app, [*command, "--json", "--out", str(tmp_path / f"out-{given}")])
+        assert result.exit_code == 0, result.output
+        assert len(json.loads(result.stdout)["heads"]) == 2 * 4  # one tower's layers
+    for args in ([str(clip), "The cat sat."], [str(clip), str(images[0])], [str(gemma), "The cat sat."]):
+        result = CliRunner().invoke(app, ["view", *args, "--out", str(tmp_path / "view.html")])
+        assert result.exit_code == 0, result.output

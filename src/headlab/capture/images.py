@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.capture.batch import CaptureBatch
-from headlab.capture.run import CaptureResult, Consumer, feed
+from headlab.capture.run import CaptureResult, Consumer, check_batch_size, checked_consumers, feed
 from headlab.layer.selection import HeadSelection
 from headlab.layer.taps import check_take
 from headlab.models import HeadedModel, headed
@@ -172,13 +172,9 @@ def capture_images(
     """
     start = time.perf_counter()
     take = check_take(take)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}; expected a positive int (images per forward)")
+    check_batch_size(batch_size, "images per forward")
     handle = headed(model)
-    consumers = tuple(consumers)
-    for consumer in consumers:
-        if not callable(getattr(consumer, "update", None)):
-            raise TypeError(f"consumer {consumer!r} has no update(batch) method")
+    consumers = checked_consumers(consumers)
     selection = handle.heads(heads)
     corpus = images if isinstance(images, ImageCorpus) else ImageCorpus(handle, images)
     names, device, dtype = corpus.names, handle.device, handle.dtype

@@ -155,10 +155,7 @@ def capture(
         raise TypeError(f"capture needs the model's tokenizer, and this {handle.architecture} has none: "
                         "headlab.attach(model, tokenizer=...) gives it one")
     corpus = load_corpus(corpus)
-    consumers = tuple(consumers)
-    for consumer in consumers:
-        if not callable(getattr(consumer, "update", None)):
-            raise TypeError(f"consumer {consumer!r} has no update(batch) method")
+    consumers = checked_consumers(consumers)
     selection = handle.heads(heads, inputs={"input_ids": None})  # text alone
     max_length = handle.max_length if max_length is None else max_length
     tokenized = tokenize_corpus(handle.tokenizer, corpus.texts, max_length=max_length)
@@ -181,6 +178,30 @@ def capture(
         truncated=truncated, max_length=max_length, layers=selection, take=take,
         seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
     )
+
+
+def checked_consumers(consumers: Iterable[Consumer]) -> tuple[Consumer, ...]:
+    """``consumers`` as a tuple, each checked to have ``update(batch)``.
+
+    Raises:
+        TypeError: one has no ``update``.
+    """
+    consumers = tuple(consumers)
+    for consumer in consumers:
+        if not callable(getattr(consumer, "update", None)):
+            raise TypeError(f"consumer {consumer!r} has no update(batch) method")
+    return consumers
+
+
+def check_batch_size(batch_size: object, what: str) -> int:
+    """``batch_size`` if it is a positive int.
+
+    Raises:
+        ValueError: it is not; the message says what is batched (``what``: "images per forward").
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}; expected a positive int ({what})")
+    return batch_size
 
 
 def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, ...], consumers: Sequence[Consumer],

@@ -110,7 +110,7 @@ def analyze(
     console = Console(stderr=as_json)
     with staged_folder(out) as work:
         # an architecture headlab cannot serve is refused here, with the reason
-        loaded = load_model(model, images=True, audio=True)
+        loaded = load_model(model, images=True, audio=True, given="text" if images is None else "images")
         reads = "images" if takes_pixels(loaded.model) else "audio" if takes_features(loaded.model) else "text"
         wanted = {"images": "--images", "audio": "--audio"}.get(reads)
         if wanted is not None and media[wanted][0] is None:

@@ -24,7 +24,7 @@ def quiet_loading() -> None:
 
 
 def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: str | None = None,
-               images: bool = False, audio: bool = False) -> Any:
+               images: bool = False, audio: bool = False, given: str = "text") -> Any:
     """``headlab.load(model, dtype=dtype, device=device)`` for a command.
 
     Args:
@@ -35,6 +35,9 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
             whose input is not text.
         audio: the command reads audio too (``view``, ``analyze``): an audio model (``main_input_name ==
             "input_features"``: Whisper) is served when it has its feature extractor; otherwise refused likewise.
+        given: what the command was given, "text" or "images": a model of several towers that needs both
+            (CLIP, SigLIP) is loaded as its tower of that input (``headlab.load(..., tower=)``), as every
+            command runs one input.
 
     Returns:
         The ``HeadedModel``.
@@ -48,10 +51,13 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
     import headlab
     from headlab.models.audio import FEATURES, feature_extractor
     from headlab.models.images import PIXELS, image_processor
+    from headlab.models.multimodal import needs_pixels
 
     quiet_loading()
     try:
         loaded = headlab.load(model, dtype=dtype, device=device)
+        if needs_pixels(loaded.model):  # text and images in every forward: the tower of the command's input
+            loaded = headlab.load(model, dtype=dtype, device=device, tower="vision" if given == "images" else "text")
     except (*INPUT_ERRORS, ModuleNotFoundError) as err:
         fail(str(err))
     takes = getattr(loaded.model, "main_input_name", "input_ids")

@@ -134,7 +134,7 @@ def view(
     console = Console()
     with staged_files(out.parent, shown=out) as work:
         # an architecture headlab cannot serve is refused here, with the reason
-        loaded = load_model(model, images=True, audio=True)
+        loaded = load_model(model, images=True, audio=True, given="text" if files is None else "images")
         pixels, audio = takes_pixels(loaded.model), takes_features(loaded.model)
         if pixels and files is None:
             fail(f"{loaded.source}: {loaded.architecture} takes images, not text: give image files or folders of "

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab import display
-from headlab.layer.selection import HeadSelection, resolve
+from headlab.layer.selection import Heads, HeadSelection, resolve
 from headlab.models import audio, images, multimodal, seq2seq
 from headlab.models.interface import IMPLEMENTATION
 from headlab.models.site import AttentionSite, is_attached, sites_of
@@ -132,8 +132,9 @@ class HeadedModel(display.Shown):
         """A head selection resolved against this model (``headlab.layer.selection.resolve``).
 
         Args:
-            selection: the selection; None for every head — of the layers that ``inputs`` run, when given: a
-                model of several towers given text alone (no ``pixel_values``) runs no vision tower's layer.
+            selection: the selection; None (or ``Heads`` of every layer) for every head — of the layers that
+                ``inputs`` run, when given: a model of several towers given text alone (no ``pixel_values``)
+                runs no vision tower's layer.
             inputs: the keyword arguments of the forward the selection is for (``inputs``), or None.
 
         Returns:
@@ -143,9 +144,11 @@ class HeadedModel(display.Shown):
             TypeError / ValueError: a malformed selection, or a layer or head the model does not have.
         """
         sites = self.sites
-        if (selection is None and inputs is not None and "pixel_values" not in inputs
+        every_layer = selection is None or (isinstance(selection, Heads) and selection.layers is None)
+        if (every_layer and inputs is not None and "pixel_values" not in inputs
                 and multimodal.vision_config(self.model) is not None):
-            selection = {site.layer: None for site in sites if site.stack != "vision"}
+            selection = Heads(layers=[site.layer for site in sites if site.stack != "vision"],
+                              heads=None if selection is None else cast(Heads, selection).heads)
         return resolve(selection, [site.n_heads for site in sites], [site.address for site in sites])
 
     def inputs(self, inputs: Inputs) -> dict[str, Any]:
@@ -231,7 +234,16 @@ class HeadedModel(display.Shown):
             warnings.warn(truncation_message([i for i, n in enumerate(lengths) if n > limit], len(texts), limit),
                           TruncationWarning, stacklevel=4)
             encoded = self.tokenizer(**given, padding=True, truncation=True, max_length=limit, return_tensors="pt")
+        self._check_vocabulary(encoded["input_ids"])
         return {k: v.to(self.device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+
+    def _check_vocabulary(self, input_ids: Tensor) -> None:
+        """Raise ValueError if the tokenizer gave an id beyond the model's token embeddings (not its tokenizer)."""
+        embedding = token_embedding(self.model) if self._transformers else None
+        vocabulary = getattr(embedding, "num_embeddings", None)
+        if isinstance(vocabulary, int) and input_ids.numel() and int(input_ids.max()) >= vocabulary:
+            raise ValueError(f"the tokenizer gives token id {int(input_ids.max())}, beyond the {vocabulary:,} token "
+                             f"embeddings of {self.architecture}: the tokenizer is not the model's")
 
     def _features(self, inputs: Inputs) -> dict[str, Any]:
         """The keyword arguments of a forward of a model that takes log-mel features (``inputs``), on its device."""
@@ -262,12 +274,13 @@ class HeadedModel(display.Shown):
             attention_mask: ``(batch, pos)``, 1 for real tokens.
 
         Raises:
-            ValueError: a padded batch for a bidirectional headlab model whose forward takes no mask, or a model
-                whose every forward needs pixel values with the ids (CLIP).
+            ValueError: a padded batch for a bidirectional headlab model whose forward takes no mask, a model
+                whose every forward needs pixel values with the ids (CLIP), or an id beyond its token embeddings.
         """
         if self._transformers:
             if multimodal.needs_pixels(self.model):
                 raise ValueError(multimodal.pixels_needed(self.model))
+            self._check_vocabulary(input_ids)
             return seq2seq.with_decoder(self.model, {"input_ids": input_ids, "attention_mask": attention_mask})
         names = set(inspect.signature(self.model.forward).parameters)
         kwargs = {"input_ids" if "input_ids" in names else _first_argument(self.model): input_ids}

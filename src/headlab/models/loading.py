@@ -114,12 +114,12 @@ def load(
         from safetensors import SafetensorError
 
         try:
-            model = model_class.from_pretrained(source, **kwargs)
+            model = _from_pretrained(model_class, source, kwargs, tower)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
             raise ValueError(f"{source}: could not load the weights ({type(err).__name__}: {err})") from err
         tokenizer = _local_tokenizer(directory, model)
     else:
-        model = _hub_call(source, "weights (safetensors)", lambda: model_class.from_pretrained(source, **kwargs))
+        model = _hub_call(source, "weights (safetensors)", lambda: _from_pretrained(model_class, source, kwargs, tower))
         what = "image processor" if takes_pixels(model) else "processor" if takes_features(model) else "tokenizer"
         tokenizer = _hub_call(source, what, lambda: _auto_tokenizer(source, model))
     if device is not None:
@@ -226,6 +226,30 @@ def _hub_call(hub_id: str, what: str, call: Any) -> Any:
             f"to load a checkpoint directory instead, pass its path (e.g. ./{hub_id.rsplit('/', 1)[-1]}: "
             "config.json and model.safetensors)"
         ) from err
+
+
+def _from_pretrained(model_class: Any, source: str, kwargs: dict[str, Any], tower: str | None) -> Any:
+    """``model_class.from_pretrained(source, **kwargs)``; for one ``tower``, the other towers' weights left unread
+    without transformers' report of them, and the tower's own required.
+
+    Raises:
+        ValueError: weights of the tower are missing from the checkpoint.
+    """
+    if tower is None:
+        return model_class.from_pretrained(source, **kwargs)
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # the report lists every weight of the other towers as unexpected
+    try:
+        model, info = model_class.from_pretrained(source, output_loading_info=True, **kwargs)
+    finally:
+        logging.set_verbosity(verbosity)
+    missing = sorted(info.get("missing_keys", ()))
+    if missing:
+        raise ValueError(f"{source}: the {tower} tower's weights are not all in the checkpoint (missing "
+                         f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
+    return model
 
 
 def _tower_config(config: Any, tower: str, source: str) -> Any:

@@ -117,7 +117,8 @@ def view_data(
     if model.tokenizer is None:
         raise TypeError(f"{model.source} has no tokenizer; the viewer needs its fast tokenizer for token offsets")
     n_heads = model.n_heads
-    selection = model.heads(heads)
+    text = {"input_ids": None}  # the layers text runs (not a vision tower's: headlab.models.HeadedModel.heads)
+    selection = model.heads(heads, inputs=text)
     shown = [(layer, h) for layer, hs in selection.items() for h in hs]
     if edges is None and edge_texts is not None:
         raise ValueError("edge_texts name the inputs of edge scores; pass the scores too (edges=)")
@@ -137,7 +138,8 @@ def view_data(
     causal = is_causal(model)
     collector = _Collector(shown, flow_max_length=flow_max_length)
     surface, taxonomy = SurfaceStats(causal=causal), TaxonomyStats(causal=causal)
-    every_head = {layer: list(range(n_heads[layer])) for layer in range(depth)}  # rollout averages every head
+    every_head = {layer: heads for layer, heads in model.heads(None, inputs=text).items()  # rollout: every head
+                  if layer < depth}
     run = capture(model, corpus=texts, heads=every_head, take=("pattern",),
                   consumers=[collector, surface, taxonomy], progress=progress)
     surface_result, taxonomy_result = surface.result(), taxonomy.result()
