@@ -105,3 +105,13 @@ def test_the_picture_is_what_the_model_sees(vit, tmp_path):
     pixels = vit.inputs(path)["pixel_values"][0]
     shown = np.asarray(images.picture(pixels, vit.tokenizer))
     assert shown.shape == (SIZE, SIZE, 3) and (np.abs(shown.astype(int) - [200, 40, 90]) <= 1).all()
+
+
+def test_analyze_of_an_image_model_needs_its_images_and_runs_in_this_process(vit):
+    from headlab.analysis.analyze import analyze
+
+    with pytest.raises(ValueError, match=r"ViTModel takes images and headlab bundles none: give a folder of images"):
+        analyze(vit)
+    with pytest.raises(ValueError, match=r"engine='ray': the Ray engine shards text corpora; an image model runs with "
+                                         r"engine='local'"):
+        analyze(vit, torch.zeros(1, 3, SIZE, SIZE), engine="ray")

@@ -73,6 +73,9 @@ __all__ = [  # the orchestration, and the names it gathers from the modules it c
 
 PROBE_LENGTH = 32  # tokens in each repeated half of the causal probes (fewer when the model is shorter)
 ENGINES = ("local", "ray")  # where the capture pass runs: this process, or Ray workers
+# What an image or an audio model analyses instead of text: its analysis, its kind, the corpus it needs.
+_MEDIA = {"images": (analyze_images, "image", "a folder of images"),
+          "audio": (analyze_audio, "audio", "a folder of WAV files")}
 
 
 def check_engine(engine: str, *, address: str | None = None, workers: int | None = None) -> None:
@@ -155,12 +158,16 @@ def analyze(
     """
     check_engine(engine, address=address, workers=workers)
     model = headed(model)
-    if takes_pixels(model.model):
-        return _images(model, corpus, heads=heads, quick=quick, importance=importance, engine=engine,
-                       progress=progress)
-    if takes_features(model.model):
-        return _audio(model, corpus, heads=heads, quick=quick, importance=importance, engine=engine,
-                      progress=progress)
+    media = "images" if takes_pixels(model.model) else "audio" if takes_features(model.model) else None
+    if media is not None:  # no bundled corpus, one process: the media's own analysis
+        analysis, kind, folder = _MEDIA[media]
+        if corpus is None:
+            raise ValueError(f"{model.architecture} takes {media} and headlab bundles none: give {folder} "
+                             f"(headlab analyze MODEL --{media} FOLDER; analyze(model, folder))")
+        if engine != "local":
+            raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an {kind} model runs with "
+                             "engine='local'")
+        return analysis(model, corpus, heads=heads, quick=quick, importance=importance, progress=progress)
     texts = load_corpus(corpus).texts
     if quick:
         texts = texts[:60]
@@ -247,30 +254,6 @@ def analyze(
     else:
         skipped["importance"] = "not asked for"
     return result
-
-
-def _images(model: HeadedModel, images: Any, *, heads: HeadSelection, quick: bool, importance: bool, engine: str,
-            progress: bool) -> AnalysisResult:
-    """``analyze`` of an image model: ``headlab.analysis.images.analyze_images`` on ``images``, in this process."""
-    if images is None:
-        raise ValueError(f"{model.architecture} takes images and headlab bundles none: give a folder of images "
-                         "(headlab analyze MODEL --images FOLDER; analyze(model, folder))")
-    if engine != "local":
-        raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an image model runs with "
-                         "engine='local'")
-    return analyze_images(model, images, heads=heads, quick=quick, importance=importance, progress=progress)
-
-
-def _audio(model: HeadedModel, audio: Any, *, heads: HeadSelection, quick: bool, importance: bool, engine: str,
-           progress: bool) -> AnalysisResult:
-    """``analyze`` of an audio model: ``headlab.analysis.audio.analyze_audio`` on ``audio``, in this process."""
-    if audio is None:
-        raise ValueError(f"{model.architecture} takes audio and headlab bundles none: give a folder of WAV files "
-                         "(headlab analyze MODEL --audio FOLDER; analyze(model, folder))")
-    if engine != "local":
-        raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an audio model runs with "
-                         "engine='local'")
-    return analyze_audio(model, audio, heads=heads, quick=quick, importance=importance, progress=progress)
 
 
 def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:
