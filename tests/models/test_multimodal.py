@@ -257,3 +257,15 @@ def test_the_commands_run_a_model_of_two_towers_on_the_tower_of_their_input(tmp_
     for args in ([str(clip), "The cat sat."], [str(clip), str(images[0])], [str(gemma), "The cat sat."]):
         result = CliRunner().invoke(app, ["view", *args, "--out", str(tmp_path / "view.html")])
         assert result.exit_code == 0, result.output
+
+
+def test_a_tower_outside_transformers_auto_mapping_loads_by_its_class_name(tmp_path):
+    """SigLIP's text tower (SiglipTextConfig) is not in AutoModel's mapping: SiglipTextModel loads it."""
+    model = transformers.SiglipModel(transformers.SiglipConfig(text_config=TEXT, vision_config=VISION)).eval()
+    model.save_pretrained(tmp_path / "siglip")
+    text = headlab.load(tmp_path / "siglip", tower="text")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert text.architecture == "SiglipTextModel"
+    with torch.no_grad():
+        torch.testing.assert_close(text.model(input_ids=ids).pooler_output,
+                                   model.text_model(input_ids=ids).pooler_output)

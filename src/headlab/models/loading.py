@@ -103,7 +103,7 @@ def load(
         config = _hub_call(source, "config", lambda: AutoConfig.from_pretrained(source))
     if tower is not None:
         config = _tower_config(config, tower, source)
-    model_class = _model_class(config)
+    model_class = _model_class(config) if tower is None else _tower_class(config, source)
     check_architecture(model_class, config)  # refuse before loading weights
     register()
     kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation=IMPLEMENTATION)
@@ -264,6 +264,25 @@ def _tower_config(config: Any, tower: str, source: str) -> Any:
         raise ValueError(f"{source}: tower={tower!r}, but this {type(config).__name__} has "
                          f"{'towers ' + ', '.join(map(repr, towers)) if towers else 'no towers'}")
     return getattr(config, f"{tower}_config")
+
+
+def _tower_class(config: Any, source: str) -> Any:
+    """The model class of a tower's config: transformers' ``AutoModel`` for it, or the class its config's name
+    names (``SiglipTextConfig``: ``SiglipTextModel``), which not every tower has in the auto mapping.
+
+    Raises:
+        ValueError: neither.
+    """
+    import transformers
+
+    if type(config) in transformers.AutoModel._model_mapping:
+        return transformers.AutoModel
+    name = type(config).__name__.removesuffix("Config") + "Model"
+    model_class = getattr(transformers, name, None)
+    if model_class is None:
+        raise ValueError(f"{source}: no transformers model class loads its {type(config).__name__} tower on its own "
+                         f"(neither AutoModel nor {name})")
+    return model_class
 
 
 def _model_class(config: Any) -> Any:
