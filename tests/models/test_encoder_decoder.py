@@ -173,3 +173,28 @@ def test_t5_one_heads_pattern_and_pruning_read_the_kept_heads_position_bias():
     got = _output(pruned.model, output_attentions=True)
     torch.testing.assert_close(got.encoder_attentions[0], eager.encoder_attentions[0][:, [1, 3]], rtol=1e-5,
                                atol=1e-6)  # the first layer's kept heads, with their own bias
+
+
+def test_patch_runs_on_an_encoder_decoder_with_the_metric_its_kind_has(tmp_path):
+    """A decoder's causal layers do not make a language model: without logits the default metric is the output's
+    similarity (``default_metric``), and its cross-attention heads are patched by name."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from headlab.analysis.patching import default_metric
+    from headlab.cli import app
+    from headlab.models import default_model_path
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_path()))
+    FAMILIES["t5"].build(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                         decoder_start_token_id=tokenizer.cls_token_id).save_pretrained(tmp_path / "t5")
+    tokenizer.save_pretrained(tmp_path / "t5")
+    assert default_metric(headlab.load(tmp_path / "t5")) == "similarity"
+    result = CliRunner().invoke(app, ["patch", str(tmp_path / "t5"), "--clean", "The cat sat on the mat.",
+                                      "--corrupt", "The dog sat on the mat.", "--layers", "decoder.blocks.*.cross_attn",
+                                      "--out", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["metric"].startswith("cosine similarity")
+    assert {row["layer"] for row in document["results"][0]["heads"]["rows"]} == {3, 5}

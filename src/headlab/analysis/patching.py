@@ -326,6 +326,13 @@ def _denominator(clean_metric: float, corrupted_metric: float) -> float:
     return gap
 
 
+def default_metric(model: HeadedModel) -> str:
+    """The metric a model's kind means when none is named: ``logit-diff`` for a causal language model (a causal
+    layer and logits), ``similarity`` for any other (an encoder, an encoder-decoder or a causal model without a
+    language-model head: its hidden states)."""
+    return "logit-diff" if any(site.causal for site in model.sites) and has_logits(model) else "similarity"
+
+
 def text_metric(model: HeadedModel, clean: str, *, name: str | None = None, answer: str | None = None,
                 wrong: str | None = None) -> tuple[Metric, str]:
     """The metric a command line means: ``logit-diff`` (causal LMs) or ``similarity`` (encoders).
@@ -333,7 +340,7 @@ def text_metric(model: HeadedModel, clean: str, *, name: str | None = None, answ
     Args:
         model: a ``HeadedModel`` with a tokenizer (it turns answers into ids).
         clean: the clean text (``similarity`` compares with its pooled embedding).
-        name: "logit-diff", "similarity", or None for the model's kind (causal: logit-diff).
+        name: "logit-diff", "similarity", or None for the model's kind (``default_metric``).
         answer, wrong: for "logit-diff", the token the clean text predicts next and the one the
             corrupted text does; each must be one token of the model's vocabulary.
 
@@ -344,8 +351,7 @@ def text_metric(model: HeadedModel, clean: str, *, name: str | None = None, answ
         ValueError: an unknown name, a logit difference without two one-token answers, or a
             model without logits.
     """
-    causal = any(site.causal for site in model.sites)
-    name = name or ("logit-diff" if causal else "similarity")
+    name = name or default_metric(model)
     if name == "similarity":
         reference = run_with_cache(model, clean, take="z", heads={0: [0]}).output.last_hidden_state.mean(dim=1)
         return embedding_similarity(reference), "cosine similarity of the mean-pooled output to the clean text's"

@@ -72,9 +72,8 @@ def circuit(
     output_folder(out)
     with staged_files(out) as work:
         loaded = load_model(model)
-        name = metric or ("logit-diff" if any(site.causal for site in loaded.sites) else "similarity")
         try:
-            chosen, described = text_metric(loaded, clean, name=name, answer=answer, wrong=wrong)
+            chosen, described = text_metric(loaded, clean, name=metric, answer=answer, wrong=wrong)
             with _forwards_bar(method in ("path", "exact") and sys.stderr.isatty(), method) as bar:
                 scores = score_edges(loaded, clean, corrupt, chosen, method=method, steps=steps, progress=bar)
             found = top_edges(scores, k=top)
