@@ -115,3 +115,13 @@ def test_analyze_of_an_image_model_needs_its_images_and_runs_in_this_process(vit
     with pytest.raises(ValueError, match=r"engine='ray': the Ray engine shards text corpora; an image model runs with "
                                          r"engine='local'"):
         analyze(vit, torch.zeros(1, 3, SIZE, SIZE), engine="ray")
+
+
+def test_the_viewer_of_a_cache_refuses_an_image_models_forward_in_one_line(vit):
+    from headlab.report.viewer import cache_view_data
+
+    cache = run_with_cache(vit, torch.zeros(1, 3, SIZE, SIZE), take="pattern")
+    with pytest.raises(ValueError, match=r"this cache's forward had no token ids, and the viewer of a cache shows one "
+                                         r"token sequence per item: view images, audio and source/target pairs with "
+                                         r"view_data\(model, inputs\)"):
+        cache_view_data(cache)

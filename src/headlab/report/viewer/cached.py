@@ -38,11 +38,18 @@ def cache_view_data(cache: Cache, *, heads: HeadSelection = None, flow_max_lengt
         The viewer's data (no statistics, roles or pattern classes; see the module docstring).
 
     Raises:
-        ValueError: the cache kept no pattern, a selected head's pattern was not kept, or a bad
-            ``flow_max_length``.
+        ValueError: the cache kept no pattern, a selected head's pattern was not kept, a bad
+            ``flow_max_length``, or a forward without token ids (an image or audio model's) or with a target
+            of another length than its source.
     """
     if isinstance(flow_max_length, bool) or not isinstance(flow_max_length, int) or flow_max_length < 0:
         raise ValueError(f"flow_max_length={flow_max_length!r}; expected an int >= 0 (tokens; 0: no flow)")
+    ids, target = cache.inputs.get("input_ids"), cache.inputs.get("decoder_input_ids")
+    if not isinstance(ids, torch.Tensor) or (isinstance(target, torch.Tensor) and target.shape != ids.shape):
+        what = "token ids" if not isinstance(ids, torch.Tensor) else "a target as long as its source"
+        raise ValueError(f"this cache's forward had no {what}, and the viewer of a cache shows one token sequence "
+                         "per item: view images, audio and source/target pairs with view_data(model, inputs) "
+                         "(headlab view)")
     kept = {layer: list(hs) for (what, layer), (hs, _) in cache.store.items() if what == "pattern"}
     if not kept:
         raise ValueError("this cache kept no pattern: run run_with_cache with 'pattern' among what it takes")
@@ -57,7 +64,6 @@ def cache_view_data(cache: Cache, *, heads: HeadSelection = None, flow_max_lengt
     whole = 0
     while whole in kept and len(kept[whole]) == cache.n_heads[whole]:
         whole += 1
-    ids = cache.inputs["input_ids"]
     real = cache.inputs.get("attention_mask", torch.ones_like(ids)).bool().cpu()
     items, causal = [], True
     for row in range(ids.shape[0]):
