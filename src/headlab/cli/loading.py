@@ -51,13 +51,14 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
     import headlab
     from headlab.models.audio import FEATURES, feature_extractor
     from headlab.models.images import PIXELS, image_processor
+    from headlab.models.loading import checkpoint_config
     from headlab.models.multimodal import needs_pixels
 
     quiet_loading()
     try:
-        loaded = headlab.load(model, dtype=dtype, device=device)
-        if needs_pixels(loaded.model):  # text and images in every forward: the tower of the command's input
-            loaded = headlab.load(model, dtype=dtype, device=device, tower="vision" if given == "images" else "text")
+        # text and images in every forward (CLIP): the tower of the command's input
+        tower = ("vision" if given == "images" else "text") if needs_pixels(checkpoint_config(model)) else None
+        loaded = headlab.load(model, dtype=dtype, device=device, tower=tower)
     except (*INPUT_ERRORS, ModuleNotFoundError) as err:
         fail(str(err))
     takes = getattr(loaded.model, "main_input_name", "input_ids")

@@ -87,30 +87,18 @@ def load(
             have, or a hub id that cannot be fetched (e.g. offline).
         ModuleNotFoundError: name_or_path is None and the default model is not installed.
     """
-    from transformers import AutoConfig  # heavy: imported on use
-
     torch_dtype = _resolve_dtype(dtype)
-    if name_or_path is None:
-        source, local = str(default_model_path()), True
-    else:
-        local = _is_local(name_or_path)
-        source = str(Path(name_or_path).expanduser()) if local else os.fspath(name_or_path)
-    if local:
-        directory = _check_directory(Path(source))
-        source = str(directory)
-        config = _read_local_config(directory, AutoConfig)
-    else:
-        config = _hub_call(source, "config", lambda: AutoConfig.from_pretrained(source))
+    source, directory, config = _checkpoint(name_or_path)
     if tower is not None:
         config = _tower_config(config, tower, source)
     model_class = _model_class(config) if tower is None else _tower_class(config, source)
     check_architecture(model_class, config)  # refuse before loading weights
     register()
     kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation=IMPLEMENTATION)
-    if local and (directory / RECORD).exists() and tower is None:  # saved by headlab.heads.save: pruned heads…
+    if directory is not None and (directory / RECORD).exists() and tower is None:  # saved by heads.save: pruned…
         model = _load_saved(directory, model_class, config, torch_dtype)
         tokenizer = _local_tokenizer(directory, model)
-    elif local:
+    elif directory is not None:
         from safetensors import SafetensorError
 
         try:
@@ -226,6 +214,31 @@ def _hub_call(hub_id: str, what: str, call: Any) -> Any:
             f"to load a checkpoint directory instead, pass its path (e.g. ./{hub_id.rsplit('/', 1)[-1]}: "
             "config.json and model.safetensors)"
         ) from err
+
+
+def checkpoint_config(name_or_path: str | os.PathLike[str] | None = None) -> Any:
+    """The config of the checkpoint ``headlab.load(name_or_path)`` would load, read without its weights (to choose
+    how to load it, e.g. which ``tower``).
+
+    Raises:
+        As ``load`` does for a missing, malformed or unreachable checkpoint.
+    """
+    return _checkpoint(name_or_path)[2]
+
+
+def _checkpoint(name_or_path: str | os.PathLike[str] | None) -> tuple[str, Path | None, Any]:
+    """``(source, its directory or None for a hub id, its config)``."""
+    from transformers import AutoConfig  # heavy: imported on use
+
+    if name_or_path is None:
+        source, local = str(default_model_path()), True
+    else:
+        local = _is_local(name_or_path)
+        source = str(Path(name_or_path).expanduser()) if local else os.fspath(name_or_path)
+    if not local:
+        return source, None, _hub_call(source, "config", lambda: AutoConfig.from_pretrained(source))
+    directory = _check_directory(Path(source))
+    return str(directory), directory, _read_local_config(directory, AutoConfig)
 
 
 def _from_pretrained(model_class: Any, source: str, kwargs: dict[str, Any], tower: str | None) -> Any:

@@ -15,26 +15,27 @@ from typing import Any
 from torch import nn
 
 
-def vision_config(model: nn.Module) -> Any | None:
+def vision_config(model: nn.Module | Any) -> Any | None:
     """The config of ``model``'s vision tower (``config.vision_config`` beside a ``text_config``), or None for a
-    model of one tower."""
-    config = getattr(model, "config", None)
+    model of one tower. ``model`` may be the config itself (a checkpoint's, before it is loaded)."""
+    config = getattr(model, "config", model)
     if getattr(config, "text_config", None) is None:
         return None
     return getattr(config, "vision_config", None)
 
 
-def image_token(model: nn.Module) -> int | None:
+def image_token(model: nn.Module | Any) -> int | None:
     """The id of the token whose places an image's features take in the text (``config.image_token_id``; LLaVA's
     ``image_token_index``), or None: a model without one, or whose images never enter the text (CLIP)."""
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", model)
     found = getattr(config, "image_token_id", None)  # LlavaConfig maps it to image_token_index
     return found if vision_config(model) is not None and isinstance(found, int) else None
 
 
-def needs_pixels(model: nn.Module) -> bool:
-    """Whether every forward of ``model`` needs pixel values with its text: a vision tower whose image has no place
-    in the text (CLIP's towers meet only at the output), so each tower takes its own input."""
+def needs_pixels(model: nn.Module | Any) -> bool:
+    """Whether every forward of ``model`` (or of a checkpoint's config) needs pixel values with its text: a vision
+    tower whose image has no place in the text (CLIP's towers meet only at the output), so each tower takes its
+    own input."""
     return vision_config(model) is not None and image_token(model) is None
 
 
