@@ -35,12 +35,12 @@ def _is_dir(arg: str) -> bool:
 def _model_and_files(args: list[str]) -> tuple[str | None, list[str]] | None:
     """The MODEL and IMAGEs (or WAVs) of ``ARGUMENTS_HELP`` when every argument after a MODEL is an existing image
     file, WAV file or folder (or a lone argument is such a file), else None: the arguments are a text's."""
-    from headlab.models.audio import AUDIO_SUFFIXES
-    from headlab.models.images import IMAGE_SUFFIXES
+    from headlab.models.audio import RECORDINGS
+    from headlab.models.images import PICTURES
 
     def media_file(arg: str) -> bool:
         path = os.path.expanduser(arg)  # os.path: False, not OSError, for a text too long to be a path
-        return os.path.isfile(path) and os.path.splitext(path)[1].lower() in IMAGE_SUFFIXES + AUDIO_SUFFIXES
+        return os.path.isfile(path) and os.path.splitext(path)[1].lower() in PICTURES.suffixes + RECORDINGS.suffixes
 
     if len(args) == 1 and media_file(args[0]):
         return None, args

@@ -8,6 +8,7 @@
     calls.py      what the probe records: attention calls and the projections around them
     probe.py      one small forward that finds the attention modules and their projections
     audio.py      inputs of a model that takes log-mel features (Whisper): their shape, WAV files, extractors
+    media.py      files of one medium (images, recordings) from paths, folders and objects in memory, named
     multimodal.py models of several towers (CLIP, Gemma 3, LLaVA): their vision tower, image tokens, inputs
     layout.py     which projection rows make each head's q, k and v
     attach.py     attach / detach

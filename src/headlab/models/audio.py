@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from headlab.models.media import Medium
+
 if TYPE_CHECKING:
     from headlab.models.site import AttentionSite
 
@@ -31,7 +33,9 @@ FEATURES = "input_features"  # the main input name of a model that takes log-mel
 PREPROCESSOR_FILE = "preprocessor_config.json"  # where a checkpoint keeps its feature extractor
 Samples = str | os.PathLike[str] | np.ndarray | Tensor  # one recording: a WAV path or its samples
 Audio = Samples | Sequence[Samples]  # one recording or several
-AUDIO_SUFFIXES = (".wav",)  # what a folder's recordings end in (16-bit PCM WAV files, any case)
+RECORDINGS = Medium(suffixes=(".wav",), folder="a folder of WAV files", item="recording",  # 16-bit PCM WAV files
+                    missing="a WAV file or a folder of them", nothing="a WAV file, a folder of them or samples",
+                    given="recording")
 FRAMES, TOKENS = "frames", "tokens"  # the axes of an audio encoder-decoder's sites: its encoder's, its decoder's
 
 
@@ -256,24 +260,8 @@ def held_extractor(tokenizer: Any) -> Any:
     return None
 
 
-def audio_files(folder: str | os.PathLike[str]) -> list[Path]:
-    """The recordings of ``folder`` (names ending in one of ``AUDIO_SUFFIXES``, any case), sorted by name.
-
-    Raises:
-        NotADirectoryError: ``folder`` is not a directory.
-        ValueError: it holds no recording.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{folder}: not a directory; expected a folder of WAV files")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES)
-    if not files:
-        raise ValueError(f"{folder} holds no recording; expected files ending in {', '.join(AUDIO_SUFFIXES)}")
-    return files
-
-
 def audio_sources(audio: Audio) -> list[tuple[str, Samples]]:
-    """Each recording of ``audio`` with its name, not read yet: a folder becomes its ``audio_files``.
+    """Each recording of ``audio`` with its name, not read yet: a folder becomes its WAV files, sorted by name.
 
     Args:
         audio: a WAV file, a folder of them, a 1-D array / tensor of samples, or a list of them.
@@ -283,21 +271,10 @@ def audio_sources(audio: Audio) -> list[tuple[str, Samples]]:
 
     Raises:
         FileNotFoundError: a path that does not exist.
-        NotADirectoryError / ValueError: a folder without recordings (``audio_files``); no recording at all.
+        NotADirectoryError / ValueError: a folder without recordings; no recording at all.
     """
     items = [audio] if isinstance(audio, (str, os.PathLike, np.ndarray, Tensor)) else list(audio)
-    out: list[tuple[str, Samples]] = []
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)):
-            out.append((f"clip {len(out)}", item))
-            continue
-        path = Path(item).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such file or folder; expected a WAV file or a folder of them")
-        out += [(file.name, file) for file in (audio_files(path) if path.is_dir() else [path])]
-    if not out:
-        raise ValueError("no recording given; expected a WAV file, a folder of them or samples")
-    return out
+    return RECORDINGS.sources(items, in_memory=lambda _, place: f"clip {place}")
 
 
 def audio_features(audio: Audio, extractor: Any, shape: tuple[int, int]) -> Tensor:

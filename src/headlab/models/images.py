@@ -19,9 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from headlab.models.audio import PREPROCESSOR_FILE  # where a checkpoint keeps its image processor too
+from headlab.models.media import Medium
 
 PIXELS = "pixel_values"  # the main input name of a model that takes pixels
-IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")  # what a folder's images end in
+PICTURES = Medium(suffixes=(".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp"),
+                  folder="a folder of images", item="image file", missing="an image or a folder of images",
+                  nothing="an image file, a folder of images or a PIL image", given="image")
 Images = Any  # a path (an image file or a folder of them), a PIL image, or a list of paths and PIL images
 
 
@@ -40,24 +43,8 @@ def is_images(inputs: Any) -> bool:
     return one(inputs) or (isinstance(inputs, Sequence) and bool(inputs) and all(one(item) for item in inputs))
 
 
-def image_files(folder: str | os.PathLike[str]) -> list[Path]:
-    """The image files of ``folder`` (names ending in one of ``IMAGE_SUFFIXES``, any case), sorted by name.
-
-    Raises:
-        NotADirectoryError: ``folder`` is not a directory.
-        ValueError: it holds no image file.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{folder}: not a directory; expected a folder of images")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise ValueError(f"{folder} holds no image file; expected files ending in {', '.join(IMAGE_SUFFIXES)}")
-    return files
-
-
 def image_sources(images: Images) -> list[tuple[str, Any]]:
-    """Each image of ``images`` with its name, not read yet: a folder becomes its ``image_files``.
+    """Each image of ``images`` with its name, not read yet: a folder becomes its image files, sorted by name.
 
     Args:
         images: an image file, a folder, a PIL image, or a list of them.
@@ -67,26 +54,18 @@ def image_sources(images: Images) -> list[tuple[str, Any]]:
 
     Raises:
         FileNotFoundError: a path that does not exist.
-        NotADirectoryError / ValueError: a folder without images (``image_files``); no image at all.
+        NotADirectoryError / ValueError: a folder without images; no image at all.
         TypeError: an item that is neither a path nor a PIL image.
     """
     from PIL import Image
 
-    items = [images] if isinstance(images, (str, os.PathLike, Image.Image)) else list(images)
-    out: list[tuple[str, Any]] = []
-    for item in items:
-        if isinstance(item, Image.Image):
-            out.append((f"image {len(out)}", item))
-            continue
-        if not isinstance(item, (str, os.PathLike)):
+    def in_memory(item: Any, place: int) -> str:
+        if not isinstance(item, Image.Image):
             raise TypeError(f"an image must be a path, a folder or a PIL image; got {type(item).__name__}")
-        path = Path(item).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such file or folder; expected an image or a folder of images")
-        out += [(file.name, file) for file in (image_files(path) if path.is_dir() else [path])]
-    if not out:
-        raise ValueError("no image given; expected an image file, a folder of images or a PIL image")
-    return out
+        return f"image {place}"
+
+    items = [images] if isinstance(images, (str, os.PathLike, Image.Image)) else list(images)
+    return PICTURES.sources(items, in_memory=in_memory)
 
 
 def open_image(source: Any) -> Any:
