@@ -32,16 +32,12 @@ from headlab.analysis.images import analyze_images
 from headlab.analysis.importance import (
     LM_MAX_LENGTH,
     MAX_LENGTH,
-    ablation_importance,
     causal_lm_loss,
     fidelity_metric,
-    gradient_importance,
     lm_batches,
     pair_batches,
     paraphrase_loss,
-    pruning_curve,
     retrieval_metric,
-    spearman,
 )
 from headlab.analysis.norms import out_projections
 from headlab.analysis.plots import plot_heatmaps
@@ -290,12 +286,4 @@ def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult
         texts_for_fidelity = [t for p in pairs for t in (p.sentence_a, p.sentence_b)]
         metrics = {FIDELITY_METRIC: fidelity_metric(model, tokenizer, texts_for_fidelity, max_length=max_length),
                    RETRIEVAL_METRIC: retrieval_metric(tokenizer, pairs, max_length=max_length)}
-    gradient = gradient_importance(model, batches, loss_fn)
-    result.importance = {"gradient": gradient}
-    if quick:
-        result.skipped["ablation importance"] = "--quick: exact ablation runs one forward per head"
-    else:
-        ablation = ablation_importance(model, batches, loss_fn)
-        result.importance["ablation"] = ablation
-        result.importance_spearman = spearman(gradient.table["raw"], np.abs(ablation.table["raw"]))
-    result.pruning = {name: pruning_curve(model, gradient, metric) for name, metric in metrics.items()}
+    result.measure_importance(model, batches, loss_fn, metrics, quick=quick)

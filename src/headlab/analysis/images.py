@@ -18,13 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION
-from headlab.analysis.importance import ablation_importance, gradient_importance, pruning_curve, spearman
 from headlab.analysis.patches import PatchStats, patch_roles
 from headlab.analysis.result import AnalysisResult
 from headlab.analysis.sentences import FIDELITY_METRIC
@@ -105,15 +103,8 @@ def analyze_images(
                                         "(each batch's other images are its negatives)")
         return result
     batches = mirror_batches(pixels, device=handle.device, dtype=handle.dtype)
-    gradient = gradient_importance(handle, batches, mirror_loss)
-    result.importance = {"gradient": gradient}
-    if quick:
-        result.skipped["ablation importance"] = "--quick: exact ablation runs one forward per head"
-    else:
-        ablation = ablation_importance(handle, batches, mirror_loss)
-        result.importance["ablation"] = ablation
-        result.importance_spearman = spearman(gradient.table["raw"], np.abs(ablation.table["raw"]))
-    result.pruning = {FIDELITY_METRIC: pruning_curve(handle, gradient, image_fidelity(handle, pixels))}
+    result.measure_importance(handle, batches, mirror_loss, {FIDELITY_METRIC: image_fidelity(handle, pixels)},
+                              quick=quick)
     return result
 
 

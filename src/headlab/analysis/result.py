@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,14 @@ import numpy as np
 from headlab.analysis.context_heads import ContextHeads
 from headlab.analysis.files import jsonable, write_data
 from headlab.analysis.frames import audio_sentences, audio_statistics
-from headlab.analysis.importance import ImportanceResult, PruningCurve
+from headlab.analysis.importance import (
+    ImportanceResult,
+    PruningCurve,
+    ablation_importance,
+    gradient_importance,
+    pruning_curve,
+    spearman,
+)
 from headlab.analysis.patches import image_statistics, patch_sentences
 from headlab.analysis.plots import write_plots
 from headlab.analysis.roles import ProbeScores
@@ -81,6 +89,21 @@ class AnalysisResult:
     skipped: dict[str, str] = field(default_factory=dict)
     grid: PatchGrid | None = None
     timeline: Timeline | None = None
+
+    def measure_importance(self, model: Any, batches: list[Any], loss_fn: Callable[[Any, Any], Any],
+                           metrics: dict[str, Callable[[Any], float]], *, quick: bool) -> None:
+        """Set ``importance`` (gradient; ablation too, and their Spearman, unless ``quick``, which is said in
+        ``skipped``) on ``batches`` of the task ``loss_fn``, and ``pruning``: one curve per metric of ``metrics``,
+        heads masked least important first by gradient importance."""
+        gradient = gradient_importance(model, batches, loss_fn)
+        self.importance = {"gradient": gradient}
+        if quick:
+            self.skipped["ablation importance"] = "--quick: exact ablation runs one forward per head"
+        else:
+            ablation = ablation_importance(model, batches, loss_fn)
+            self.importance["ablation"] = ablation
+            self.importance_spearman = spearman(gradient.table["raw"], np.abs(ablation.table["raw"]))
+        self.pruning = {name: pruning_curve(model, gradient, metric) for name, metric in metrics.items()}
 
     def table(self) -> HeadTable:
         """Every per-head number of heads.json / heads.csv, a row per captured head: the surface columns,
