@@ -86,6 +86,29 @@ def test_view_writes_the_frames_the_token_and_each_heads_axes(whisper, clips, tm
     assert "on 16 frames" in " ".join(result.output.split())
 
 
+def test_a_whisper_with_its_head_transcribes_and_is_measured_on_its_transcripts(clips, tmp_path):
+    whisper = save_whisper(tmp_path / "whisper", head=True)
+    result = runner.invoke(app, ["analyze", str(whisper), "--quick", "--audio", str(clips), "--json",
+                                 "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    summary, rows = document["summary"], document["heads"]
+    assert summary["decoder"]["reads"] == "transcripts" and summary["decoder"]["mean_tokens"] > 1
+    assert "importance" not in summary["skipped"] and summary["pruning_metrics"] == ["transcript agreement"]
+    assert all(row["importance_gradient"] is not None for row in rows)
+    assert rows[3 * 4]["time_order"] is not None and rows[0]["time_order"] is None  # cross heads only
+    assert any("follows the audio most closely" in sentence for sentence in document["sentences"])
+    out = tmp_path / "x.html"
+    result = runner.invoke(app, ["view", str(whisper), str(clips / "clip1.wav"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(re.search(r'id="viewer-data">(.*?)</script>', out.read_text()).group(1))
+    [item] = payload["items"]
+    n = len(item["pieces"]["labels"])
+    assert n > 1 and item["pieces"]["labels"][0] == "tok 0"  # the start token, then the transcript
+    assert [item["pieces"]["patterns"][i]["m"] for i in (2 * 4, 3 * 4)] == [n, n]
+    assert "time_order" in payload["info"][3 * 4]["stats"]
+
+
 def test_an_audio_model_given_text_and_a_text_model_given_audio_are_refused(whisper, clips, tmp_path):
     out = ["--out", str(tmp_path / "x.html")]
     _one_line(runner.invoke(app, ["view", str(whisper), "a cat on a mat", *out]), "WhisperModel takes audio, not text")

@@ -4,7 +4,8 @@
 - ``extractor()``: a ``WhisperFeatureExtractor`` whose features the tiny model takes: 1 s at 16 kHz in hops of
   500 samples gives 32 frames of 8 mel bins, which the encoder's conv2 halves to its 16 positions (0.0625 s each).
 - ``save_whisper(folder)``: a ``WhisperModel`` of ``tests.support.families.WHISPER`` (2 + 2 layers × 4 heads) with
-  weights far larger than transformers' init, so that patterns are far from uniform, saved with ``extractor()``.
+  weights far larger than transformers' init, so that patterns are far from uniform, saved with ``extractor()``
+  (``head=True``: a ``WhisperForConditionalGeneration``, whose greedy transcripts the decoder reads).
 - ``tone(n)``, ``write_wav(path, samples)``, ``write_wavs(folder)``: 16-bit PCM recordings.
 """
 
@@ -54,14 +55,15 @@ def write_wavs(folder: Path, n: int = 2) -> list[Path]:
     return [write_wav(folder / f"clip{i}.wav", tone(RATE * (i + 1) // 4, hertz=300.0 + 200 * i)) for i in range(n)]
 
 
-def save_whisper(folder: Path, *, processor: bool = True) -> Path:
-    """Save a tiny random ``WhisperModel`` into ``folder``, with its feature extractor unless not ``processor``;
-    returns the folder."""
+def save_whisper(folder: Path, *, processor: bool = True, head: bool = False) -> Path:
+    """Save a tiny random ``WhisperModel`` (with ``head``: ``WhisperForConditionalGeneration``, which writes
+    transcripts) into ``folder``, with its feature extractor unless not ``processor``; returns the folder."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.WhisperModel(transformers.WhisperConfig(**WHISPER, init_std=0.2))
+    model_class = transformers.WhisperForConditionalGeneration if head else transformers.WhisperModel
+    model = model_class(transformers.WhisperConfig(**WHISPER, init_std=0.2))
     model.save_pretrained(folder)
     if processor:
         extractor().save_pretrained(folder)

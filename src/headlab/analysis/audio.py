@@ -2,19 +2,25 @@
 on text and ``analyze_images`` on images.
 
 One capture pass over the recordings (``headlab.capture.audio.capture_audio``: each padded to the encoder's window
-by the feature extractor, the decoder reading its start token alone) feeds ``AudioStats`` (entropy, the time
-between a frame and the frames it attends to, the spread of cross-attention over the audio, the shares on the first
-frame and on the padding: ``headlab.analysis.frames``) and ``HeadSimilarity`` on the encoder's self-attention heads.
-What only means something for text is skipped with the reason on record, and so is importance: the model's own task
-(transcription) needs transcripts.
+by the feature extractor; the decoder reading the model's own greedy transcript of it, or its start token alone
+without a language-model head) feeds ``AudioStats`` (entropy, the time between a frame and the frames it attends
+to, the spread of cross-attention over the audio and how it follows the transcript, the shares on the first frame
+and on the padding: ``headlab.analysis.frames``) and ``HeadSimilarity`` on the encoder's self-attention heads.
+Importance (gradient; exact ablation without ``quick``) and the pruning curve measure the heads on the model's own
+task, transcription, with its transcripts as the reference (``transcript_loss``, ``transcript_agreement``). What
+only means something for text is skipped with the reason on record.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
-from torch import nn
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION
 from headlab.analysis.frames import AudioStats, audio_roles
@@ -25,11 +31,14 @@ from headlab.capture.batch import CaptureBatch
 from headlab.capture.run import Consumer
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
-from headlab.models.audio import FRAMES, Audio, site_axes
+from headlab.models.audio import FEATURES, FRAMES, Audio, site_axes
 
-__all__ = ["QUICK_RECORDINGS", "SKIPPED", "analyze_audio"]
+__all__ = ["AGREEMENT", "QUICK_RECORDINGS", "SKIPPED", "analyze_audio", "transcript_agreement", "transcript_batches",
+           "transcript_loss"]
 
 QUICK_RECORDINGS = 60  # recordings analysed with quick=True (the first, in order), as 60 corpus items are for text
+TASK_RECORDINGS = (16, 64)  # recordings of the importance task and the pruning curve: (quick, full)
+AGREEMENT = "transcript agreement"  # the pruning curve's metric: tokens of the transcripts still ranked first
 
 # What ``analyze`` runs on text and not on recordings, and why (``AnalysisResult.skipped``).
 SKIPPED = {
@@ -44,8 +53,8 @@ SKIPPED = {
     "value-weighted attention and sink share by position": "their sink tokens and position bins are a text's; the "
                                                            "share on the first frame is to_first, on the padding "
                                                            "beyond the audio to_padding",
-    "importance": "no audio task with a gradient: the model's own, transcription, needs a transcript of every "
-                  "recording (and a language-model head)",
+    "importance": "no audio task with a gradient: the model has no language-model head to write the transcripts "
+                  "its heads would be measured on (a WhisperForConditionalGeneration has one)",
     "similarity of the decoder's and cross-attention heads": "head similarity compares heads on the same query rows "
                                                              "and keys: it runs on the encoder's self-attention heads "
                                                              "(frames × frames)",
@@ -70,12 +79,15 @@ def analyze_audio(
             (``headlab.capture.audio.AudioCorpus``).
         heads: the heads of the capture pass; None for all.
         quick: the first ``QUICK_RECORDINGS`` recordings.
-        importance: asked for importance (skipped either way, with the reason: ``SKIPPED``).
+        importance: run gradient importance (and, without ``quick``, exact ablation) and the pruning curve on the
+            transcripts (skipped with the reason for a model without a language-model head).
         progress: show the capture's progress bar.
 
     Returns:
         An ``AnalysisResult`` with ``timeline`` set: ``surface`` is ``AudioStats``' table, ``roles``
-        ``audio_roles``, ``similarity`` the encoder's self-attention heads'; ``skipped`` holds ``SKIPPED``.
+        ``audio_roles``, ``similarity`` the encoder's self-attention heads'; ``importance`` and ``pruning``
+        (``AGREEMENT``) with a language-model head; ``skipped`` holds ``SKIPPED`` (importance's reason only without
+        one).
 
     Raises:
         TypeError: a model without a feature extractor (the message names the file a checkpoint lacks).
@@ -95,12 +107,54 @@ def analyze_audio(
     surface = stats.result()
     similar = similarity.result() if encoder else SimilarityResult(np.zeros((0, 0)), [], 0, 0)
     skipped = dict(SKIPPED)
-    if not importance:
-        skipped["importance"] = "not asked for"
     if not encoder:
         skipped["similarity"] = "no layer of the encoder's self-attention selected (it runs on those alone)"
-    return AnalysisResult(capture=run, surface=surface, roles=audio_roles(surface), taxonomy=None, classes={},
-                          similarity=similar, embedding=mds(similar.distances), skipped=skipped, timeline=line)
+    result = AnalysisResult(capture=run, surface=surface, roles=audio_roles(surface), taxonomy=None, classes={},
+                            similarity=similar, embedding=mds(similar.distances), skipped=skipped, timeline=line)
+    if not importance:
+        skipped["importance"] = "not asked for"
+    elif corpus.transcripts is not None:
+        del skipped["importance"]
+        batches = transcript_batches(corpus, range(min(TASK_RECORDINGS[0 if quick else 1], len(corpus))),
+                                     device=handle.device, dtype=handle.dtype)
+        result.measure_importance(handle, batches, transcript_loss, {AGREEMENT: transcript_agreement(handle, batches)},
+                                  quick=quick)
+    return result
+
+
+def transcript_batches(corpus: AudioCorpus, indices: Iterable[int], *, device: torch.device | str = "cpu",
+                       dtype: torch.dtype = torch.float32) -> list[dict[str, Tensor]]:
+    """One batch per recording of ``indices`` for ``transcript_loss``: its features and its transcript
+    (``AudioCorpus.transcripts``, which must be made), ``{"input_features": (1, n_mels, frames), "ids": (1,
+    tokens)}`` on ``device``."""
+    assert corpus.transcripts is not None  # made by the capture
+    return [{FEATURES: corpus.features([i])[0].to(device=device, dtype=dtype),
+             "ids": torch.tensor([corpus.transcripts[i].ids], device=device)} for i in indices]
+
+
+def transcript_loss(net: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """The cross-entropy of a recording's own transcript, every token after the start read behind the ones before
+    (teacher forcing): the task the model's heads serve, with its greedy transcript as the reference."""
+    ids = batch["ids"]
+    logits = net(input_features=batch[FEATURES], decoder_input_ids=ids[:, :-1], use_cache=False).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def transcript_agreement(model: HeadedModel | nn.Module, batches: list[dict[str, Tensor]]) -> Callable[[Any], float]:
+    """A ``metric_fn``: the share of the transcripts' tokens (after the start) that the model, read behind the
+    tokens before, still ranks first; 1 for the model that wrote them, which is the reference."""
+    def agreement(current: Any) -> float:
+        handle = headed(current)
+        same = total = 0
+        with handle.running(grad=False) as net:
+            for batch in batches:
+                ids = batch["ids"]
+                logits = net(input_features=batch[FEATURES], decoder_input_ids=ids[:, :-1], use_cache=False).logits
+                same += int((logits.argmax(-1) == ids[:, 1:]).sum())
+                total += ids[:, 1:].numel()
+        return same / max(total, 1)
+
+    return agreement
 
 
 class _Layers:

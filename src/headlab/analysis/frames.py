@@ -5,7 +5,7 @@ audio, how spread its attention is.
 Axis legend:
     pattern    (batch, head, query_pos, key_pos)   one layer's captured heads on a batch of recordings
     frames     the encoder's positions (``headlab.models.audio.Timeline``), of which the first ``lengths`` hold audio
-    tokens     the decoder's positions (its start token alone: ``headlab.capture.audio``)
+    tokens     the decoder's positions: its transcript, or its start token alone (``headlab.capture.audio``)
     result     HeadTable                            a row per captured (layer, head)
 
 A site's axes (``headlab.models.audio.site_axes``) say which statistics it has: the encoder's self-attention
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from headlab.analysis.patches import LOCAL
 from headlab.analysis.per_head import HeadSums
@@ -47,7 +48,11 @@ AUDIO_STATISTICS: dict[str, str] = {
     "time_spread": "attending",  # keys that are frames: the standard deviation of t_j under p_ij over the audio frames
     "to_self": "queries",  # self-attention: p_ii
     "confidence": "queries",  # max_j p_ij
+    "time_order": "transcripts",  # tokens × frames, a transcript of ≥ 3 tokens: the Spearman correlation of each
+    # token's place with the time it attends to (the mean of t_j under p_ij over the audio frames); 1: attention
+    # moves through the audio as the transcript moves through its tokens (an alignment head)
 }
+ORDERED_TOKENS = 3  # fewest decoder tokens whose order time_order correlates with
 
 
 class AudioStats(HeadSums):
@@ -89,7 +94,7 @@ class AudioStats(HeadSums):
             per_row = {"uniform_entropy": torch.full(rows.shape, math.log(shape[1]), dtype=p.dtype, device=p.device)}
             if query == key:
                 stats["to_self"] = torch.diagonal(p, dim1=-2, dim2=-1)
-            attending = None
+            attending = transcripts = order_sum = None
             if key == FRAMES:
                 times = self.timeline.times().to(device=p.device, dtype=p.dtype)
                 on_audio = p * audio[:, None, None, :]  # (batch, head, query, frame): the keys that hold audio
@@ -99,6 +104,11 @@ class AudioStats(HeadSums):
                 mean = (weights * times).sum(-1, keepdim=True)
                 stats["to_padding"] = (p.sum(-1) - mass).clamp_min(0.0)
                 stats["time_spread"] = (weights * (times - mean) ** 2).sum(-1).clamp_min(0.0).sqrt()
+                if query != FRAMES and shape[0] >= ORDERED_TOKENS:
+                    order = _rank_correlation(mean[..., 0])  # (batch, head), NaN where the times do not vary
+                    ordered = ~order.isnan()
+                    transcripts = ordered.sum(0, dtype=torch.float64)
+                    order_sum = torch.where(ordered, order, 0.0).sum(0, dtype=torch.float64)
                 if query == FRAMES:
                     gaps = (times[:, None] - times[None, :]).abs()  # (frame, frame)
                     stats["time_distance"] = (weights * gaps).sum(-1)
@@ -113,6 +123,8 @@ class AudioStats(HeadSums):
             counts: dict[str, Any] = {"queries": int(rows.sum())}
             if attending is not None:
                 counts["attending"] = read["attending"].sum((0, 2), dtype=torch.float64)
+            if order_sum is not None:
+                sums["time_order"], counts["transcripts"] = order_sum, transcripts
             self._add(layer, taken.heads, sums, counts)
 
     def result(self) -> HeadTable:
@@ -131,11 +143,23 @@ class AudioStats(HeadSums):
             for name, count in AUDIO_STATISTICS.items():
                 if name not in sums:
                     values[name].append(math.nan)
-                elif count == "attending":
+                elif count in ("attending", "transcripts"):
                     values[name].append(float(self._mean(layer, name, count)[i]))
                 else:
                     values[name].append(float(sums[name][i]) / max(counts["queries"], 1))
         return HeadTable(heads, {name: np.array(column, dtype=np.float64) for name, column in values.items()})
+
+
+def _rank_correlation(times: Tensor) -> Tensor:
+    """``(batch, head)``: Spearman's correlation of the token order with ``times`` ``(batch, head, tokens)`` (ties
+    ranked by place); NaN where ``times`` are all equal."""
+    n = times.shape[-1]
+    ranks = times.double().argsort(dim=-1, stable=True).argsort(dim=-1).double()
+    place = torch.arange(n, dtype=torch.float64, device=times.device)
+    ranks, place = ranks - ranks.mean(-1, keepdim=True), place - place.mean()
+    same = (times.amax(-1) - times.amin(-1)) <= 0
+    order = (ranks * place).sum(-1) / place.square().sum()  # ranks, a permutation of the places, spread as they do
+    return torch.where(same, math.nan, order)
 
 
 def site_kinds(table: HeadTable) -> dict[tuple[int, int], str]:
@@ -216,4 +240,11 @@ def audio_sentences(table: HeadTable, roles: Mapping[tuple[int, int], tuple[str,
         out.append(f"Cross-attention spreads over {mean('time_spread', 'cross'):.3f} {unit} of audio (the standard "
                    f"deviation of the time attended) in the mean head, with {mean('to_first', 'cross'):.0%} of its "
                    f"attention on the first frame and {mean('to_padding', 'cross'):.0%} on the padding.")
+        ordered = [key for key in cross if not math.isnan(table.value("time_order", *key))]
+        if ordered:
+            best = max(ordered, key=lambda key: table.value("time_order", *key))
+            out.append(f"Over the transcripts, head {head_label(*best)} follows the audio most closely: the time it "
+                       f"attends to rises with the token's place at a rank correlation of "
+                       f"{table.value('time_order', *best):.2f} (1: in step, as an alignment head; the mean cross "
+                       f"head {mean('time_order', 'cross'):.2f}).")
     return out

@@ -164,6 +164,7 @@ class AnalysisResult:
                 str(c.window): [list(h) for h in c.heads] for c in self.context.streaming.conversions},
             "grid": None if self.grid is None else self.grid.to_dict(),
             "timeline": None if self.timeline is None else self.timeline.to_dict(),
+            "decoder": self.capture.corpus.get("decoder"),  # an audio encoder-decoder's: what its decoder read
         }
 
     def sentences(self) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,7 +24,14 @@ import torch
 from torch import Tensor, nn
 
 from headlab.capture.batch import CaptureBatch
-from headlab.capture.run import CaptureResult, Consumer, check_batch_size, checked_consumers, feed
+from headlab.capture.run import (
+    CaptureResult,
+    Consumer,
+    RateProgress,
+    check_batch_size,
+    checked_consumers,
+    feed,
+)
 from headlab.layer.selection import HeadSelection
 from headlab.layer.taps import check_take
 from headlab.models import HeadedModel, headed
@@ -38,7 +46,10 @@ from headlab.models.audio import (
     features_with_mask,
     samples_at,
     timeline,
+    window_seconds,
 )
+from headlab.models.transcripts import TRANSCRIPT_TOKENS, Transcript, transcribe
+from headlab.models.truncation import TruncationWarning, cut_message
 
 __all__ = ["AudioCorpus", "audio_batch", "capture_audio"]
 
@@ -56,6 +67,8 @@ class AudioCorpus:
         names: each recording's name, in order (a file's name, or ``clip {i}``).
         extractor: the feature extractor.
         timeline: the encoder's positions in time (``headlab.models.audio.timeline``).
+        transcripts: each recording's greedy transcript once ``transcribe`` (``capture_audio``) made them; None
+            before, or for a model without a language-model head.
 
     Raises:
         TypeError: a model whose handle holds no feature extractor (the message names the file a checkpoint lacks).
@@ -69,14 +82,47 @@ class AudioCorpus:
         self._shape, self._stride = feature_shape(handle.model), encoder_stride(handle.model)
         found = audio_sources(audio)
         self.names, self._sources = [name for name, _ in found], [source for _, source in found]
+        self.transcripts: list[Transcript] | None = None
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def transcribe(self, model: HeadedModel | nn.Module, *, max_tokens: int = TRANSCRIPT_TOKENS, batch_size: int = 1,
+                   progress: bool = True) -> list[Transcript] | None:
+        """Each recording's greedy transcript by ``model`` as it is now (``headlab.models.transcripts.transcribe``),
+        kept as ``transcripts``.
+
+        Args:
+            model: the model's handle (or the attached model).
+            max_tokens: most tokens after the start token; 0: none (the decoder reads its start token alone).
+            batch_size: most recordings per forward.
+            progress: show a progress bar over batches.
+
+        Returns:
+            One ``Transcript`` per recording, or None (kept as ``transcripts`` too) when the model has no language-model
+            head or ``max_tokens`` is 0.
+        """
+        handle = headed(model)
+        start, done, found = time.perf_counter(), 0, []
+        starts = range(0, len(self), batch_size) if max_tokens else range(0)
+        with handle.running(grad=False) as net, RateProgress(progress and bool(starts), len(starts),
+                                                             label="transcribe") as bar:
+            for first in starts:
+                features = self.features(range(first, min(first + batch_size, len(self))))[0]
+                made = transcribe(net, features.to(device=handle.device, dtype=handle.dtype), max_tokens=max_tokens)
+                if made is None:
+                    break
+                found.extend(made)
+                done += sum(len(t.ids) for t in made)
+                bar.advance(done / max(time.perf_counter() - start, 1e-9))
+        self.transcripts = found if found else None
+        return self.transcripts
 
     def first(self, n: int) -> AudioCorpus:
         """The first ``n`` recordings (all of them when there are fewer), as a corpus of their own."""
         kept = copy.copy(self)
         kept.names, kept._sources = self.names[:n], self._sources[:n]
+        kept.transcripts = None if self.transcripts is None else self.transcripts[:n]
         return kept
 
     def features(self, indices: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -92,10 +138,8 @@ class AudioCorpus:
             ValueError: a WAV file at another sampling rate than the extractor's, or not a 16-bit PCM WAV file.
         """
         samples = [samples_at(self._sources[i], self.extractor.sampling_rate) for i in indices]
-        features, frames = features_with_mask(samples, self.extractor, self._shape)
-        window = getattr(self.extractor, "n_samples", None)
-        truncated = torch.tensor([isinstance(window, int) and len(s) > window for s in samples])
-        return features, frames[:, :: self._stride][:, : self.timeline.positions], truncated
+        features, frames, cut = features_with_mask(samples, self.extractor, self._shape)
+        return features, frames[:, :: self._stride][:, : self.timeline.positions], cut
 
 
 def audio_batch(line: Timeline, names: Sequence[str], indices: Sequence[int], audio: Tensor, truncated: Tensor, *,
@@ -136,10 +180,16 @@ def capture_audio(
     take: str | Sequence[str] = ("pattern",),
     consumers: Iterable[Consumer] = (),
     batch_size: int = 1,
+    transcript_tokens: int | None = TRANSCRIPT_TOKENS,
     progress: bool = True,
 ) -> tuple[CaptureResult, Timeline]:
     """Run an audio encoder-decoder over ``audio`` and give every consumer each batch's selected heads (``capture``'s
     loop, ``headlab.capture.run.feed``).
+
+    A model with a language-model head first writes each recording's transcript (``AudioCorpus.transcribe``: greedy,
+    up to ``transcript_tokens``), and its decoder reads that; without one, or with ``transcript_tokens=0``, the
+    decoder reads its start token alone. A batch holds recordings whose transcripts are equally long (consecutive
+    ones, up to ``batch_size``), so no decoder position is padding.
 
     Args:
         model: an audio model's handle with its feature extractor.
@@ -149,16 +199,24 @@ def capture_audio(
         consumers: objects with ``update(batch: CaptureBatch)``, called in order per batch.
         batch_size: most recordings per forward: one by default, as every recording runs the encoder's every position
             (Whisper: 1500) and the patterns of every captured layer are held at once.
-        progress: show a progress bar over batches.
+        transcript_tokens: most tokens of each transcript after its start token; 0: none; None: the transcripts the
+            corpus holds as they are (``AudioCorpus.transcripts``, made by its ``transcribe``; none: the start token).
+        progress: show progress bars over batches.
 
     Returns:
         ``(counts and throughput, the encoder's timeline)``: ``tokens`` counts the positions that hold audio,
         ``padded_tokens`` every encoder position run; ``truncated`` lists the recordings cut to the extractor's
-        window; the corpus is described by the recordings' names and the timeline.
+        window; the corpus is described by the recordings' names, the timeline and what the decoder read
+        (``decoder``: "transcripts" with their mean length in tokens and how many ended by themselves, or "start
+        token"). The transcripts stay on the corpus (``AudioCorpus.transcripts``).
 
     Raises:
         TypeError: a consumer without ``update``; a model without a feature extractor.
-        ValueError / OSError: bad recordings (``AudioCorpus``), a bad selection or ``batch_size``.
+        ValueError / OSError: bad recordings (``AudioCorpus``), a bad selection, ``batch_size`` or
+            ``transcript_tokens``.
+
+    Warns:
+        TruncationWarning: recordings longer than the extractor's window, cut to it (``cut_message``).
     """
     start = time.perf_counter()
     take = check_take(take)
@@ -168,22 +226,45 @@ def capture_audio(
     selection = handle.heads(heads)
     corpus = audio if isinstance(audio, AudioCorpus) else AudioCorpus(handle, audio)
     names, device, line = corpus.names, handle.device, corpus.timeline
-    starts = range(0, len(names), batch_size)
+    transcripts = corpus.transcripts if transcript_tokens is None else corpus.transcribe(
+        handle, max_tokens=transcript_tokens, batch_size=batch_size, progress=progress)
+    batches = _batches(len(names), batch_size, None if transcripts is None else [len(t.read) for t in transcripts])
     real: list[int] = []
     truncated: list[int] = []
 
-    def step(first: int) -> tuple[CaptureBatch, dict[str, Any], int]:
-        indices = list(range(first, min(first + batch_size, len(names))))
+    def step(indices: list[int]) -> tuple[CaptureBatch, dict[str, Any], int]:
         features, frames, cut = corpus.features(indices)
         real.append(int(frames.sum()))
         truncated.extend(i for i, flag in zip(indices, cut.tolist()) if flag)
-        kwargs = handle.inputs({FEATURES: features.to(dtype=handle.dtype)})  # the decoder: its start token alone
+        given: dict[str, Any] = {FEATURES: features.to(dtype=handle.dtype)}
+        if transcripts is not None:
+            given["decoder_input_ids"] = torch.tensor([transcripts[i].read for i in indices])
+        kwargs = handle.inputs(given)  # no transcript: the decoder reads its start token alone
         return audio_batch(line, names, indices, frames, cut, device=device), kwargs, real[-1]
 
-    feed(handle, selection, take, consumers, (step(first) for first in starts), total=len(starts),
+    feed(handle, selection, take, consumers, (step(indices) for indices in batches), total=len(batches),
          progress=progress, start=start)
+    if truncated:
+        warnings.warn(cut_message(truncated, len(names), window_seconds(corpus.extractor)), TruncationWarning,
+                      stacklevel=2)
+    decoder: dict[str, Any] = {"reads": "start token"} if transcripts is None else {
+        "reads": "transcripts", "mean_tokens": sum(len(t.read) for t in transcripts) / len(transcripts),
+        "ended": sum(t.ended for t in transcripts)}
     run = CaptureResult(items=len(names), tokens=sum(real), padded_tokens=len(names) * line.positions,
-                        batches=len(starts), truncated=truncated, max_length=None, layers=selection, take=take,
+                        batches=len(batches), truncated=truncated, max_length=None, layers=selection, take=take,
                         seconds=time.perf_counter() - start,
-                        corpus={"recordings": len(names), "names": names[:10], "timeline": line.to_dict()})
+                        corpus={"recordings": len(names), "names": names[:10], "timeline": line.to_dict(),
+                                "decoder": decoder})
     return run, line
+
+
+def _batches(n: int, batch_size: int, lengths: Sequence[int] | None) -> list[list[int]]:
+    """Consecutive runs of the ``n`` recordings, each at most ``batch_size`` long and of one transcript length
+    (``lengths``; None: any)."""
+    out: list[list[int]] = []
+    for i in range(n):
+        if out and len(out[-1]) < batch_size and (lengths is None or lengths[out[-1][0]] == lengths[i]):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out

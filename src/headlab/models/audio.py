@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import wave
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from headlab.models.media import Medium
+from headlab.models.transcripts import token_labels
+from headlab.models.truncation import TruncationWarning, cut_message
 
 if TYPE_CHECKING:
     from headlab.models.site import AttentionSite
@@ -179,11 +182,7 @@ def axis_labels(model: nn.Module, tokenizer: Any, inputs: Mapping[str, Any]) -> 
     out = {FRAMES: [list(frames) for _ in range(len(features))]}
     ids = inputs.get("decoder_input_ids")
     if isinstance(ids, Tensor) and ids.dim() == 2:
-        words = getattr(tokenizer, "tokenizer", tokenizer)  # a processor holds its tokenizer
-        rows = ids.cpu().tolist()
-        out[TOKENS] = ([list(words.convert_ids_to_tokens(row)) for row in rows]
-                       if callable(getattr(words, "convert_ids_to_tokens", None))
-                       else [[f"tok {i}" for i in row] for row in rows])
+        out[TOKENS] = [token_labels(tokenizer, row) for row in ids.cpu().tolist()]
     return out
 
 
@@ -279,12 +278,21 @@ def audio_sources(audio: Audio) -> list[tuple[str, Samples]]:
 
 def audio_features(audio: Audio, extractor: Any, shape: tuple[int, int]) -> Tensor:
     """Features of one recording or several, from ``extractor`` (a feature extractor): ``features_with_mask``'s
-    features."""
-    return features_with_mask(audio, extractor, shape)[0]
+    features.
+
+    Warns:
+        TruncationWarning: recordings longer than the extractor's window, cut to it (``cut_message``).
+    """
+    features, _, cut = features_with_mask(audio, extractor, shape)
+    if cut.any():
+        warnings.warn(cut_message(cut.nonzero().flatten().tolist(), len(cut), window_seconds(extractor)),
+                      TruncationWarning, stacklevel=4)
+    return features
 
 
-def features_with_mask(audio: Audio, extractor: Any, shape: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """Features of one recording or several, from ``extractor`` (a feature extractor), and which frames hold audio.
+def features_with_mask(audio: Audio, extractor: Any, shape: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """Features of one recording or several, from ``extractor`` (a feature extractor), which frames hold audio and
+    which recordings were cut.
 
     Args:
         audio: a WAV path or a 1-D float array / tensor of samples (at the extractor's sampling rate), or a
@@ -293,9 +301,10 @@ def features_with_mask(audio: Audio, extractor: Any, shape: tuple[int, int]) -> 
         shape: the ``(n_mels, frames)`` the model requires (``feature_shape``).
 
     Returns:
-        ``(features (batch, n_mels, frames) float32, mask (batch, frames) bool)`` on the CPU: the mask is True at the
-        frames that hold audio, the rest padding (the extractor's ``attention_mask``; every frame where it gives
-        none).
+        ``(features (batch, n_mels, frames) float32, mask (batch, frames) bool, cut (batch,) bool)`` on the CPU: the
+        mask is True at the frames that hold audio, the rest padding (the extractor's ``attention_mask``; every frame
+        where it gives none); ``cut`` where a recording was longer than the extractor's window (``n_samples``, as
+        ``window_seconds`` says) and the extractor cut it to the window.
 
     Raises:
         ValueError: a WAV file at another sampling rate than the extractor's, samples that are not a 1-D float
@@ -311,7 +320,14 @@ def features_with_mask(audio: Audio, extractor: Any, shape: tuple[int, int]) -> 
                          f"(batch, {shape[0]}, {shape[1]}): its feature_size, chunk_length and hop_length do not "
                          "match the model's num_mel_bins and frames")
     frames = torch.ones(features.shape[0], shape[1], dtype=torch.bool) if mask is None else mask.bool()
-    return features, frames
+    window = getattr(extractor, "n_samples", None)
+    cut = torch.tensor([isinstance(window, int) and len(s) > window for s in samples], dtype=torch.bool)
+    return features, frames, cut
+
+
+def window_seconds(extractor: Any) -> float:
+    """The longest recording ``extractor`` keeps whole, in seconds: ``n_samples / sampling_rate`` (Whisper: 30)."""
+    return float(getattr(extractor, "n_samples", 0)) / extractor.sampling_rate
 
 
 def samples_at(item: Samples, rate: int) -> np.ndarray:

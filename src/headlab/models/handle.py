@@ -36,6 +36,7 @@ from headlab.layer.selection import Heads, HeadSelection, resolve
 from headlab.models import audio, images, multimodal, seq2seq
 from headlab.models.interface import IMPLEMENTATION
 from headlab.models.site import AttentionSite, is_attached, sites_of
+from headlab.models.truncation import TruncationWarning, truncation_message
 
 HANDLE_ATTRIBUTE = "headlab_handle"  # on an attached model: the handle ``attach`` made for it
 Inputs = (str | Sequence[str] | seq2seq.Pair | Sequence[seq2seq.Pair] | Mapping[str, Any] | Tensor | audio.Audio
@@ -458,19 +459,6 @@ def given_tokenizer(model: HeadedModel | nn.Module, tokenizer: Any, where: str, 
                   DeprecationWarning, stacklevel=2 + depth)
     copy = HeadedModel(handle.model, tokenizer=tokenizer, source=handle.source)
     return copy
-
-
-class TruncationWarning(UserWarning):
-    """Inputs were cut to the model's limit (``max_length``); a capture's ``CaptureResult.truncated`` lists them
-    all."""
-
-
-def truncation_message(truncated: Sequence[int], items: int, max_length: int | None) -> str:
-    """The one sentence every entry point says when inputs were cut to the model's limit (capture, analyze, view,
-    ``HeadedModel.inputs`` and so run_with_cache, patch and circuit)."""
-    shown = ", ".join(map(str, truncated[:10])) + (" …" if len(truncated) > 10 else "")
-    return (f"{len(truncated)} of {items} inputs are longer than max_length={max_length} pieces (the model's limit, or "
-            f"the one asked for) and were cut to it (inputs {shown})")
 
 
 def model_max_length(model: nn.Module, tokenizer: Any = None) -> int | None:

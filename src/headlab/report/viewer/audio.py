@@ -7,7 +7,8 @@ Axis legend:
     patterns   (head, query_pos, key_pos)   one recording's shown heads, encoded (``encoding.quantize``), each over
                                             its own axes (``ViewerData.axes``)
     frames     the encoder's positions (``frame 0.42 s``), of which the first ``FrameStrip.audio`` hold audio
-    tokens     the decoder's positions: its start token alone (``headlab.capture.audio``)
+    tokens     the decoder's positions: the recording's transcript by the model (``headlab.models.transcripts``), or
+               its start token alone for a model without a language-model head
 
 One capture pass (``headlab.capture.audio.capture_audio``) feeds the collector below, which encodes each recording's
 patterns as its batch arrives, and ``AudioStats``. Rollout and flow multiply a layer's pattern into the next one's,
@@ -27,7 +28,9 @@ from headlab.capture import CaptureBatch
 from headlab.capture.audio import AudioCorpus, capture_audio
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
-from headlab.models.audio import FEATURES, FRAMES, TOKENS, Audio, site_axes
+from headlab.models.audio import FRAMES, TOKENS, Audio, site_axes
+from headlab.models.seq2seq import start_token
+from headlab.models.transcripts import token_labels
 from headlab.report.provenance import model_name
 from headlab.report.viewer.encoding import quantize, thumbnails
 from headlab.report.viewer.payload import MAX_ENTRIES, FrameStrip, HeadInfo, Level, ViewerData, ViewerItem
@@ -73,19 +76,19 @@ def audio_view_data(
     selection = handle.heads(heads)
     shown = [(layer, h) for layer, hs in selection.items() for h in hs]
     axes = {site.layer: site_axes(site) for site in handle.sites}
-    first = handle.inputs({FEATURES: corpus.features([0])[0].to(dtype=handle.dtype)})  # the decoder: its start token
-    by_axis: dict[str, list[str]] = {}
-    for pair, layer in {pair: layer for layer, pair in axes.items()}.items():  # one site of each kind
-        site = handle.labels(first, layer=layer)
-        assert site is not None  # an audio model's labels are its timeline's and its decoder ids'
-        by_axis |= dict(zip(pair, site[0]))
-    tokens = by_axis.get(TOKENS, [])  # none: an encoder alone
-    entries = len(corpus) * sum(len(by_axis[axes[layer][0]]) * len(by_axis[axes[layer][1]]) for layer, _ in shown)
+    frames = corpus.timeline.labels()
+    transcripts = corpus.transcribe(handle, progress=progress)  # None: the decoder reads its start token alone
+    start = (start_token(handle.model),) if any(TOKENS in pair for pair in axes.values()) else ()
+    tokens = [token_labels(handle.tokenizer, start if transcripts is None else transcripts[k].read)
+              for k in range(len(corpus))]
+    sizes = [{FRAMES: len(frames), TOKENS: len(t)} for t in tokens]
+    entries = sum(size[axes[layer][0]] * size[axes[layer][1]] for size in sizes for layer, _ in shown)
     if entries > max_entries:
         raise ValueError(f"{len(corpus)} recording(s) × {len(shown)} heads need {entries:,} pattern entries, more than "
                          f"max_entries={max_entries:,}; show fewer heads (--layers/--heads) or fewer recordings")
     collector, stats = _Collector(shown, tokens), AudioStats(timeline=corpus.timeline, axes=axes)
-    capture_audio(handle, corpus, heads=selection, take=("pattern",), consumers=[collector, stats], progress=progress)
+    capture_audio(handle, corpus, heads=selection, take=("pattern",), consumers=[collector, stats],
+                  transcript_tokens=None, progress=progress)
     table = stats.result()
     roles = audio_roles(table)
     by_head = {(int(r["layer"]), int(r["head"])): dict(r) for r in corpus_rows or ()}
@@ -95,8 +98,8 @@ def audio_view_data(
         info.append(HeadInfo(layer=layer, head=head, roles=roles.get((layer, head), ()), pattern_class="",
                              stats={k: v for k, v in values.items() if v == v},  # NaN: not this site's
                              corpus=by_head.get((layer, head))))
-    items = [ViewerItem(text=name, full_length=len(tokens), truncated=False, pieces=collector.levels[k], words=None,
-                        frames=FrameStrip(labels=by_axis[FRAMES], audio=collector.audio[k]))
+    items = [ViewerItem(text=name, full_length=len(tokens[k]), truncated=False, pieces=collector.levels[k],
+                        words=None, frames=FrameStrip(labels=frames, audio=collector.audio[k]))
              for k, name in enumerate(corpus.names)]
     return ViewerData(name=model_name(handle.source), source=handle.source, architecture=handle.architecture,
                       causal=False, n_heads=n_heads, heads=shown, info=info, items=items, max_length=None,
@@ -106,23 +109,25 @@ def audio_view_data(
 class _Collector:
     """A capture consumer that encodes each recording's shown heads as its batch arrives."""
 
-    def __init__(self, shown: list[tuple[int, int]], tokens: list[str]) -> None:
-        self.shown, self.tokens = shown, tokens
+    def __init__(self, shown: list[tuple[int, int]], tokens: list[list[str]]) -> None:
+        self.shown, self.tokens = shown, tokens  # each recording's decoder tokens
         self.levels: dict[int, Level] = {}
         self.audio: dict[int, int] = {}
 
     def update(self, batch: CaptureBatch) -> None:
-        layers, n = batch.layers, len(self.tokens)
+        layers = batch.layers
         for row in range(len(batch)):
+            index = int(batch.corpus_indices[row])
+            labels = self.tokens[index]
+            n = len(labels)
             patterns = []
             for layer, head in self.shown:
                 pattern = layers[layer].pattern
                 assert pattern is not None  # captured with take=("pattern",)
                 patterns.append(pattern[row, layers[layer].heads.index(head)].float().cpu())
             size, thumbs = thumbnails(patterns)
-            index = int(batch.corpus_indices[row])
             gaps = ["" if i == 0 else " " for i in range(n)]
-            self.levels[index] = Level(name="pieces", labels=list(self.tokens), gaps=gaps, tail="", special=[False] * n,
+            self.levels[index] = Level(name="pieces", labels=list(labels), gaps=gaps, tail="", special=[False] * n,
                                        pieces=[1] * n, patterns=[quantize(p) for p in patterns], thumb_size=size,
                                        thumbs=thumbs)
             self.audio[index] = int(batch.lengths[row])

@@ -24,7 +24,8 @@
     ["to_first", "to the first key (the first frame; the decoder's start token)", "share"],
     ["to_padding", "to the padding beyond the audio", "share"],
     ["time_distance", "mean time between a frame and the frames it attends to (s)", "seconds"],
-    ["time_spread", "spread in time of the frames attended, a standard deviation (s)", "seconds"]
+    ["time_spread", "spread in time of the frames attended, a standard deviation (s)", "seconds"],
+    ["time_order", "rank correlation of a transcript token's place with the time it attends to", "correlation"]
   ];
   Viewer.prototype.renderViews = function (item) {
     var self = this, lv = (this.level === "words" && item.words) ? item.words : item.pieces, limit = this.data.flowMaxLength;
