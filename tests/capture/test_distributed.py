@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -424,3 +425,25 @@ def test_an_address_where_nothing_listens_is_refused_at_once(monkeypatch):
     assert time.monotonic() - start < 5
     with pytest.raises(ValueError, match="address='nonsense' is not a Ray cluster address; expected host:port"):
         check_address("nonsense")
+
+
+def test_a_local_ray_of_more_workers_than_the_machine_has_cpus_is_warned(monkeypatch):
+    ray = pytest.importorskip("ray")
+    from headlab.capture import distributed
+
+    class StopError(Exception):
+        pass
+
+    def init(**kwargs):
+        raise StopError(kwargs["num_cpus"])
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 2)
+    with pytest.warns(RuntimeWarning, match=r"workers=8 × threads_per_worker=1 asks for 8 CPUs of this machine's 2: "
+                                            r".* pass workers=2 \(--workers 2\) or fewer"), pytest.raises(StopError):
+        RayEngine(None, workers=8)
+    with warnings.catch_warnings():  # as many as fit: no warning (an error here)
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(StopError, match=r"^2$"):
+            RayEngine(None, workers=2)

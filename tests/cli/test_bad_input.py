@@ -179,6 +179,8 @@ CASES = [
           "forward(x) raised AssertionError: needs 32 wide (d_model=8, 4); to fix: if its input width is none of "
           "8, 4, pass it (--d-model N)", 1),
     *(_case(f"{cmd} --bogus", "No such option: --bogus") for cmd in ("report", "analyze", "bench", "params")),
+    _case("--bogus", "No such option: --bogus (see 'headlab --help')"),  # the group's own options
+    _case("bogus", "No such command 'bogus' (see 'headlab --help')"),
     # the audited file exits while it is imported: the module failed (1), said in one line
     _case("audit @/exit3.py:X", "exit3.py called sys.exit(3) while being imported", 1),
 ]

@@ -388,3 +388,20 @@ def test_head_affine_replaces_z_persistently_and_is_saved():
 def test_bad_kv_head_of_is_named(kv_head_of):
     with pytest.raises(ValueError, match="kv_head_of="):
         AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2, kv_head_of=kv_head_of)
+
+
+def test_a_state_loads_across_head_counts_as_torchs_does_unless_a_gate_names_heads():
+    # The question "8 heads, same parameters?": one layer's weights load into a layer of another head count (as
+    # torch.nn.MultiheadAttention's do); its identity gates load as the identity, a set one is refused.
+    one, eight = (MultiHeadAttention(AttentionConfig(d_model=64, n_heads=n)) for n in (1, 8))
+    eight.load_state_dict(one.state_dict())
+    assert eight.head_scale.shape == (8,) and eight.head_shift.shape == (8, 8)
+    torch_one, torch_eight = (torch.nn.MultiheadAttention(64, n, batch_first=True) for n in (1, 8))
+    torch_eight.load_state_dict(torch_one.state_dict())  # what headlab's layer now does too
+    query = torch.randn(2, 5, 64)
+    torch.testing.assert_close(eight.projection.out_proj(torch.zeros(1, 64)), one.projection.out_proj(
+        torch.zeros(1, 64)))
+    assert not torch.allclose(eight(query), one(query))  # the same weights, other heads: another function
+    one.set_head_affine(torch.tensor([0.5]))
+    with pytest.raises(ValueError, match=r"set on 1 heads of 64 value features, and this layer has 8 heads of 8"):
+        eight.load_state_dict(one.state_dict())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,30 @@ def test_hub_id_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match=r"'no-such-org/no-such-model' is not a local directory.*HF_HUB_OFFLINE"):
         headlab.load("no-such-org/no-such-model")
+
+
+def test_a_hub_that_cannot_be_reached_fails_at_once_from_the_cache(monkeypatch):
+    import socket
+
+    import huggingface_hub.constants
+
+    from headlab.models.loading import hub_unreachable
+
+    with socket.socket() as s:  # a port where nothing listens: connecting is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert hub_unreachable() == f"127.0.0.1:{port} cannot be reached (Connection refused)"
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=rf"'no-such-org/no-such-model' is not a local directory.*127.0.0.1:{port} "
+                                         r"cannot be reached \(Connection refused\), so only the cache was read"):
+        headlab.load("no-such-org/no-such-model")
+    assert time.monotonic() - start < 5  # not the download's retries (about 30 s)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # the probe would bypass it: not probed
+    assert hub_unreachable() is None
 
 
 def test_attention_sites_refuse_a_model_that_is_not_attached():

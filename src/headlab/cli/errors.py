@@ -67,6 +67,13 @@ class Commands(TyperGroup):
     here it is ``error: <click's message> (see 'headlab CMD --help')``, with click's exit status.
     """
 
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        """The group's own options parsed (``headlab --bogus``: one line, as a command's usage error is)."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _UsageError as err:
+            fail(f"{err.format_message().rstrip('.')} (see '{info_name or 'headlab'} --help')", code=err.exit_code)
+
     # click's Command.invoke takes click's Context (the override's ignore); typer hands its group a typer.Context
     def invoke(self, ctx: typer.Context) -> object:  # type: ignore[override]
         try:

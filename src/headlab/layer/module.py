@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -261,6 +262,23 @@ class MultiHeadAttention(nn.Module):
 
     def _note_affine(self) -> None:
         self._affine_set = not identity_affine(self.head_scale, self.head_shift)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """Load the per-head affine by what it means: an identity affine of another head count (a layer of 1 head
+        saved, one of 8 loading: the same weights, torch's ``nn.MultiheadAttention`` loads across head counts too)
+        loads as this layer's identity; a set one of another head count is refused (it names heads this layer has
+        not). Everything else loads as torch loads it."""
+        scale, shift = state_dict.get(prefix + "head_scale"), state_dict.get(prefix + "head_shift")
+        if isinstance(scale, Tensor) and isinstance(shift, Tensor) and (
+                scale.shape != self.head_scale.shape or shift.shape != self.head_shift.shape):
+            if not identity_affine(scale, shift):
+                raise ValueError(f"the state's head affine is set on {scale.shape[0]} heads of {shift.shape[-1]} "
+                                 f"value features, and this layer has {self.config.n_heads} heads of "
+                                 f"{self.config.d_head_v}: a gate names heads, so it loads only into a layer of the "
+                                 "same heads (clear it first: set_head_affine(None))")
+            state_dict[prefix + "head_scale"] = torch.ones_like(self.head_scale)
+            state_dict[prefix + "head_shift"] = torch.zeros_like(self.head_shift)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def new_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for decoding up to ``max_len`` positions, on the layer's device and dtype."""

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import warnings
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 
@@ -42,6 +44,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 # The auto classes of models with a head that writes text, taken when the config's architectures name the class they
 # build for it: images and text into text, text into text, speech into text.
+HUB_TIMEOUT_S = 3.0  # seconds the Hub's host has to answer before headlab reads the local cache alone
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 _NAMED_HEADS = ("AutoModelForImageTextToText", "AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -112,9 +116,13 @@ def load(
             raise ValueError(f"{source}: could not load the weights ({type(err).__name__}: {err})") from err
         tokenizer = _local_tokenizer(directory, model)
     else:
-        model = _hub_call(source, "weights (safetensors)", lambda: _from_pretrained(model_class, source, kwargs, tower))
+        unreachable = hub_unreachable()  # then the cache alone is read, at once, not after the Hub's retries
+        kwargs["local_files_only"] = unreachable is not None
+        model = _hub_call(source, "weights (safetensors)", lambda: _from_pretrained(model_class, source, kwargs, tower),
+                          unreachable)
         what = "image processor" if takes_pixels(model) else "processor" if takes_features(model) else "tokenizer"
-        tokenizer = _hub_call(source, what, lambda: _auto_tokenizer(source, model))
+        tokenizer = _hub_call(source, what, lambda: _auto_tokenizer(source, model, local=unreachable is not None),
+                              unreachable)
     if device is not None:
         model = model.to(device)
     model.eval()
@@ -202,14 +210,35 @@ def _read_local_config(directory: Path, auto_config: Any) -> Any:
         raise ValueError(f"{path}: not a usable transformers config ({type(err).__name__}: {err})") from err
 
 
-def _hub_call(hub_id: str, what: str, call: Any) -> Any:
-    """``call()``, a hub download; its OSError becomes a one-line ValueError saying what decides and what to do."""
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub cannot be asked now: its host does not answer a TCP connection within
+    ``HUB_TIMEOUT_S`` (no network: the name does not resolve, or nothing routes). None when it answers, when
+    ``HF_HUB_OFFLINE`` is set (the Hub is not asked anyway) or when a proxy is configured (which the probe would
+    bypass). Without it, an unreachable Hub costs the download's retries (about 30 s) before the same error."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode() or any(os.environ.get(name) for name in _PROXIES):
+        return None
+    endpoint = urlparse(constants.ENDPOINT)
+    host, port = endpoint.hostname or "", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_TIMEOUT_S).close()
+    except OSError as err:
+        return f"{host}:{port} cannot be reached ({err.strerror or type(err).__name__})"
+    return None
+
+
+def _hub_call(hub_id: str, what: str, call: Any, unreachable: str | None) -> Any:
+    """``call()``, a hub download (of the cache alone when the Hub is ``unreachable``, as ``hub_unreachable`` says
+    why); its OSError becomes a one-line ValueError saying what decides and what to do."""
     try:
         return call()
     except OSError as err:
         from huggingface_hub import constants
 
-        if constants.is_offline_mode():
+        if unreachable is not None:
+            why = f"{unreachable}, so only the cache was read"
+        elif constants.is_offline_mode():
             why = "HF_HUB_OFFLINE is set, so only the cache is read; unset it to download"
         else:  # transformers' message runs over several lines: its first says what went wrong
             reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
@@ -241,7 +270,9 @@ def _checkpoint(name_or_path: str | os.PathLike[str] | None) -> tuple[str, Path 
         local = _is_local(name_or_path)
         source = str(Path(name_or_path).expanduser()) if local else os.fspath(name_or_path)
     if not local:
-        return source, None, _hub_call(source, "config", lambda: AutoConfig.from_pretrained(source))
+        unreachable = hub_unreachable()
+        return source, None, _hub_call(source, "config", lambda: AutoConfig.from_pretrained(
+            source, local_files_only=unreachable is not None), unreachable)
     directory = _check_directory(Path(source))
     return str(directory), directory, _read_local_config(directory, AutoConfig)
 
@@ -334,15 +365,17 @@ def _local_tokenizer(directory: Path, model: Any) -> Any | None:
     return _auto_tokenizer(str(directory), model, processor=has_preprocessor)
 
 
-def _auto_tokenizer(source: str, model: Any, *, processor: bool = True) -> Any:
+def _auto_tokenizer(source: str, model: Any, *, processor: bool = True, local: bool = False) -> Any:
     """The tokenizer of ``source``; its image processor for a model that takes pixels (the PIL backend where
     torchvision, transformers' default, is not installed); its processor for a model that takes log-mel features
-    (when ``processor``: the checkpoint has one)."""
+    (when ``processor``: the checkpoint has one). ``local``: from the local hub cache alone."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     if takes_pixels(model):
-        return AutoImageProcessor.from_pretrained(source, backend=None if find_spec("torchvision") else "pil")
-    return (AutoProcessor if processor and takes_features(model) else AutoTokenizer).from_pretrained(source)
+        return AutoImageProcessor.from_pretrained(source, backend=None if find_spec("torchvision") else "pil",
+                                                  local_files_only=local)
+    return (AutoProcessor if processor and takes_features(model) else AutoTokenizer).from_pretrained(
+        source, local_files_only=local)
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
