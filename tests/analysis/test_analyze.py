@@ -168,6 +168,15 @@ def test_the_syntax_headline_names_a_relation_the_table_shows_and_says_which_hea
         "dependent word 70% of the time, against 40% for the best fixed offset (+1 word).")
 
 
+def test_the_syntax_headline_says_no_relation_beats_its_baseline_when_none_does():
+    losing = [relation(f"r{i}", 100 - i, accuracy=0.08 - i / 100, baseline=0.14) for i in range(TABLE_RELATIONS)]
+    (headline,) = [s for s in hand_result(causal=False, relations=losing).sentences() if "relation" in s]
+    assert " gains " not in headline
+    assert headline.startswith(f"Of the {TABLE_RELATIONS} most frequent dependency relations, no relation beats its "
+                               "positional baseline; r0 comes closest: reading from")
+    assert "8% of the time, against 14% for the best fixed offset" in headline
+
+
 def test_a_flat_pruning_curve_says_it_cannot_tell_heads_apart_and_a_moving_one_gives_its_values():
     from headlab.analysis import PruningCurve
 

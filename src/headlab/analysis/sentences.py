@@ -68,11 +68,14 @@ def analysis_sentences(*, surface: HeadTable, roles: Mapping[tuple[int, int], tu
         direction, (layer, head), accuracy = rel.best
         start, target = (("dependent", "syntactic head") if direction == "dep_to_head"
                          else ("syntactic head", "dependent"))
-        out.append(f"Of the {len(shown)} most frequent dependency relations, {rel.relation} gains most over a "
-                   f"fixed offset: reading from the {start} word of each of its {rel.count} arcs, attention head "
-                   f"{head_label(layer, head)} puts its largest weight on the {target} word {accuracy:.0%} of "
-                   f"the time, against {rel.baseline_accuracy:.0%} for the best fixed offset "
-                   f"({rel.baseline_offset:+d} {'word' if abs(rel.baseline_offset) == 1 else 'words'}).")
+        gain = accuracy - rel.baseline_accuracy
+        headline = (f"{rel.relation} gains most over a fixed offset" if gain > 0 else
+                    f"no relation beats its positional baseline; {rel.relation} comes closest")
+        out.append(f"Of the {len(shown)} most frequent dependency relations, {headline}: reading from the {start} "
+                   f"word of each of its {rel.count} arcs, attention head {head_label(layer, head)} puts its largest "
+                   f"weight on the {target} word {accuracy:.0%} of the time, against {rel.baseline_accuracy:.0%} for "
+                   f"the best fixed offset ({rel.baseline_offset:+d} "
+                   f"{'word' if abs(rel.baseline_offset) == 1 else 'words'}).")
     out += [pruning_sentence(metric, curve) for metric, curve in pruning.items()]
     return out
 
