@@ -208,3 +208,32 @@ def test_a_hub_that_cannot_be_reached_fails_at_once_from_the_cache(monkeypatch):
 def test_attention_sites_refuse_a_model_that_is_not_attached():
     with pytest.raises(ValueError, match="has no headlab attention"):
         _ = headed(build("bert")).sites
+
+
+def test_a_model_dispatched_by_a_device_map_with_disk_offload_is_attached_as_it_is(tmp_path):
+    pytest.importorskip("accelerate")
+    from headlab import heads
+    from headlab.capture import run_with_cache
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128, architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    plain = headlab.load(tmp_path / "llama")
+    places = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.layers.2": "disk",
+              "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    dispatched = headlab.load(tmp_path / "llama", device_map=places, offload_folder=tmp_path / "offload")
+    assert any(p.device.type == "meta" for p in dispatched.model.parameters())  # layers 1 and 2 wait on disk
+    assert len(dispatched.sites) == 3
+    with torch.no_grad():
+        torch.testing.assert_close(dispatched.model(input_ids=ids).logits, plain.model(input_ids=ids).logits)
+        with heads.masked(plain, {2: [1]}), heads.masked(dispatched, {2: [1]}):
+            torch.testing.assert_close(dispatched.model(input_ids=ids).logits, plain.model(input_ids=ids).logits)
+    mine, theirs = run_with_cache(dispatched, ids), run_with_cache(plain, ids)
+    torch.testing.assert_close(mine["blocks.2.attn.pattern"], theirs["blocks.2.attn.pattern"])
+    with pytest.raises(ValueError, match=r"device='cpu' and device_map='auto': give one"):
+        headlab.load(tmp_path / "llama", device="cpu", device_map="auto")
+    with pytest.raises(ValueError, match=r"offload_folder='x' is for a device_map"):
+        headlab.load(tmp_path / "llama", offload_folder="x")

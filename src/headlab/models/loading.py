@@ -72,6 +72,8 @@ def load(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     tower: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
 ) -> HeadedModel:
     """Load a checkpoint and attach headlab's attention (``headlab.models.attach``).
 
@@ -83,6 +85,10 @@ def load(
         tower: of a checkpoint of several towers (CLIP, SigLIP: ``text_config`` and ``vision_config``), the one
             to load on its own ("text", "vision": its model class, e.g. ``CLIPTextModel``, and its weights);
             None: the whole model.
+        device_map: for a model larger than one device, transformers' device map (``"auto"``, or ``{module name:
+            device}`` with ``"cpu"`` and ``"disk"`` among the devices), passed to ``from_pretrained`` (needs the extra
+            ``headlab[large]``: accelerate); headlab attaches to the dispatched model as it is. Not with ``device``.
+        offload_folder: where the modules a device map puts on ``"disk"`` are kept.
 
     Returns:
         The model's ``HeadedModel``: the transformers model (``.model``, in eval mode), its tokenizer
@@ -97,15 +103,19 @@ def load(
         ModuleNotFoundError: name_or_path is None and the default model is not installed.
     """
     torch_dtype = _resolve_dtype(dtype)
+    dispatch = _dispatch_arguments(device, device_map, offload_folder)
     source, directory, config = _checkpoint(name_or_path)
     if tower is not None:
         config = _tower_config(config, tower, source)
     model_class = _model_class(config) if tower is None else _tower_class(config, source)
     check_architecture(model_class, config)  # refuse before loading weights
     register()
-    kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation=IMPLEMENTATION)
+    kwargs = dict(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation=IMPLEMENTATION,
+                  **dispatch)
     if directory is not None and (directory / RECORD).exists() and tower is None:  # saved by heads.save: pruned…
         model = _load_saved(directory, model_class, config, torch_dtype)
+        if dispatch:
+            model = _dispatched(model, dispatch)
         tokenizer = _local_tokenizer(directory, model)
     elif directory is not None:
         from safetensors import SafetensorError
@@ -129,6 +139,38 @@ def load(
     handle = attach(model, tokenizer=tokenizer)  # a saved headlab model comes back attached already
     handle.source = source
     return handle
+
+
+def _dispatch_arguments(device: Any, device_map: Any, offload_folder: Any) -> dict[str, Any]:
+    """``from_pretrained``'s dispatch arguments (none without a ``device_map``).
+
+    Raises:
+        ValueError: ``device`` and ``device_map`` both, or ``offload_folder`` without ``device_map``.
+        ImportError: a ``device_map`` without accelerate (the message names the extra).
+    """
+    if device_map is None:
+        if offload_folder is not None:
+            raise ValueError(f"offload_folder={os.fspath(offload_folder)!r} is for a device_map that puts modules on "
+                             "'disk'; give device_map too")
+        return {}
+    if device is not None:
+        raise ValueError(f"device={device!r} and device_map={device_map!r}: give one (a device map places every "
+                         "module itself)")
+    if find_spec("accelerate") is None:
+        raise ImportError("device_map needs accelerate: pip install 'headlab[large]'")
+    folder = {} if offload_folder is None else {"offload_folder": os.fspath(offload_folder)}
+    return {"device_map": device_map} | folder
+
+
+def _dispatched(model: Any, dispatch: dict[str, Any]) -> Any:
+    """A model saved by ``headlab.heads.save`` (loaded whole on the CPU), placed by accelerate as ``dispatch`` says
+    (``"auto"``: the map accelerate infers)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    device_map = dispatch["device_map"]
+    if device_map == "auto":
+        device_map = infer_auto_device_map(model)
+    return dispatch_model(model, device_map=device_map, offload_dir=dispatch.get("offload_folder"))
 
 
 def _load_saved(directory: Path, model_class: Any, config: Any, dtype: torch.dtype) -> Any:
