@@ -1,4 +1,5 @@
-"""An image model's viewer page (``headlab view MODEL IMAGE...``) in headless Chromium: a tiny random ViT and DINOv2.
+"""An image model's viewer page (``headlab view MODEL IMAGE...``) in headless Chromium: a tiny random ViT, DINOv2 and
+Swin (windowed attention: the heat on the open head's own stage grid).
 
 Hovering a patch of the picture focuses its position: the heat over the picture must carry exactly the open head's
 encoded row over the patch keys (the weights drawn, and each cell's alpha on the overlay canvas), those must be the
@@ -81,4 +82,44 @@ def test_hovering_a_patch_shows_the_heads_row_as_heat(tab: Tab, tmp_path: Path, 
     tab.page.wait_for_function("!document.querySelector('.hv').dataset.patch")
     assert _cell_alphas(tab, 4, 4).max() == 0
     tab.shot(f"viewer-image-{kind}")
+    tab.assert_clean()
+
+
+def test_a_windowed_models_heat_is_on_the_open_heads_own_grid(tab: Tab, tmp_path: Path) -> None:
+    """Swin on 16 × 16 pixels: layers 0 and 1 run on a 4 × 4 grid, layers 2 and 3 on 2 × 2 (each patch spanning 2 × 2
+    first-stage patches). The page's positions are the first stage's; a stage-2 head's heat is its own row summed back
+    onto its 2 × 2 grid, the model's weights to within the encoding's step."""
+    from headlab.capture.images import capture_images
+
+    model = headlab.load(save_vision(tmp_path / "swin", "swin"))
+    pictures = write_images(tmp_path / "pictures", n=1)
+    data = view_data(model, pictures)
+    open_viewer(tab, data, tmp_path / "view.html")
+    tab.page.click(".hv-thumb[data-layer='3'][data-head='1']")
+    tab.wait_ready(layer=3, head=1)
+    box = tab.page.locator(".hv-overlay").bounding_box()
+    tab.page.mouse.move(box["x"] + box["width"] * 1.5 / 4, box["y"] + box["height"] * 2.5 / 4)  # first-stage r2c1
+    tab.page.wait_for_selector(".hv[data-patch='1,0']")  # on the 2 × 2 grid: r1c0
+    assert tab.page.get_attribute(".hv", "data-focus") == str(2 * 4 + 1)
+    drawn = np.array(tab.page.evaluate("Array.from(window.headlabViewers[0].overlayWeights)"))
+    fine = data.items[0].pieces.patterns[data.head_index(3, 1)].values()[2 * 4 + 1].reshape(2, 2, 2, 2)
+    np.testing.assert_allclose(drawn, fine.sum((1, 3)).reshape(-1), rtol=1e-6, atol=1e-7)  # blocks summed back
+
+    class Keep:
+        def update(self, batch) -> None:
+            self.pattern = batch.layers[3].pattern[0, 0].numpy()  # head 1 alone: (4, 4), the 2 × 2 grid's patches
+
+    kept = Keep()
+    capture_images(model, pictures, heads={3: [1]}, consumers=[kept], progress=False)
+    exact = kept.pattern[2]  # query r1c0
+    assert (np.abs(drawn - exact) <= 4 * exact.max() / 510 + 1e-6).all() and drawn.max() > 0
+    np.testing.assert_allclose(_cell_alphas(tab, 2, 2), MAX_ALPHA * drawn / drawn.max(), atol=2 / 255)
+    # a first-stage head draws on the 4 × 4 grid
+    tab.page.click(".hv-thumb[data-layer='0'][data-head='0']")
+    tab.wait_ready(layer=0, head=0)
+    _hover_patch(tab, 0, 3, 4, 4)
+    row = data.items[0].pieces.patterns[data.head_index(0, 0)].values()[3]
+    np.testing.assert_allclose(tab.page.evaluate("Array.from(window.headlabViewers[0].overlayWeights)"), row,
+                               rtol=1e-6, atol=1e-7)
+    tab.shot("viewer-image-swin")
     tab.assert_clean()

@@ -78,23 +78,31 @@ def test_text_models_label_their_tokens(tmp_path):
     assert model.labels(inputs) == model.tokens(inputs)
 
 
-def test_windowed_attention_and_a_config_without_patch_size_are_refused():
+def test_the_whole_image_grid_refuses_windows_and_a_config_without_patch_size():
+    """``patch_grid`` reads whole-image attention; a windowed model's grids come from ``grid_of``
+    (tests/models/test_windows.py)."""
     config = transformers.SwinConfig(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=2, image_size=16,
                                      patch_size=4)
     swin = transformers.SwinModel(config).eval()
     pixels = torch.randn(1, 3, 16, 16)
-    with pytest.raises(ValueError, match="not over the whole image"):
+    with pytest.raises(ValueError, match=r"not over the whole image \(a windowed model's grids: grid_of\)"):
         images.patch_grid(swin, height=16, width=16, positions=images.positions_of(swin, pixels))
+    handle = headlab.attach(swin)
+    grid = images.grid_of(swin, handle.sites, pixels)
+    assert [(g.rows, g.columns) for g in grid.layers] == [(4, 4), (2, 2)] and grid.labels()[-1] == "patch r3c3"
     bare = torch.nn.Module()
     bare.config = SimpleNamespace(patch_size=None)
     with pytest.raises(ValueError, match="has no patch_size"):
         images.patch_grid(bare, height=16, width=16, positions=17)
 
 
-def test_the_grid_measures_distances_in_patches():
+def test_the_grid_measures_distances_in_patches(vit):
     grid = images.PatchGrid(rows=2, columns=3, special=("[CLS]",), patch_size=(4, 4))
-    assert grid.position(1, 2) == 6 and grid.labels()[6] == "patch r1c2"
+    assert grid.position(1, 2) == 6 and grid.labels()[6] == "patch r1c2" and grid.of(1) is grid
     assert grid.distances()[0, 5].item() == pytest.approx(np.hypot(1, 2))  # r0c0 to r1c2
+    pixels = torch.zeros(1, 3, SIZE, SIZE)
+    assert images.grid_of(vit.model, vit.sites, pixels) == images.PatchGrid(rows=4, columns=4, special=("[CLS]",),
+                                                                           patch_size=(4, 4))
 
 
 def test_the_picture_is_what_the_model_sees(vit, tmp_path):

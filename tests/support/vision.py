@@ -3,7 +3,9 @@ PIL: what the image tests of the library, the commands and the browser share.
 
 - ``save_vision(folder, kind)``: a ViT, DeiT or DINOv2 (with two registers) of 2 layers × 4 heads on 16 × 16 inputs
   in 4 × 4 patches (a 4 × 4 grid), saved with a ``ViTImageProcessor`` resizing to 16 × 16; weights far larger than
-  transformers' init, so that patterns are far from uniform.
+  transformers' init, so that patterns are far from uniform. ``"swin"``: a Swin of two stages of two blocks (the
+  second shifted), 2 then 4 heads, windows of 2 × 2 patches of 4 × 4 pixels, its relative position bias random; its
+  processor resizes to ``size`` (16: grids of 4 × 4 then 2 × 2 patches; 20: 5 × 5 then 3 × 3, both padded).
 - ``write_images(folder)``: a few small RGB PNGs of different sizes and content (seeded).
 """
 
@@ -22,22 +24,35 @@ KINDS: dict[str, tuple[str, str, dict[str, Any]]] = {  # kind: (config class, mo
     "vit": ("ViTConfig", "ViTModel", {}),
     "deit": ("DeiTConfig", "DeiTModel", {}),
     "dinov2": ("Dinov2WithRegistersConfig", "Dinov2WithRegistersModel", dict(num_register_tokens=2)),
+    "swin": ("SwinConfig", "SwinModel", dict(embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=2)),
 }
+SWIN_DROPS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")  # Swin's are its own
 SPECIAL = {"vit": ["[CLS]"], "deit": ["[CLS]", "[DIST]"], "dinov2": ["[CLS]", "reg 0", "reg 1"]}  # their labels
 
 
-def save_vision(folder: Path, kind: str = "vit", *, processor: bool = True) -> Path:
-    """Save a tiny random ``kind`` model (``KINDS``) into ``folder``, with its image processor unless not
-    ``processor``; returns the folder."""
+def vision_model(kind: str = "vit", *, size: int = SIZE) -> Any:
+    """A tiny random ``kind`` model (``KINDS``) for ``size`` × ``size`` inputs, seeded, in eval mode."""
     import torch
     import transformers
 
     config_class, model_class, extra = KINDS[kind]
+    settings = {k: v for k, v in SMALL.items() if kind != "swin" or k not in SWIN_DROPS} | {"image_size": size}
     torch.manual_seed(0)
-    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**SMALL | extra))
-    model.save_pretrained(folder)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**settings | extra))
+    for name, parameter in model.named_parameters():
+        if name.endswith("relative_position_bias_table"):  # zeros at init: make the position bias tell heads apart
+            parameter.data.normal_(0.0, 1.0)
+    return model.eval()
+
+
+def save_vision(folder: Path, kind: str = "vit", *, processor: bool = True, size: int = SIZE) -> Path:
+    """Save a tiny random ``kind`` model (``vision_model``) for ``size`` × ``size`` inputs into ``folder``, with its
+    image processor resizing to that unless not ``processor``; returns the folder."""
+    import transformers
+
+    vision_model(kind, size=size).save_pretrained(folder)
     if processor:
-        transformers.ViTImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
+        transformers.ViTImageProcessor(size={"height": size, "width": size}).save_pretrained(folder)
     return folder
 
 

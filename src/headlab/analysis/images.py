@@ -6,6 +6,11 @@ distance attended on the patch grid, the share on [CLS] and the registers: ``hea
 is skipped with the reason on record: the text statistics and roles, pattern classes, syntax, the causal probes,
 retrieval and streaming heads, value-weighted attention and the sink share by position.
 
+A windowed model (Swin) is analysed layer by layer on each stage's grid (``headlab.models.images.PatchGrid.of``),
+its distances in first-stage patches; it has no [CLS] nor any special token, so the share on them and the sink role
+are skipped with that reason; head similarity compares its heads on the first stage's patches
+(``headlab.capture.images.on_first_grid``).
+
 Importance (Michel et al. 2019) needs a task with a gradient: an image and its mirror image are the pair a base
 vision model should embed alike, as a sentence and its paraphrase are for a sentence encoder, so the loss is
 ``paraphrase_loss``'s in-batch contrastive loss on (image, mirrored image) pairs (``mirror_loss``; embeddings:
@@ -27,7 +32,7 @@ from headlab.analysis.patches import PatchStats, patch_roles
 from headlab.analysis.result import AnalysisResult
 from headlab.analysis.sentences import FIDELITY_METRIC
 from headlab.analysis.similarity import HeadSimilarity, mds
-from headlab.capture.images import ImageCorpus, capture_images, image_grid
+from headlab.capture.images import ImageCorpus, capture_images, image_grid, on_first_grid
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.models.images import PIXELS
@@ -81,7 +86,7 @@ def analyze_images(
 
     Raises:
         TypeError: images without an image processor (the message names the file a checkpoint lacks).
-        ValueError / OSError: bad images or selection; a model whose attention is not over the whole image.
+        ValueError / OSError: bad images or selection; a model whose positions do not fit its grid.
     """
     handle = headed(model)
     corpus = ImageCorpus(handle, images)
@@ -89,10 +94,15 @@ def analyze_images(
         corpus = corpus.first(QUICK_IMAGES)
     grid = image_grid(handle, corpus.pixels([0]))
     patches, similarity = PatchStats(grid=grid), HeadSimilarity(row_fraction=SIMILARITY_ROW_FRACTION)
-    run, _ = capture_images(handle, corpus, heads=heads, consumers=[patches, similarity], progress=progress)
+    run, _ = capture_images(handle, corpus, heads=heads, consumers=[patches, on_first_grid(grid, similarity)],
+                            progress=progress)
     surface, similar = patches.result(), similarity.result()
+    skipped = dict(SKIPPED)
+    if not grid.n_special:
+        skipped["to_cls, to_special and the sink role"] = (f"{handle.architecture} has no [CLS] nor any other special "
+                                                           "token: every position is a patch")
     result = AnalysisResult(capture=run, surface=surface, roles=patch_roles(surface, grid), taxonomy=None, classes={},
-                            similarity=similar, embedding=mds(similar.distances), skipped=dict(SKIPPED), grid=grid)
+                            similarity=similar, embedding=mds(similar.distances), skipped=skipped, grid=grid)
     if not importance:
         result.skipped["importance"] = "not asked for"
         return result

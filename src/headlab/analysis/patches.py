@@ -9,8 +9,11 @@ Axis legend:
     result     HeadTable                            a row per captured (layer, head)
 
 Every statistic is a mean over the patch queries of every image (the special tokens' own rows are left out: they
-have no place on the grid). ``PatchStats`` is an accumulator (``update`` / ``merge`` / ``result``) over the batches
-of ``headlab.capture.images.capture_images``, float64 sums per (layer, head) as ``SurfaceStats`` keeps them.
+have no place on the grid). A windowed model (Swin) runs each stage on its own grid (``PatchGrid.of``): a layer's
+statistics are on its grid, and its distances in first-stage patches (a later stage's patch spans ``stride`` of
+them), so that heads of every stage are measured in one unit. ``PatchStats`` is an accumulator (``update`` /
+``merge`` / ``result``) over the batches of ``headlab.capture.images.capture_images``, float64 sums per (layer, head)
+as ``SurfaceStats`` keeps them.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ __all__ = ["LOCAL", "PATCH_STATISTICS", "PatchStats", "image_statistics", "patch
 # attention on patches, where a distance among patches exists).
 PATCH_STATISTICS: dict[str, str] = {
     "entropy": "patches",  # -Σ_j p_ij log p_ij over every key, nats
-    "uniform_entropy": "patches",  # log(positions): uniform attention's entropy
-    "patch_distance": "attending",  # Σ_{j patch} p_ij d(i, j) / Σ_{j patch} p_ij, in patches (Euclidean, on the grid)
+    "uniform_entropy": "patches",  # log(positions): uniform attention's entropy (on the layer's grid)
+    "patch_distance": "attending",  # Σ_{j patch} p_ij d(i, j) / Σ_{j patch} p_ij, in (first-stage) patches, Euclidean
     "to_cls": "patches",  # mass on the first special token ([CLS]); absent from a model without special tokens
     "to_special": "patches",  # mass on every leading special token ([CLS], [DIST], registers): the sink share
     "to_self": "patches",  # p_ii
@@ -59,36 +62,37 @@ class PatchStats(HeadSums):
     def __init__(self, *, grid: PatchGrid) -> None:
         super().__init__()
         self.grid = grid
-        self._distances: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._distances: dict[tuple[PatchGrid, torch.device, torch.dtype], torch.Tensor] = {}
 
     def _settings(self) -> tuple[Any, ...]:
         return (self.grid,)
 
-    def _grid_distances(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``(patch, patch)``: the grid distances, in the patterns' device and dtype (made once per pair)."""
-        key = (device, dtype)
+    def _grid_distances(self, grid: PatchGrid, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``(patch, patch)``: ``grid``'s distances, in the patterns' device and dtype (made once per triple)."""
+        key = (grid, device, dtype)
         if key not in self._distances:
-            self._distances[key] = self.grid.distances().to(device=device, dtype=dtype)
+            self._distances[key] = grid.distances().to(device=device, dtype=dtype)
         return self._distances[key]
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch (its layers must carry patterns over the grid's positions).
+        """Add one batch (its layers must carry patterns over their grid's positions, ``PatchGrid.of``).
 
         Raises:
             ValueError: a layer captured without patterns, or patterns over another number of positions.
         """
-        s, n = self.grid.n_special, self.grid.n_positions
         for layer, taken in batch.layers.items():
+            grid = self.grid.of(layer)
+            s, n = grid.n_special, grid.n_positions
             pattern = taken.pattern
             if pattern is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
             if tuple(pattern.shape[-2:]) != (n, n):
                 raise ValueError(f"layer {layer}'s patterns are over {tuple(pattern.shape[-2:])} positions; the grid "
-                                 f"has {n} ({s} special tokens, {self.grid.rows}×{self.grid.columns} patches)")
+                                 f"has {n} ({s} special tokens, {grid.rows}×{grid.columns} patches)")
             rows = pattern[:, :, s:, :]  # (batch, head, patch, key): the patch queries
             on_patches = rows[..., s:]
             mass = on_patches.sum(-1)
-            weighted = (on_patches * self._grid_distances(rows.device, rows.dtype)).sum(-1)
+            weighted = (on_patches * self._grid_distances(grid, rows.device, rows.dtype)).sum(-1)
             attending = mass > 0
             stats = {
                 "entropy": -torch.special.xlogy(rows, rows).sum(-1),
@@ -130,10 +134,10 @@ class PatchStats(HeadSums):
 def patch_roles(table: HeadTable, grid: PatchGrid) -> dict[tuple[int, int], tuple[str, ...]]:
     """``{(layer, head): labels}`` of a ``PatchStats`` result on ``grid``, in a fixed order (possibly none): ``sink``
     (over ``SINK`` of its attention on the special tokens), ``broad`` (entropy ≥ ``BROAD`` × uniform attention's),
-    ``local`` (``patch_distance`` ≤ ``LOCAL`` × ``uniform_distance(grid)``)."""
-    near = LOCAL * uniform_distance(grid)
+    ``local`` (``patch_distance`` ≤ ``LOCAL`` × ``uniform_distance`` of the head's layer's grid, ``PatchGrid.of``)."""
     out = {}
     for layer, head in table.heads:
+        near = LOCAL * uniform_distance(grid.of(layer))
         labels = []
         if "to_special" in table.columns and table.value("to_special", layer, head) > SINK:
             labels.append("sink")
@@ -153,7 +157,7 @@ def image_statistics(table: HeadTable) -> tuple[str, ...]:
 
 def uniform_distance(grid: PatchGrid) -> float:
     """The ``patch_distance`` of attention spread evenly over every patch, averaged over the query patches: the mean
-    distance between two patches of the grid (a query and itself included), in patches."""
+    distance between two patches of the grid (a query and itself included), in (first-stage) patches."""
     return float(grid.distances().mean())
 
 
@@ -175,10 +179,16 @@ def patch_sentences(table: HeadTable, roles: Mapping[tuple[int, int], tuple[str,
         return sum(role in labels for labels in roles.values())
 
     uniform = uniform_distance(grid)
-    out = [f"Of the {len(table)} heads analysed on a {grid.rows}×{grid.columns} patch grid, {count('local')} are "
-           f"local (mean distance attended ≤ {LOCAL * uniform:.2f} patches, {LOCAL:.0%} of even attention's), "
-           f"{count('broad')} broad and {count('sink')} special-token sinks (over half their attention on [CLS] and "
-           "the registers)."]
+    if grid.layers:
+        sizes = " to ".join(dict.fromkeys(f"{g.rows}×{g.columns}" for g in grid.layers))
+        where = (f"on windowed patch grids from {sizes} (one per stage; distances in first-stage patches of "
+                 f"{grid.patch_size[0]}×{grid.patch_size[1]} pixels: a later stage's patch is larger)")
+    else:
+        where = f"on a {grid.rows}×{grid.columns} patch grid"
+    sinks = f" and {count('sink')} special-token sinks (over half their attention on [CLS] and the registers)" \
+        if grid.n_special else ""
+    out = [f"Of the {len(table)} heads analysed {where}, {count('local')} are local (mean distance attended ≤ "
+           f"{LOCAL * uniform:.2f} patches, {LOCAL:.0%} of even attention's), {count('broad')} broad{sinks}."]
     near, far = table.top("patch_distance", 1, largest=False)[0], table.top("patch_distance", 1)[0]
     out.append(f"Head {head_label(*near)} looks nearest ({table.value('patch_distance', *near):.2f} patches on "
                f"average) and head {head_label(*far)} farthest ({table.value('patch_distance', *far):.2f}), where "

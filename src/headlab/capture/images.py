@@ -6,11 +6,18 @@ the leading special tokens, then the patches row by row), so that the accumulato
 they read a text's: ``tokens`` holds the positions' labels (``[CLS]``, ``reg 0``, ``patch r3c7``), the special
 tokens are marked in ``special_tokens_mask``, every patch is its own word (``word_ids``), and ``texts`` holds each
 image's name. Every image of a run has the same size (the image processor's), so nothing is padded.
+
+A windowed model (Swin) runs each layer on windows of its stage's grid; its consumers get every layer's tensors laid
+on that layer's grid (``PatchGrid.of``, ``headlab.models.windows.Windows.scatter``): a pattern ``(batch, head,
+patch, patch)`` with zeros outside each query's window, z, result, q, k and v ``(batch, head, patch, d)``. The
+batch's own positions (``tokens``, the masks) are the first stage's grid; ``on_first_grid`` lays every layer's
+patterns over it, for a consumer that reads every layer on the same positions (head similarity, the viewer).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -18,23 +25,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headlab.capture.batch import CaptureBatch
+from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.capture.run import CaptureResult, Consumer, check_batch_size, checked_consumers, feed
 from headlab.layer.selection import HeadSelection
-from headlab.layer.taps import check_take
+from headlab.layer.taps import TAKE, check_take
 from headlab.models import HeadedModel, headed
 from headlab.models.images import (
     PIXELS,
     PatchGrid,
+    grid_of,
     image_processor,
     image_sources,
     open_image,
-    patch_grid,
-    positions_of,
 )
 
-__all__ = ["ImageCorpus", "capture_images", "image_batch", "image_grid"]
-
+__all__ = ["ImageCorpus", "capture_images", "image_batch", "image_grid", "on_first_grid"]
 
 
 class ImageCorpus:
@@ -126,16 +131,64 @@ def image_batch(grid: PatchGrid, names: Sequence[str], indices: Sequence[int], *
 
 
 def image_grid(model: HeadedModel | nn.Module, pixels: Tensor) -> PatchGrid:
-    """The patch grid of ``model`` on pixel values of ``pixels``' size (``headlab.models.images.patch_grid``; one
-    forward of one image counts the positions).
+    """The patch grid of ``model`` on pixel values of ``pixels``' size (``headlab.models.images.grid_of``: one
+    forward of one image counts the positions, or reads a windowed model's windows).
 
     Raises:
-        ValueError: a model whose attention is not over the whole image, or without ``config.patch_size``.
+        ValueError: a model whose positions do not fit its grid, or without ``config.patch_size``.
     """
     handle = headed(model)
     with handle.running(grad=False):
-        positions = positions_of(handle.model, pixels[:1].to(device=handle.device, dtype=handle.dtype))
-    return patch_grid(handle.model, height=pixels.shape[2], width=pixels.shape[3], positions=positions)
+        return grid_of(handle.model, handle.sites, pixels[:1].to(device=handle.device, dtype=handle.dtype))
+
+
+class _OnGrids:
+    """A consumer that lays a windowed model's layers on their grids (``Windows.scatter``), then hands the batch on."""
+
+    def __init__(self, grid: PatchGrid, consumers: Sequence[Consumer]) -> None:
+        self.grid, self.consumers = grid, consumers
+
+    def update(self, batch: CaptureBatch) -> None:
+        batch.layers = {layer: self._scattered(taken) for layer, taken in batch.layers.items()}
+        for consumer in self.consumers:
+            consumer.update(batch)
+
+    def _scattered(self, taken: LayerCapture) -> LayerCapture:
+        windows = self.grid.of(taken.layer).windows
+        if windows is None:
+            return taken
+        laid: dict[str, Any] = {name: windows.scatter(value, square=name == "pattern") for name in TAKE
+                                if (value := getattr(taken, name)) is not None}
+        return dataclasses.replace(taken, **laid)
+
+
+class _OnFirstGrid:
+    """``on_first_grid``'s consumer."""
+
+    def __init__(self, grid: PatchGrid, consumer: Consumer) -> None:
+        self.grid, self.consumer = grid, consumer
+
+    def update(self, batch: CaptureBatch) -> None:
+        layers = batch.layers
+        batch.layers = {layer: taken if taken.pattern is None else
+                        dataclasses.replace(taken, pattern=self.grid.onto(taken.pattern, layer))
+                        for layer, taken in layers.items()}
+        try:
+            self.consumer.update(batch)
+        finally:
+            batch.layers = layers
+
+
+def on_first_grid(grid: PatchGrid, consumer: Consumer) -> Consumer:
+    """``consumer``, given every layer's patterns over ``grid``'s own positions (``PatchGrid.onto``: a later stage's
+    patch's weight spread evenly over the first-stage patches it covers); ``consumer`` itself where every layer
+    runs over ``grid``.
+
+    Args:
+        grid: the patch grid ``capture_images`` returns.
+        consumer: an object with ``update(batch)`` that reads every layer on the batch's positions.
+    """
+    return _OnFirstGrid(grid, consumer) if grid.layers else consumer
 
 
 def capture_images(
@@ -161,14 +214,13 @@ def capture_images(
         progress: show a progress bar over batches.
 
     Returns:
-        ``(counts and throughput, the patch grid)``: ``tokens`` counts positions (special tokens included); the
-        corpus is described by its image names.
+        ``(counts and throughput, the patch grid)``: ``tokens`` counts positions (special tokens included; a
+        windowed model's: its first stage's patches); the corpus is described by its image names.
 
     Raises:
         TypeError: a consumer without ``update``; images without an image processor.
         ValueError / OSError: bad images (``ImageCorpus``), images of different sizes, a bad selection or
-            ``batch_size``, or a model whose attention is not over the whole image (Swin's windows) or that has no
-            ``config.patch_size``.
+            ``batch_size``, or a model whose positions do not fit its grid or that has no ``config.patch_size``.
     """
     start = time.perf_counter()
     take = check_take(take)
@@ -191,6 +243,8 @@ def capture_images(
         kwargs = {PIXELS: pixels.to(device=device, dtype=dtype)}
         return image_batch(grid, names, indices, device=device), kwargs, len(indices) * grid.n_positions
 
+    if grid.layers:
+        consumers = (_OnGrids(grid, consumers),)
     feed(handle, selection, take, consumers, (step(first) for first in starts), total=len(starts),
          progress=progress, start=start)
     n_tokens = len(names) * grid.n_positions

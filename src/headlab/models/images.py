@@ -1,10 +1,11 @@
 """Image inputs of a model that takes pixels (``main_input_name == "pixel_values"``: ViT, DeiT, DINOv2, BEiT,
-CLIP's and SigLIP's vision towers): images turned into pixel values by the model's own image processor, the
+CLIP's and SigLIP's vision towers, Swin): images turned into pixel values by the model's own image processor, the
 picture the model sees, and the labels of its positions.
 
 Notation: pixel values are ``(batch, channels, height, width)``. A vision transformer's positions are its
 leading special tokens (``[CLS]``, DeiT's distillation token ``[DIST]``, DINOv2's registers ``reg 0``,
-``reg 1``, …), then the patches row by row: ``patch r3c7`` is row 3, column 7 of the patch grid (from 0).
+``reg 1``, …), then the patches row by row: ``patch r3c7`` is row 3, column 7 of the patch grid (from 0). A
+windowed model (Swin) has no special token and a grid per stage (``PatchGrid.of``), each labelled the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from torch import Tensor, nn
 
 from headlab.models.audio import PREPROCESSOR_FILE  # where a checkpoint keeps its image processor too
 from headlab.models.media import Medium
+from headlab.models.site import AttentionSite
+from headlab.models.windows import Windows, window_geometry
 
 PIXELS = "pixel_values"  # the main input name of a model that takes pixels
 PICTURES = Medium(suffixes=(".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp"),
@@ -155,16 +158,27 @@ def picture(pixels: Tensor, processor: Any = None) -> Any:
 class PatchGrid:
     """Where a vision transformer's positions lie: its leading special tokens, then a grid of patches.
 
+    A windowed model (Swin) runs each stage on its own grid, halved by patch merging from one stage to the next: its
+    grid is the first stage's, and ``layers`` holds every layer's own (``of``), each with its ``windows``.
+
     Attributes:
         rows, columns: the patch grid (the input's height and width over the patch size).
         special: the labels of the leading special tokens, in order (``("[CLS]",)``, ``("[CLS]", "reg 0")``).
         patch_size: the patch's ``(height, width)`` in pixels.
+        stride: how many first-stage patches one patch spans, ``(down, across)``: ``(1, 1)`` but on a later stage of
+            a windowed model. Coordinates and distances are in first-stage patches.
+        windows: the windows its attention runs over (``headlab.models.windows``); None: the whole image.
+        layers: every layer's own grid, in layer order, where the layers' grids differ (windowed models); empty: each
+            layer runs over this grid.
     """
 
     rows: int
     columns: int
     special: tuple[str, ...]
     patch_size: tuple[int, int]
+    stride: tuple[int, int] = (1, 1)
+    windows: Windows | None = None
+    layers: tuple[PatchGrid, ...] = ()
 
     @property
     def n_special(self) -> int:
@@ -178,8 +192,12 @@ class PatchGrid:
     def n_positions(self) -> int:
         return self.n_special + self.n_patches
 
+    def of(self, layer: int) -> PatchGrid:
+        """The grid ``layer``'s attention runs over: its own (``layers``) or this one."""
+        return self.layers[layer] if self.layers else self
+
     def labels(self) -> list[str]:
-        """Every position's label: the special tokens', then ``patch r{row}c{column}`` row by row."""
+        """Every position's label: the special tokens', then ``patch r{row}c{column}`` row by row (on this grid)."""
         return [*self.special, *(f"patch r{r}c{c}" for r in range(self.rows) for c in range(self.columns))]
 
     def position(self, row: int, column: int) -> int:
@@ -187,18 +205,92 @@ class PatchGrid:
         return self.n_special + row * self.columns + column
 
     def coordinates(self) -> Tensor:
-        """``(n_patches, 2)`` float64: each patch's (row, column), in position order."""
-        rows = torch.arange(self.rows, dtype=torch.float64).repeat_interleave(self.columns)
-        return torch.stack([rows, torch.arange(self.columns, dtype=torch.float64).repeat(self.rows)], dim=1)
+        """``(n_patches, 2)`` float64: each patch's (row, column) times ``stride`` (in first-stage patches), in
+        position order."""
+        rows = torch.arange(self.rows, dtype=torch.float64).repeat_interleave(self.columns) * self.stride[0]
+        columns = torch.arange(self.columns, dtype=torch.float64).repeat(self.rows) * self.stride[1]
+        return torch.stack([rows, columns], dim=1)
 
     def distances(self) -> Tensor:
-        """``(n_patches, n_patches)`` float64: the Euclidean distance between every two patches, in patches."""
+        """``(n_patches, n_patches)`` float64: the Euclidean distance between every two patches, in first-stage
+        patches (in this grid's own patches but on a later stage of a windowed model)."""
         points = self.coordinates()
         return torch.cdist(points, points)
 
+    def onto(self, pattern: Tensor, layer: int) -> Tensor:
+        """A pattern of ``layer`` (over its own grid, ``of(layer)``) laid over this grid's positions: each patch's
+        query row is its layer patch's row, and the weight on a layer patch is spread evenly over the patches of
+        this grid it covers (so rows keep their sums). The identity where the layer runs over this grid.
+
+        Args:
+            pattern: ``(batch, head, query_pos, key_pos)`` over ``of(layer)``'s positions.
+            layer: the layer it comes from.
+
+        Returns:
+            ``(batch, head, n_positions, n_positions)``.
+        """
+        own = self.of(layer)
+        if own is self:
+            return pattern
+        down, across = own.stride[0] // self.stride[0], own.stride[1] // self.stride[1]
+        rows = torch.arange(self.rows).repeat_interleave(self.columns) // down
+        columns = torch.arange(self.columns).repeat(self.rows) // across
+        parent = torch.cat([torch.arange(self.n_special), own.n_special + rows * own.columns + columns])
+        parent = parent.to(pattern.device)
+        share = torch.bincount(parent, minlength=own.n_positions).to(pattern.dtype)[parent]  # patches each one covers
+        return pattern[:, :, parent][..., parent] / share
+
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "columns": self.columns, "special": list(self.special),
-                "patch_size": list(self.patch_size)}
+        out: dict[str, Any] = {"rows": self.rows, "columns": self.columns, "special": list(self.special),
+                               "patch_size": list(self.patch_size)}
+        if self.stride != (1, 1):
+            out["stride"] = list(self.stride)
+        if self.windows is not None:
+            out["window"] = {"side": self.windows.side, "shift": self.windows.shift}
+        if self.layers:
+            out["layers"] = [grid.to_dict() for grid in self.layers]
+            out["distance_unit"] = "first-stage patches (a later stage's patch spans stride of them)"
+        return out
+
+
+def windowed_grid(model: nn.Module, windows: Sequence[Windows]) -> PatchGrid:
+    """The patch grid of a windowed model (Swin) from its sites' windows (``headlab.models.windows``): the first
+    layer's grid, with every layer's own in ``layers`` (no special token: every position is a patch).
+
+    A later stage's stride is the first stage's grid over its own (rounded up, stage to stage, as patch merging
+    pads an odd grid), and its patches that many first-stage patches.
+
+    Args:
+        model: the model itself (its ``config.patch_size``).
+        windows: every site's windows, in layer order.
+
+    Raises:
+        ValueError: no ``config.patch_size``.
+    """
+    patch = _patch_size(model)
+    first = windows[0]
+    layers, stride, previous = [], (1, 1), (first.rows, first.columns)
+    for each in windows:
+        size = (each.rows, each.columns)
+        stride = (stride[0] * -(-previous[0] // size[0]), stride[1] * -(-previous[1] // size[1]))
+        previous = size
+        layers.append(PatchGrid(rows=each.rows, columns=each.columns, special=(), stride=stride, windows=each,
+                                patch_size=(patch[0] * stride[0], patch[1] * stride[1])))
+    return PatchGrid(rows=first.rows, columns=first.columns, special=(), patch_size=patch, layers=tuple(layers))
+
+
+def _patch_size(model: nn.Module) -> tuple[int, int]:
+    """``config.patch_size`` as ``(height, width)``.
+
+    Raises:
+        ValueError: the config has none (or not one or two positive ints).
+    """
+    size = getattr(getattr(model, "config", None), "patch_size", None)
+    patch = (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (list, tuple)) else None
+    if patch is None or len(patch) != 2 or not all(isinstance(p, int) and p > 0 for p in patch):
+        raise ValueError(f"{type(model).__name__} takes pixel_values, but its config has no patch_size (got "
+                         f"{size!r}): cannot tell its patch grid")
+    return patch[0], patch[1]
 
 
 def patch_grid(model: nn.Module, *, height: int, width: int, positions: int) -> PatchGrid:
@@ -216,25 +308,53 @@ def patch_grid(model: nn.Module, *, height: int, width: int, positions: int) -> 
 
     Raises:
         ValueError: no ``config.patch_size``, or fewer positions than patches and registers (attention over
-            windows of the grid, as Swin's, is not whole-image attention); the message gives the counts.
+            windows of the grid, as Swin's, is not whole-image attention: ``grid_of`` reads it); the message gives
+            the counts.
     """
     name, config = type(model).__name__, getattr(model, "config", None)
-    size = getattr(config, "patch_size", None)
-    patch = (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (list, tuple)) else None
-    if patch is None or len(patch) != 2 or not all(isinstance(p, int) and p > 0 for p in patch):
-        raise ValueError(f"{name} takes pixel_values, but its config has no patch_size (got {size!r}): cannot tell "
-                         "its patch grid")
+    patch = _patch_size(model)
     rows, columns = height // patch[0], width // patch[1]
     registers = getattr(config, "num_register_tokens", 0) or 0
     n_special = positions - rows * columns
     if n_special < 0 or (registers and n_special < registers + 1):
         raise ValueError(f"{name} runs attention over {positions} positions, but a {height}×{width} input makes "
                          f"{rows}×{columns} patches of {patch[0]}×{patch[1]} pixels (and {registers} registers): its "
-                         "attention is not over the whole image (windows?); headlab reads whole-image attention")
+                         "attention is not over the whole image (a windowed model's grids: grid_of)")
     others = n_special - 1 - registers if n_special else 0
     extra = ["[DIST]"] if others == 1 else [f"[SPECIAL {i}]" for i in range(others)]
     special = (["[CLS]"] if n_special else []) + extra + [f"reg {i}" for i in range(registers)]
     return PatchGrid(rows=rows, columns=columns, special=tuple(special), patch_size=(patch[0], patch[1]))
+
+
+def grid_of(model: nn.Module, sites: Sequence[AttentionSite], pixels: Tensor) -> PatchGrid:
+    """The patch grid of ``model`` on pixel values of ``pixels``' size, from one forward of the first image without
+    gradients: a windowed model's (``windowed_grid``, each layer's windows read on the forward), else ``patch_grid``
+    with the positions the forward ran.
+
+    Args:
+        model: the model itself.
+        sites: its attention sites, in layer order.
+        pixels: ``(batch, channels, height, width)`` on the model's device and dtype.
+
+    Raises:
+        ValueError: some layers windowed and others not; no ``config.patch_size``; a whole-image model whose
+            positions do not fit its grid (``patch_grid``).
+    """
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        with torch.no_grad():
+            out["output"] = model(**{PIXELS: pixels[:1]})
+
+    windows = window_geometry(model, sites, run)
+    found = [w for w in windows if w is not None]
+    if found and len(found) < len(windows):
+        plain = [site.layer for site, w in zip(sites, windows) if w is None]
+        raise ValueError(f"{type(model).__name__}'s layers {plain} attend over the whole image and the others over "
+                         "windows: headlab reads one or the other")
+    if found:
+        return windowed_grid(model, found)
+    return patch_grid(model, height=pixels.shape[2], width=pixels.shape[3], positions=_positions(model, out["output"]))
 
 
 def positions_of(model: nn.Module, pixels: Tensor) -> int:
@@ -245,7 +365,11 @@ def positions_of(model: nn.Module, pixels: Tensor) -> int:
         ValueError: the output has no ``last_hidden_state`` of shape ``(batch, positions, d_model)``.
     """
     with torch.no_grad():
-        output = model(**{PIXELS: pixels[:1]})
+        return _positions(model, model(**{PIXELS: pixels[:1]}))
+
+
+def _positions(model: nn.Module, output: Any) -> int:
+    """The length of ``output``'s ``last_hidden_state`` (``positions_of``)."""
     hidden = getattr(output, "last_hidden_state", None)
     if not isinstance(hidden, Tensor) or hidden.dim() != 3:
         raise ValueError(f"{type(model).__name__}'s output has no last_hidden_state (batch, positions, d_model): "

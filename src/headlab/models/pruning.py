@@ -3,10 +3,12 @@
 A pruned attention module keeps the rows of its q/k/v projections that belong to the kept
 query heads and to the key/value heads some kept query head still reads (grouped-query
 attention: a key/value head goes only when all its query heads go), and the matching input
-columns of its output projection. The module's head counts and widths that its forward reads
-are updated; uneven groups left behind are served by headlab's attention through the site's
-``kv_head_of``. Every pruning is checked on the probe input: the pruned model's output must
-equal the same model with those heads masked, or the model is restored and the call refused.
+columns of its output projection, and the kept heads' entries of any table the module keeps per
+head on its last axis (Swin's relative position bias: ``_per_head_tables``). The module's head
+counts and widths that its forward reads are updated; uneven groups left behind are served by
+headlab's attention through the site's ``kv_head_of``. Every pruning is checked on the probe
+input: the pruned model's output must equal the same model with those heads masked, or the
+model is restored and the call refused.
 
 Axis legend: Linear weights ``(out_features, in_features)``; Conv1D weights ``(in_features,
 out_features)``.
@@ -73,6 +75,19 @@ def check_prunable(site: AttentionSite, removed: Sequence[int]) -> list[str]:
     return ambiguous
 
 
+def _per_head_tables(site: AttentionSite) -> list[tuple[nn.Module, str]]:
+    """The tables ``site``'s module keeps per head, as ``(owner module, attribute)``: its parameters outside the
+    projections whose last axis has one entry per head and that are not a layer's ``weight`` or ``bias`` (a table
+    its own code indexes: Swin's ``relative_position_bias_table``, (relative positions, head)). A layer's weight
+    of that width (T5's bias embedding, read whole by the stack) is left to ``prune_model``'s check."""
+    found = []
+    for name, parameter in site.module.named_parameters():
+        owner, _, attribute = name.rpartition(".")
+        if attribute not in ("weight", "bias") and parameter.dim() >= 1 and parameter.shape[-1] == site.n_heads:
+            found.append((site.module.get_submodule(owner) if owner else site.module, attribute))
+    return found
+
+
 def prune_site(site: AttentionSite, keep: Sequence[int], *, sharing: Sequence[AttentionSite] = ()) -> None:
     """Cut every query head of ``site`` not in ``keep`` out of its module, in place.
 
@@ -101,6 +116,10 @@ def prune_site(site: AttentionSite, keep: Sequence[int], *, sharing: Sequence[At
         projections.append(replace(p, segments=tuple(segments)))
     columns = [c for h in keep for c in range(h * site.d_head_v, (h + 1) * site.d_head_v)]
     _slice_inputs(site.out_proj.module, columns, transposed=site.out_proj.transposed)
+    for owner, attribute in _per_head_tables(site):
+        table = getattr(owner, attribute)
+        kept = table.detach().index_select(-1, torch.tensor(keep, device=table.device)).clone()
+        setattr(owner, attribute, nn.Parameter(kept, requires_grad=table.requires_grad))
 
     before = (site.n_heads, site.n_kv_heads, site.n_heads * site.d_head, site.n_kv_heads * site.d_head)
     after = (len(keep), len(kv_keep), len(keep) * site.d_head, len(kv_keep) * site.d_head)
@@ -167,7 +186,7 @@ def prune_model(model: nn.Module, sites: Sequence[AttentionSite], selection: Map
             try:
                 with torch.no_grad():
                     got = first_output(model(**inputs))
-            except RuntimeError as err:  # a per-head tensor the projections do not hold (Swin's position bias)
+            except RuntimeError as err:  # a per-head tensor neither the projections nor a table hold
                 raise ValueError(
                     f"pruning layers {sorted(selection)} of {type(model).__name__} breaks its forward ({err}): a "
                     f"per-head tensor outside the q/k/v and output projections keeps every head{spans}; the model "
@@ -262,6 +281,7 @@ def _snapshot(site: AttentionSite) -> Any:
         modules.append(site.out_proj.module)
     tensors = [(m, {name: getattr(m, name) for name in ("weight", "bias") if isinstance(getattr(m, name, None),
                                                                                           Tensor)}) for m in modules]
+    tensors += [(owner, {attribute: getattr(owner, attribute)}) for owner, attribute in _per_head_tables(site)]
     attributes = [(m, dict(vars(m))) for m in modules]
     module_state = {k: v for k, v in vars(site.module).items() if not k.startswith("_")}
     site_state = dict(vars(site))

@@ -10,6 +10,11 @@ One capture pass (``headlab.capture.images.capture_images``) feeds the collector
 patterns as its batch arrives and computes its rollout (and, for at most ``flow_max_length`` positions, its flow)
 through every layer up to the last shown one, and ``PatchStats``. The page draws a head's attention from a hovered
 patch as heat over the picture (``static/image.js``).
+
+A windowed model (Swin) runs each stage on its own grid: its positions here are the first stage's patches, and a
+later stage's pattern is laid over them (``headlab.capture.images.on_first_grid``: a query reads its stage patch's
+row, a stage patch's weight is spread over the first-stage patches it covers); the page sums them back, so that the
+heat over the picture is on the open head's own grid (``ImagePanel``'s grids).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from torch import nn
 from headlab.analysis.flow import FLOW_MAX_LENGTH, attention_flow, rollout
 from headlab.analysis.patches import PATCH_STATISTICS, PatchStats, patch_roles
 from headlab.capture import CaptureBatch
-from headlab.capture.images import ImageCorpus, capture_images, image_grid
+from headlab.capture.images import ImageCorpus, capture_images, image_grid, on_first_grid
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.models.images import PatchGrid, picture
@@ -64,12 +69,13 @@ def image_view_data(
         progress: show the capture's progress bar.
 
     Returns:
-        The viewer's data: one item per image, its positions at the ``pieces`` level (no word level), its picture
-        and grid in ``ViewerItem.image``; each head's ``PatchStats`` and ``patch_roles``.
+        The viewer's data: one item per image, its positions at the ``pieces`` level (no word level; a windowed
+        model's: its first stage's patches), its picture and grid in ``ViewerItem.image``; each head's ``PatchStats``
+        and ``patch_roles``.
 
     Raises:
         ValueError: a bad selection or ``flow_max_length``, more than ``max_entries`` entries (the message gives the
-            count and how to cut it), bad images, or a model whose attention is not over the whole image.
+            count and how to cut it), bad images, or a model whose positions do not fit its grid.
         TypeError: images without an image processor (the message names the file a checkpoint lacks).
     """
     if isinstance(flow_max_length, bool) or not isinstance(flow_max_length, int) or flow_max_length < 0:
@@ -88,8 +94,8 @@ def image_view_data(
                          "fewer images")
     collector, stats = _Collector(shown, grid, flow_max_length=flow_max_length), PatchStats(grid=grid)
     every_head = {layer: list(range(n_heads[layer])) for layer in range(depth)}  # rollout averages every head
-    capture_images(handle, corpus, heads=every_head, take=("pattern",), consumers=[collector, stats],
-                   progress=progress)
+    capture_images(handle, corpus, heads=every_head, take=("pattern",),
+                   consumers=[on_first_grid(grid, collector), stats], progress=progress)
     table = stats.result()
     roles = patch_roles(table, grid)
     by_head = {(int(r["layer"]), int(r["head"])): dict(r) for r in corpus_rows or ()}

@@ -107,9 +107,11 @@ class ImagePanel:
     Attributes:
         data_url: the picture as a PNG ``data:`` URL (the page allows no other image source).
         width, height: its size in pixels as carried (the model's input, shrunk if large: ``images.MAX_SIDE``).
-        grid: the model's patch grid on it (its positions: the special tokens, then the patches row by row).
+        grid: the model's patch grid on it (its positions: the special tokens, then the patches row by row; a
+            windowed model's: its first stage's, each layer's own in ``grid.layers``, carried as ``layers``).
         cover: the shares of its width and height the grid covers from the top left (1 where the input's size is a
-            multiple of the patch size; pixels beyond a whole patch are no patch's).
+            multiple of the patch size; pixels beyond a whole patch are no patch's; over 1 where the model pads its
+            input to whole patches, as Swin does).
     """
 
     data_url: str
@@ -121,7 +123,9 @@ class ImagePanel:
     def to_dict(self) -> dict[str, Any]:
         return {"src": self.data_url, "width": self.width, "height": self.height, "rows": self.grid.rows,
                 "columns": self.grid.columns, "first": self.grid.n_special, "coverX": self.cover[0],
-                "coverY": self.cover[1]}
+                "coverY": self.cover[1],
+                "layers": [{"rows": g.rows, "columns": g.columns, "strideY": g.stride[0], "strideX": g.stride[1]}
+                           for g in self.grid.layers] or None}
 
 
 @dataclass(frozen=True)

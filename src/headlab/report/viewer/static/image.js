@@ -2,9 +2,15 @@
  * position, in the token list) shows the open view's attention from it as heat over the picture: each patch's cell
  * is filled with the weight the focused position puts on it, relative to its largest weight on a patch.
  *
- * Test hooks: while a patch is focused the root carries data-patch ("row,column"); the viewer's overlayWeights
- * holds the weights drawn on the cells (the focused row of the matrix shown, over the patch keys, row-major) and
- * overlayPeak their largest; a cell's alpha is MAX_ALPHA * weight / overlayPeak (HeadlabViewer.MAX_ALPHA).
+ * A windowed model (Swin) runs each stage on its own grid (the image's "layers": rows, columns and the first-stage
+ * patches each of its patches spans, strideY x strideX). Its positions are the first stage's patches, a later stage's
+ * pattern laid over them with a stage patch's weight spread evenly over the patches it covers (images.py); in the
+ * pattern view the heat is summed back onto the open head's own grid, drawn with that grid's cells.
+ *
+ * Test hooks: while a patch is focused the root carries data-patch ("row,column", on the grid the heat is drawn on);
+ * the viewer's overlayWeights holds the weights drawn on the cells (the focused row of the matrix shown, over the
+ * patch keys of that grid, row-major) and overlayPeak their largest; a cell's alpha is MAX_ALPHA * weight /
+ * overlayPeak (HeadlabViewer.MAX_ALPHA).
  */
 (function () {
   "use strict";
@@ -72,9 +78,17 @@
     }
   };
 
+  // the grid the heat is drawn on: in the pattern view the open head's own (a windowed model's stage), else the image's
+  Viewer.prototype.heatGrid = function (im) {
+    var g = im.layers && this.view === "pattern" ? im.layers[this.layerOf()] : null;
+    return g ? { rows: g.rows, columns: g.columns, sy: g.strideY, sx: g.strideX, own: true } :
+      { rows: im.rows, columns: im.columns, sy: 1, sx: 1, own: false };
+  };
+
   Viewer.prototype.drawOverlay = function () {
     if (!this.imageBox || !this.data.items[this.item].image) return;
     var L = this.imageLayout(), im = L.im, dpr = window.devicePixelRatio || 1, cv = this.overlay, p = this.current;
+    var G = this.heatGrid(im), cw = L.cw * G.sx, ch = L.ch * G.sy;  // a heat cell's size on the page
     cv.width = Math.round(L.w * dpr);
     cv.height = Math.round(L.h * dpr);
     var ctx = cv.getContext("2d");
@@ -85,34 +99,41 @@
     delete this.root.dataset.patch;
     var pos = this.focus;
     if (pos !== null && p && pos < p.n) {
-      var n = im.rows * im.columns, w = new Float64Array(n), peak = 0, special = 0, k;
+      var n = G.rows * G.columns, w = new Float64Array(n), peak = 0, special = 0, k;
       for (k = 0; k < im.first; k++) special += p.value(pos, k);
-      for (k = 0; k < n; k++) { w[k] = p.value(pos, im.first + k); if (w[k] > peak) peak = w[k]; }
+      for (k = 0; k < im.rows * im.columns; k++) {  // each patch's weight, summed into the heat grid's cell over it
+        w[Math.floor(Math.floor(k / im.columns) / G.sy) * G.columns + Math.floor((k % im.columns) / G.sx)] +=
+          p.value(pos, im.first + k);
+      }
+      for (k = 0; k < n; k++) if (w[k] > peak) peak = w[k];
       for (k = 0; k < n; k++) {
         if (!(peak > 0) || !(w[k] > 0)) continue;
         ctx.fillStyle = "rgba(" + HEAT.join(",") + "," + (MAX_ALPHA * w[k] / peak) + ")";
-        ctx.fillRect((k % im.columns) * L.cw, Math.floor(k / im.columns) * L.ch, L.cw, L.ch);
+        ctx.fillRect((k % G.columns) * cw, Math.floor(k / G.columns) * ch, cw, ch);
       }
       this.overlayWeights = w;
       this.overlayPeak = peak;
       var label = this.levelData().labels[pos];
       this.imageStatus.textContent = "\u201C" + label + "\u201D: largest weight on a patch " + fmtWeight(peak) +
+        (G.own ? " (layer " + this.layerOf() + "'s " + G.rows + "\u00D7" + G.columns + " grid)" : "") +
         (im.first ? "; on the special tokens " + fmtWeight(special) + " in all" : "");
       if (pos >= im.first) {
-        var q = pos - im.first, row = Math.floor(q / im.columns), col = q % im.columns;
+        var q = pos - im.first, row = Math.floor(Math.floor(q / im.columns) / G.sy);
+        var col = Math.floor((q % im.columns) / G.sx);
         this.root.dataset.patch = row + "," + col;
         ctx.strokeStyle = "rgba(255,255,255,0.95)";
         ctx.lineWidth = 2;
-        ctx.strokeRect(col * L.cw + 1, row * L.ch + 1, L.cw - 2, L.ch - 2);
+        ctx.strokeRect(col * cw + 1, row * ch + 1, cw - 2, ch - 2);
       }
     } else {
       this.imageStatus.textContent = "\u00A0";
     }
-    ctx.strokeStyle = "rgba(255,255,255,0.35)";  // the patch grid
+    ctx.strokeStyle = "rgba(255,255,255,0.35)";  // the heat grid
     ctx.lineWidth = 1;
     ctx.beginPath();
-    for (var r = 1; r < im.rows; r++) { ctx.moveTo(0, r * L.ch); ctx.lineTo(im.columns * L.cw, r * L.ch); }
-    for (var c = 1; c < im.columns; c++) { ctx.moveTo(c * L.cw, 0); ctx.lineTo(c * L.cw, im.rows * L.ch); }
+    var right = Math.min(G.columns * cw, L.w), bottom = Math.min(G.rows * ch, L.h);
+    for (var r = 1; r < G.rows; r++) { ctx.moveTo(0, r * ch); ctx.lineTo(right, r * ch); }
+    for (var c = 1; c < G.columns; c++) { ctx.moveTo(c * cw, 0); ctx.lineTo(c * cw, bottom); }
     ctx.stroke();
   };
 })();
