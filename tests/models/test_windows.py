@@ -181,3 +181,13 @@ def test_on_first_grid_is_the_consumer_itself_for_a_whole_image_grid():
     grid = PatchGrid(rows=2, columns=2, special=("[CLS]",), patch_size=(4, 4))
     consumer = _Patterns()
     assert on_first_grid(grid, consumer) is consumer
+
+
+def test_labels_name_each_windowed_layers_stage_grid():
+    handle = headlab.attach(vision_model("swin", size=16))
+    pixels = {"pixel_values": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))}
+    [first, _] = handle.labels(pixels)
+    assert first[:5] == ["patch r0c0", "patch r0c1", "patch r0c2", "patch r0c3", "patch r1c0"] and len(first) == 16
+    stages = [handle.labels(pixels, layer=layer)[0] for layer in range(len(handle.sites))]
+    assert [len(queries) for queries, _ in stages] == [16, 16, 4, 4]  # 4×4 patches, then 2×2 after the merging
+    assert stages[2] == (["patch r0c0", "patch r0c1", "patch r1c0", "patch r1c1"],) * 2

@@ -316,13 +316,17 @@ class HeadedModel(display.Shown):
 
     def labels(self, inputs: Mapping[str, Any], *, layer: int | None = None) -> Any:
         """Each item's positions as a person reads them: its tokens (``tokens``); for an image model ``[CLS]``,
-        ``reg 0``, ``patch r3c7`` (``headlab.models.images.patch_grid``; one forward counts the positions); for an
-        audio model (Whisper) its encoder's frames, ``frame 0.42 s`` (``headlab.models.audio.Timeline``).
+        ``reg 0``, ``patch r3c7`` (``headlab.models.images.grid_of``; one forward counts the positions; a windowed
+        model's, Swin's, on its first stage's grid); for an audio model (Whisper) its encoder's frames, ``frame 0.42
+        s`` (``headlab.models.audio.Timeline``).
 
         Given a ``layer``, the labels of that site's pattern axes: for an audio encoder-decoder by the site's kind
         (``headlab.models.audio.site_axes``): the encoder's self-attention frames × frames, the decoder's
         self-attention tokens × tokens, cross-attention tokens × frames (the decoder's tokens by the processor's
-        tokenizer, else ``tok {id}``); for any other model its positions both ways.
+        tokenizer, else ``tok {id}``); for a windowed image model the patches of that layer's stage grid both ways
+        (its patterns, per window as the model computes them, laid on that grid by
+        ``headlab.models.windows.Windows.scatter``, as the image capture does); for any other model its positions both
+        ways.
 
         Args:
             inputs: keyword arguments of a forward (``inputs``).
@@ -334,8 +338,8 @@ class HeadedModel(display.Shown):
 
         Raises:
             ValueError: a layer the model does not have; a decoder site of an audio model whose ``inputs`` have no
-                ``decoder_input_ids``; an image model whose attention is not over the whole image, or whose config
-                has no ``patch_size``.
+                ``decoder_input_ids``; an image model whose config has no ``patch_size``, or whose positions fit no
+                grid of patches.
         """
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)
                                   or not 0 <= layer < self.n_layers):
@@ -353,8 +357,10 @@ class HeadedModel(display.Shown):
         labels: list[list[str]] | None
         if self._transformers and isinstance(pixels, Tensor) and pixels.dim() == 4:
             with self.running(grad=False):
-                positions = images.positions_of(self.model, pixels)
-            grid = images.patch_grid(self.model, height=pixels.shape[2], width=pixels.shape[3], positions=positions)
+                grid = images.grid_of(self.model, self.sites, pixels)
+            if layer is not None:  # a windowed layer's own stage grid
+                own = grid.of(layer).labels()
+                return [(list(own), list(own)) for _ in range(len(pixels))]
             labels = [grid.labels() for _ in range(len(pixels))]
         else:
             labels = self.tokens(inputs)
