@@ -72,8 +72,11 @@ def test_saving_the_real_minilm_keeps_its_tokenizer(tmp_path):
     ('{"format": "something else"}', "headlab.json: expected a JSON object with format"),
     ('{"format": "headlab-model/1", "layers": []}', "saved by an older headlab"),
     ("not json", "not a readable headlab record"),
-    ('{"format": "headlab-model/2", "layers": [{"layer": 7, "head_ids": [0]}]}', "layer 7 does not exist"),
-    ('{"format": "headlab-model/2", "layers": [{"layer": 0, "head_ids": [9]}]}', r"head_ids \[9\] are not heads"),
+    ('{"format": "headlab-model/2", "layers": []}', "saved by an older headlab"),
+    ('{"format": "headlab-model/3", "layers": [{"layer": 7, "name": "encoder.layer.7.attention.self", '
+     '"head_ids": [0]}]}', "layer 7 names module 'encoder.layer.7.attention.self'"),
+    ('{"format": "headlab-model/3", "layers": [{"layer": 0, "name": "encoder.layer.0.attention.self", '
+     '"head_ids": [9]}]}', r"head_ids \[9\] are not heads of its 4"),
 ])
 def test_a_broken_record_is_named(tmp_path, record, message):
     heads.save(_loaded("bert"), tmp_path)
@@ -114,3 +117,27 @@ def test_an_attached_model_saves_without_a_wrapper(tmp_path):
     assert json.loads((tmp_path / "headlab.json").read_text())["source"] == "in memory"
     assert heads.summary(again) == heads.summary(model) and again.tokenizer is None
     torch.testing.assert_close(_run(again.model), _run(model), atol=0, rtol=0)
+
+
+def test_a_pruned_model_loads_without_the_unpruned_weights(tmp_path, monkeypatch):
+    # Every parameter the architecture registers is on the meta device; the only real ones are the file's, of the
+    # pruned shapes: the unpruned weights are never allocated nor initialised.
+    loaded = _loaded("llama")
+    heads.prune(loaded, [(0, 1), (1, 2), (1, 3)])
+    heads.save(loaded, tmp_path)
+    saved = {tuple(p.shape) for p in loaded.model.parameters()}
+    registered: list[tuple[tuple[int, ...], bool]] = []
+    register = torch.nn.Module.register_parameter
+
+    def spy(module, name, parameter):
+        if parameter is not None:
+            registered.append((tuple(parameter.shape), parameter.is_meta))
+        register(module, name, parameter)
+
+    monkeypatch.setattr(torch.nn.Module, "register_parameter", spy)
+    again = headlab.load(tmp_path)
+    real = {shape for shape, meta in registered if not meta}
+    assert registered and real <= saved and any(meta for _, meta in registered)
+    unpruned = tuple(headed(_loaded("llama")).sites[0].module.q_proj.weight.shape)
+    assert unpruned not in real and unpruned != tuple(headed(again).sites[0].module.q_proj.weight.shape)
+    torch.testing.assert_close(_run(again.model), _run(loaded.model), atol=0, rtol=0)

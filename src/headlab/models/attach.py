@@ -25,7 +25,7 @@ from headlab.models.interface import IMPLEMENTATION, register
 from headlab.models.layout import find_layout
 from headlab.models.native import is_native, native_sites
 from headlab.models.probe import run_probe
-from headlab.models.site import AttentionSite, OutProjection, SharedSites, name_stacks, sites_of
+from headlab.models.site import SAVED_HEADS_ATTRIBUTE, AttentionSite, OutProjection, SharedSites, name_stacks, sites_of
 
 _PREVIOUS = "headlab_previous_attn_implementation"  # on an attached model: what to restore on detach
 _RESTART = "headlab_restart_shared_sites"  # on a model with shared attention modules: its forward pre-hook's handle
@@ -207,7 +207,8 @@ def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSi
                              "(gpt-oss style), which headlab's attention does not compute")
         batch, n_heads, length, d_head = call.query.shape
         n_kv_heads, d_head_v = call.key.shape[1], call.value.shape[-1]
-        if n_heads % n_kv_heads:
+        saved = module.__dict__.pop(SAVED_HEADS_ATTRIBUTE, None)  # a pruned model's heads as saved
+        if n_heads % n_kv_heads and saved is None:
             raise ValueError(f"{names[id(module)]}: {n_heads} query heads and {n_kv_heads} key/value heads do not "
                              "form equal groups")
         flat = call.output.reshape(batch, length, n_heads * d_head_v)
@@ -216,6 +217,8 @@ def _build_sites(net: nn.Module, calls: list[AttentionCall]) -> list[AttentionSi
         site = AttentionSite(module, name=names[id(module)], layer=layer, n_heads=n_heads, n_kv_heads=n_kv_heads,
                              d_head=d_head, d_head_v=d_head_v, causal=call.causal, out_proj=out_proj,
                              cross=call.cross)
+        if saved is not None:
+            site.head_ids, site.kv_head_of = list(saved[0]), tuple(saved[1])
         layout = find_layout(call, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, d_head_v=d_head_v,
                              out_proj=out)
         if isinstance(layout, str):

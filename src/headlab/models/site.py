@@ -30,6 +30,11 @@ from headlab.layer.gates import INPUTS, Replacement, apply_gates, check_affine, 
 from headlab.layer.masks import sink_window_blocked
 from headlab.layer.taps import SITE_ATTRIBUTE, Tap
 
+# On an attention module of a pruned model loading (headlab.models.loading), not attached yet: its heads as saved,
+# ``(head_ids, kv_head_of)``, read by the probe's forward (a per-head bias of every original head, uneven key/value
+# groups) and by attach, then held by the site.
+SAVED_HEADS_ATTRIBUTE = "_headlab_saved_heads"
+
 if TYPE_CHECKING:
     from headlab.models.layout import Layout
 
