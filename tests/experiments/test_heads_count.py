@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
+from headlab.experiments import heads_count
 from headlab.experiments.heads_count import (
     D_HEAD,
     D_MODEL,
@@ -15,6 +17,7 @@ from headlab.experiments.heads_count import (
     plot_heads_count,
     run_heads_count,
 )
+from headlab.experiments.seeds import Spread
 from headlab.layer.accounting import account
 
 
@@ -55,3 +58,28 @@ def test_json_table_sentences_plot(result):
     text = " ".join(result.sentences())
     assert f"d_model = {D_MODEL}" in text and f"d_head = {D_HEAD}" in text
     assert plot_heads_count(result).startswith(b"\x89PNG")
+
+
+def _figure(result, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(heads_count, "png", lambda fig: drawn.append(fig) or b"")
+    plot_heads_count(result)
+    return drawn[0].axes[:2]  # accuracy, speed
+
+
+def test_accuracy_bars_stay_within_what_accuracy_can_take(result, monkeypatch):
+    rows = [replace(r, accuracy=Spread.of([1.0, 1.0, 0.7])) for r in result.rows]  # mean + std > 1
+    accuracy, _ = _figure(replace(result, rows=rows), monkeypatch)
+    tops = [y for bars in accuracy.collections for segment in bars.get_segments() for _, y in segment]
+    assert tops and max(tops) == 1.0 and min(tops) == pytest.approx(0.7)
+
+
+def test_the_speed_panel_says_when_no_seed_reached_90(result, monkeypatch):
+    assert all(s is None for r in result.rows for s in r.steps_to_90)  # 3 steps: none got there
+    _, speed = _figure(result, monkeypatch)
+    assert "missing" not in speed.get_title() and "step reaching 90%" in speed.get_title()
+    assert any("no seed reached 90% accuracy" in t.get_text() for t in speed.texts)
+    some = [replace(r, steps_to_90=[60, None, 80]) if r.n_heads == 4 else r for r in result.rows]
+    _, speed = _figure(replace(result, rows=some), monkeypatch)
+    notes = " ".join(t.get_text() for t in speed.texts)
+    assert "fixed d_model: 1, 2, 8, 16\nfixed d_head: 1, 2, 8, 16" in notes

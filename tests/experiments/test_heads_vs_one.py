@@ -1,4 +1,5 @@
-"""Heads vs one head: different at moderate scale, equal at saturation on the thread's draw; thread 001."""
+"""Heads vs one head: different at moderate scale, equal at saturation on the shared check's uniform draw; the
+number of heads changes the output only for heads that differ."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_views_differ_at_moderate_scale_in_output_and_gradient(result):
     assert point.max_weight_multi < 0.99  # the uniform draw differs where it is not saturated
 
 
-def test_thread_003_check_passes_because_the_uniform_draw_saturates(result):
+def test_the_shared_torch_equal_check_passes_because_the_uniform_draw_saturates(result):
     uni = result.as_drawn["uniform"]
     assert uni.max_weight_multi > 0.999 and uni.max_weight_single > 0.999 and uni.same_key_share == 1.0
     assert uni.output_difference < COINCIDE
@@ -40,8 +41,8 @@ def test_thread_003_check_passes_because_the_uniform_draw_saturates(result):
     assert top.max_weight_multi > 0.9 and top.output_difference > 0.1
 
 
-def test_thread_001_heads_change_the_output_only_for_unequal_heads(result):
-    t = result.thread_001
+def test_the_number_of_heads_changes_the_output_only_for_unequal_heads(result):
+    t = result.by_heads
     assert list(t["random"]) == [2, 4, 8, 16]
     assert min(t["random"].values()) > 0.05
     assert max(t["constant"].values()) < 1e-12
@@ -70,6 +71,12 @@ def test_reproducible_table_sentences_plot(result):
     text = " ".join(result.sentences())
     assert "torch.equal in float32 returns True" in text and "the views coincide (difference < 1e-06) from" in text
     assert plot_heads_vs_one(result).startswith(b"\x89PNG")
+
+
+def test_the_questions_are_in_words_not_references_a_reader_cannot_follow(result):
+    shown = " ".join([*result.sentences(), *(" ".join(row) for row in result.table()[1]), *result.to_dict()])
+    assert "thread" not in shown.lower()
+    assert "Does the number of heads change the output?" in shown
 
 
 def test_too_few_scales():

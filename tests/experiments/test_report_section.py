@@ -17,6 +17,12 @@ def test_one_section_per_experiment():
     assert len({s.title for s in SECTIONS}) == len(SECTIONS)
 
 
+def test_questions_and_titles_are_in_words():
+    # they once cited discussion threads by number, which are not in the repository
+    for text in [s.title for s in SECTIONS] + [e.question for e in EXPERIMENTS.values()]:
+        assert "thread" not in text.lower() and "../seeds" not in text and text, text
+
+
 def test_section_renders_its_numbers_into_the_page(tmp_path):
     result = build_report(tmp_path, sections=[HEADS_VS_ONE], seed=1, quick=True, progress=False)
     assert result.sections[0].ok, result.sections[0].error

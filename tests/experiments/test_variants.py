@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -73,3 +74,23 @@ def test_json_table_sentences_plot(result):
     assert len(rows) == len(result.summaries) and len(headers) == len(rows[0])
     assert any("single-head" in s for s in result.sentences())
     assert plot_variants(result).startswith(b"\x89PNG")
+
+
+def _reaching(result, steps_by_variant):
+    """The result with these variants reaching 90% with every seed at these steps, and no other variant."""
+    summaries = [replace(s, steps_to_90=[steps_by_variant.get(s.variant)] * 3,
+                         mean_steps_to_90=steps_by_variant.get(s.variant)) for s in result.summaries]
+    return replace(result, summaries=summaries)
+
+
+def test_the_speed_sentence_is_right_whatever_the_number_of_variants_reaching_90(result):
+    one = _reaching(result, {"wide": 120}).sentences()[0]
+    assert "only wide reached 90% with every seed (step 120 on average)" in one
+    assert "first" not in one and "last" not in one
+    none = _reaching(result, {}).sentences()[0]
+    assert "no variant reached 90% with every seed" in none and "first" not in none
+    tied = _reaching(result, {"wide": 120, "narrow": 120}).sentences()[0]
+    assert "wide and narrow reached 90% with every seed, all at step 120 on average" in tied
+    several = _reaching(result, {"wide": 100, "narrow": 140, "shared": 100}).sentences()[0]
+    assert ("of the 3 reaching 90% with every seed, wide and shared got there first (step 100 on average) and "
+            "narrow last (140)") in several

@@ -1,13 +1,14 @@
-"""Small, seeded, CPU-sized experiments that settle the questions of ../seeds.
+"""Small, seeded, CPU-sized experiments that settle questions about heads with measured numbers.
 
     tasks.py         synthetic tasks: multi-query associative recall, match-key + copy-previous, repeated spans
     model.py         TinyTransformer: attention-only, headlab layers; build_model from a seed
     train.py         the seeded Adam loop, History, train_config (one config, one task, one seed)
-    symmetry.py      identical heads stay identical; random and noisy initialisations diverge (thread 004)
-    heads_vs_one.py  the same weights as 8 heads and as 1 head, over the logit scale (threads 003, 001)
+    symmetry.py      what makes heads differ: identical heads stay identical; random and noisy ones diverge
+    heads_vs_one.py  the same weights as 8 heads and as 1 head, over the logit scale
     variants.py      every layer variant trained side by side at matched d_model and parameters
     heads_count.py   accuracy against the number of heads at fixed d_model and fixed d_head
-    induction.py     a previous-token head and an induction head forming in a 2-layer model
+    induction.py     a previous-token head and an induction head forming in a 2-layer model, over seeds
+    seeds.py         repeats over seeds: spreads, steps reaching a target, order beyond noise
     registry.py      EXPERIMENTS: name → run and plot
 
 Each ``run_<name>(*, seed, steps, quick, progress)`` returns a result dataclass with ``to_dict()``,

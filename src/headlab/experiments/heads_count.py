@@ -19,7 +19,7 @@ from typing import Any
 from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
-from headlab.experiments.seeds import Spread, describe_reached, mean_reached, rank_key, seeds_from
+from headlab.experiments.seeds import Spread, describe_reached, mean_reached, range_bars, rank_key, seeds_from
 from headlab.experiments.tasks import MixTask
 from headlab.experiments.train import ConfigRun, train_config
 from headlab.layer import AttentionConfig
@@ -165,36 +165,51 @@ def run_heads_count(*, seed: int = 0, steps: int | None = None, quick: bool = Fa
 
 
 def plot_heads_count(result: HeadsCountResult) -> bytes:
-    """Final accuracy (mean ± std over seeds) and steps to 90% against the number of heads, one line per
-    setting, as PNG bytes."""
+    """Final accuracy (mean, and the range over seeds) and steps to 90% against the number of heads, one line
+    per setting, as PNG bytes."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     acc_ax, steps_ax = fig.subplots(1, 2)
     labels = {"d_model": f"d_model = {result.d_model} fixed (d_head = d_model / h)",
               "d_head": f"d_head = {result.d_head} fixed (width h · d_head)"}
+    never: dict[str, list[str]] = {}  # setting → the numbers of heads with which no seed reached the target
     for setting in SETTINGS:
         rows = [result.row(setting, h) for h in HEADS]
-        line = acc_ax.errorbar(HEADS, [r.accuracy.mean for r in rows], yerr=[r.accuracy.std for r in rows],
+        line = acc_ax.errorbar(HEADS, [r.accuracy.mean for r in rows], yerr=range_bars([r.accuracy for r in rows]),
                                marker="o", capsize=3, label=labels[setting])
         reached = [(r.n_heads, mean_reached(r.steps_to_90), r) for r in rows if mean_reached(r.steps_to_90)]
-        steps_ax.plot([h for h, _, _ in reached], [m for _, m, _ in reached], marker="o",
-                      color=line.lines[0].get_color(), label=labels[setting])
+        missed = [str(r.n_heads) for r in rows if mean_reached(r.steps_to_90) is None]
+        if missed:
+            never[setting] = missed
+        if reached:
+            steps_ax.plot([h for h, _, _ in reached], [m for _, m, _ in reached], marker="o",
+                          color=line.lines[0].get_color(), label=labels[setting])
         for h, m, r in reached:
             got = sum(s is not None for s in r.steps_to_90)
             if got < len(r.steps_to_90):  # some seeds never got there: say how many did
                 steps_ax.annotate(f"{got}/{len(r.steps_to_90)}", (h, m), fontsize="x-small",
                                   xytext=(3, 3), textcoords="offset points")
-    acc_ax.set(ylabel=f"final accuracy ({len(result.seeds)} seeds)", ylim=(0, 1.05), title="final accuracy")
+    acc_ax.set(ylabel=f"final accuracy, mean of {len(result.seeds)} seeds", ylim=(0, 1.05),
+               title="final accuracy (bars: lowest to highest seed)")
     acc_ax.axhline(TARGET_ACCURACY, color="grey", linewidth=0.8, linestyle=":")
     steps_ax.set_ylim(0, 1.15 * max([mean_reached(r.steps_to_90) or 0.0 for r in result.rows] + [1.0]))
-    steps_ax.set(ylabel="step reaching 90% (mean over seeds that did)", title="speed (missing: no seed got there)")
+    steps_ax.set(ylabel="step reaching 90% (mean over seeds that did)",
+                 title=f"speed: the step reaching {TARGET_ACCURACY:.0%} accuracy")
+    if sum(map(len, never.values())) == len(result.rows):
+        steps_ax.text(0.5, 0.5, f"no seed reached {TARGET_ACCURACY:.0%} accuracy\nwithin {result.steps} steps, "
+                      "with any number of heads", transform=steps_ax.transAxes, ha="center", va="center")
+    elif never:
+        steps_ax.text(0.02, 0.02, f"no seed reached {TARGET_ACCURACY:.0%} with these numbers of heads:\n"
+                      + "\n".join(f"fixed {setting}: {', '.join(heads)}" for setting, heads in never.items()),
+                      transform=steps_ax.transAxes, fontsize="x-small")
     for ax in (acc_ax, steps_ax):
         ax.set_xscale("log", base=2)
         ax.set_xlim(HEADS[0] / 1.3, HEADS[-1] * 1.3)  # also when no seed reached 90% (an empty panel)
         ax.set_xticks(HEADS, [str(h) for h in HEADS])
         ax.set_xlabel("number of heads")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     fig.suptitle(f"task {result.task['name']}, {result.steps} steps, seeds {result.seeds[0]}–{result.seeds[-1]}")
     return png(fig)

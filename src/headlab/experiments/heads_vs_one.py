@@ -1,4 +1,4 @@
-"""Is 8-head attention 1-head attention with the same weights? (../seeds threads 003 and 001)
+"""Is 8-head attention 1-head attention with the same weights? Does the number of heads change the output?
 
 Axis legend:
     x        (batch, pos, d_model)            inputs
@@ -6,20 +6,21 @@ Axis legend:
     y        (batch, pos, d_model)            the layer's output
 
 Two wide layers hold the same fused weights: one reads them as 8 heads of width 64, the
-other as 1 head of width 512 (the shapes of thread 003; W_O is the identity, so the output is
-the heads' concatenated z, as in the thread's code). Each head takes its own softmax, so the
-8-head output is a different function of the same weights: the 1-head logits are the sum of
-the 8 heads' logits (rescaled), and the softmax of a sum is not the concatenation of softmaxes.
+other as 1 head of width 512 (the shapes of a widely shared check that compared the two with
+``torch.equal`` and printed True; W_O is the identity, so the output is the heads' concatenated
+z, as in that check's code). Each head takes its own softmax, so the 8-head output is a
+different function of the same weights: the 1-head logits are the sum of the 8 heads' logits
+(rescaled), and the softmax of a sum is not the concatenation of softmaxes.
 
 The query weights are multiplied by a logit scale α swept over twelve decades, for two draws:
-    uniform   weights and inputs uniform on [0, 1), the thread's draw: all positive, so every
+    uniform   weights and inputs uniform on [0, 1), that check's draw: all positive, so every
               head's logits grow with one common direction, are huge, and every head puts all
               its weight on the same key — the softmax is saturated and the views coincide.
     standard  headlab's initialisation (Xavier-uniform) and Gaussian inputs.
 At each α: the relative output and gradient differences between the views, and the mean
-maximum attention weight (1 = saturated). Thread 001 adds: with the same fused weights, the
-output changes with the number of heads for random weights, but not for weights that are
-the same across heads (constant) once saturated — the split then only changes the softmax
+maximum attention weight (1 = saturated). Does the number of heads change the output? With the
+same fused weights it changes with the number of heads for random weights, but not for weights
+that are the same across heads (constant) once saturated — the split then only changes the softmax
 temperature, by √h, and not at all when the score scale is 1/d_head instead of 1/√d_head.
 """
 
@@ -40,11 +41,11 @@ from headlab.layer.projections import WideProjection
 __all__ = ["KINDS", "HeadsVsOneResult", "ScalePoint", "plot_heads_vs_one", "run_heads_vs_one", "views"]
 
 KINDS = ("uniform", "standard")
-D_MODEL, N_HEADS, SEQ, BATCH = 512, 8, 10, 2  # thread 003's shapes
+D_MODEL, N_HEADS, SEQ, BATCH = 512, 8, 10, 2  # the shapes of the torch.equal check
 LOG10_SCALES = (-8.0, 4.0)  # α from 1e-8 to 1e4
 POINTS, QUICK_POINTS = 49, 25
 COINCIDE = 1e-6  # relative output difference below which the views coincide
-THREAD_001_HEADS = (1, 2, 4, 8, 16)
+SPLIT_HEADS = (1, 2, 4, 8, 16)
 
 
 def _fused_weight(layer: MultiHeadAttention) -> Tensor:
@@ -174,9 +175,11 @@ class HeadsVsOneResult:
         coincide_from_alpha: kind → the α from which the views coincide (< 1e-6) to the end of
             the sweep past the peak, or None when they never do (the standard draw: saturated
             heads pick different keys).
-        as_drawn: kind → the point at α = 1 (the weights as drawn; for uniform, thread 003's check).
-        float32_check_equal: thread 003's check in float32: torch.equal of the two views' outputs.
-        thread_001: case → {n_heads: relative difference from the 1-head output}; cases
+        as_drawn: kind → the point at α = 1 (the weights as drawn; for uniform, the torch.equal check's).
+        float32_check_equal: the check as it was shared, in float32: torch.equal of the two views' outputs
+            on uniform weights and inputs.
+        by_heads: does the number of heads change the output? case → {n_heads: relative difference
+            from the 1-head output of the same fused weights}; cases
             ``random`` (standard draw), ``constant`` (all-ones weights, uniform inputs),
             ``constant_small`` (constant 1e-3 weights: unsaturated), ``constant_small_linear_scale``
             (the same with score scale 1/d_head).
@@ -191,7 +194,7 @@ class HeadsVsOneResult:
     coincide_from_alpha: dict[str, float | None]
     as_drawn: dict[str, ScalePoint]
     float32_check_equal: bool
-    thread_001: dict[str, dict[int, float]]
+    by_heads: dict[str, dict[int, float]]
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """The claims as (headers, rows) of text."""
@@ -208,14 +211,15 @@ class HeadsVsOneResult:
                  f"{drawn.output_difference:.3g}; {drawn.max_weight_multi:.3f} / {drawn.max_weight_single:.3f}; "
                  f"{drawn.same_key_share:.0%} of rows"],
             ]
-        rows.append(["thread 003's check in float32 (torch.equal)", str(self.float32_check_equal)])
-        for case, diffs in self.thread_001.items():
-            rows.append([f"thread 001, {case}: difference from 1 head at {', '.join(map(str, diffs))} heads",
+        rows.append(["uniform draw in float32: torch.equal(8 heads, 1 head)", str(self.float32_check_equal)])
+        for case, diffs in self.by_heads.items():
+            rows.append([f"{case} weights: output difference from 1 head at {', '.join(map(str, diffs))} heads",
                          ", ".join(f"{d:.2g}" for d in diffs.values())])
         return ["claim", "value"], rows
 
     def sentences(self) -> list[str]:
-        """The measured answers to threads 003 and 001, in sentences generated from the numbers."""
+        """The measured answers (is 8-head attention 1-head attention with the same weights, and does the
+        number of heads change the output?), in sentences generated from the numbers."""
         std, uni, start = self.as_drawn["standard"], self.as_drawn["uniform"], self.coincide_from_alpha
         same = std.output_difference < COINCIDE
         out = [
@@ -225,7 +229,8 @@ class HeadsVsOneResult:
             f"drawn and by up to {self.max_output_difference['standard']:.0%} over the sweep, and the gradients by "
             f"{std.gradient_difference:.0%} as drawn. Each head takes its own softmax; one head takes one softmax "
             f"of the sum of the {N_HEADS} heads' logits.",
-            f"Thread 003's check compares uniform-random weights and inputs. Their logits have a std of "
+            f"A widely shared check compares {N_HEADS} heads and 1 head with torch.equal on uniform-random "
+            f"weights and inputs. Their logits have a std of "
             f"{uni.logit_std:,.0f} over keys, the mean largest attention weight is {uni.max_weight_multi:.3f} "
             f"with {N_HEADS} heads and {uni.max_weight_single:.3f} with 1, and in {uni.same_key_share:.0%} of the "
             f"rows every head of both views attends most to the same key: the relative difference is "
@@ -242,11 +247,11 @@ class HeadsVsOneResult:
                        f"α = {last.alpha:.0e} (mean max weight {last.max_weight_multi:.3f}) the difference is still "
                        f"{last.output_difference:.0%}, and all heads agree with the single head on the top key in "
                        f"{last.same_key_share:.0%} of the rows.")
-        t = self.thread_001
+        t = self.by_heads
         changes = min(t["random"].values()) >= COINCIDE
         constant = max(t["constant"].values())
         out.append(
-            "Thread 001: with the same fused weights, the output "
+            "Does the number of heads change the output? With the same fused weights, it "
             + ("changes" if changes else "does not always change")
             + f" with the number of heads for random weights (relative difference from 1 head: "
             f"{', '.join(f'{d:.0%}' for d in t['random'].values())} for {', '.join(map(str, t['random']))} heads)"
@@ -263,11 +268,11 @@ class HeadsVsOneResult:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"experiment": "heads-vs-one"} | asdict(self)
-        out["thread_001"] = {case: {str(h): d for h, d in diffs.items()} for case, diffs in self.thread_001.items()}
+        out["by_heads"] = {case: {str(h): d for h, d in diffs.items()} for case, diffs in self.by_heads.items()}
         return out
 
 
-def _thread_001(generator: torch.Generator) -> dict[str, dict[int, float]]:
+def _by_heads(generator: torch.Generator) -> dict[str, dict[int, float]]:
     random_weights, random_x = _draw("standard", generator)
     uniform_x = torch.rand(BATCH, SEQ, D_MODEL, generator=generator, dtype=torch.float64)
     ones = torch.ones(3 * D_MODEL, D_MODEL, dtype=torch.float64)
@@ -277,8 +282,8 @@ def _thread_001(generator: torch.Generator) -> dict[str, dict[int, float]]:
     out = {}
     with torch.no_grad():
         for case, (weights, x, scale) in cases.items():
-            ys = [layer(x) for layer in views(weights, THREAD_001_HEADS, scale=scale)]
-            out[case] = {h: _relative(y, ys[0]) for h, y in zip(THREAD_001_HEADS[1:], ys[1:])}
+            ys = [layer(x) for layer in views(weights, SPLIT_HEADS, scale=scale)]
+            out[case] = {h: _relative(y, ys[0]) for h, y in zip(SPLIT_HEADS[1:], ys[1:])}
     return out
 
 
@@ -318,7 +323,7 @@ def run_heads_vs_one(*, seed: int = 0, steps: int | None = None, quick: bool = F
                 sweeps[kind].append(_point(multi, single, weights, x, g, alpha))
                 bar.advance(run=f"{kind} α={alpha:.1e}")
             as_drawn[kind] = next(p for p in sweeps[kind] if p.alpha == 1.0)
-    # Thread 003's own check, in float32: uniform weights and inputs, 8 heads vs 1, exact equality.
+    # The check as it was shared, in float32: uniform weights and inputs, 8 heads vs 1, exact equality.
     weights, x = (t.float() for t in _draw("uniform", torch.Generator().manual_seed(seed)))
     with torch.no_grad():
         multi, single = views(weights, (N_HEADS, 1))
@@ -330,7 +335,7 @@ def run_heads_vs_one(*, seed: int = 0, steps: int | None = None, quick: bool = F
         max_difference_alpha={k: p.alpha for k, p in peaks.items()},
         gradient_difference_at_max={k: p.gradient_difference for k, p in peaks.items()},
         coincide_from_alpha={k: _coincide_from(points_) for k, points_ in sweeps.items()},
-        as_drawn=as_drawn, float32_check_equal=check, thread_001=_thread_001(generator),
+        as_drawn=as_drawn, float32_check_equal=check, by_heads=_by_heads(generator),
     )
 
 

@@ -34,7 +34,7 @@ class Experiment:
 
     Attributes:
         name: its name on the command line.
-        question: the question it settles (and the seed thread that asks it).
+        question: the question it settles, in words.
         run: ``run(*, seed, steps, quick, progress) -> result``.
         plot: ``plot(result) -> PNG bytes``.
     """
@@ -46,17 +46,17 @@ class Experiment:
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    Experiment("symmetry", "What makes each head learn something different? (thread 004)",
-               run_symmetry, plot_symmetry),
+    Experiment("symmetry", "What makes each head learn something different?", run_symmetry, plot_symmetry),
     Experiment("heads-vs-one", "Is 8-head attention 1-head attention with the same weights? Does the number of "
-               "heads change the output? (threads 003, 001)", run_heads_vs_one, plot_heads_vs_one),
+               "heads change the output?", run_heads_vs_one, plot_heads_vs_one),
     Experiment("variants", "Narrow, wide, shared, bilinear, collaborative, grouped-query, multi-query, single "
-               "head: which learn what, at equal width and at equal parameters? (threads 000, 002, 004)",
+               "head: which learn what, at equal width and at equal parameters?",
                run_variants, plot_variants),
     Experiment("heads-count", "Accuracy against the number of heads, at fixed d_model and at fixed d_head "
                "(Vaswani et al. 2017, Table 3 A; Bhojanapalli et al. 2020)", run_heads_count, plot_heads_count),
-    Experiment("induction", "Do heads specialise? A previous-token head and an induction head forming in a "
-               "2-layer model (thread 004; Olsson et al. 2022)", run_induction, plot_induction),
+    Experiment("induction", "Do heads specialise? Do a previous-token head and an induction head form in a "
+               "2-layer model, in which order, and with the drop of the loss? (Olsson et al. 2022)",
+               run_induction, plot_induction),
 )}
 
 

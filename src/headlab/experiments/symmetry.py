@@ -1,4 +1,4 @@
-"""Why heads learn different things (../seeds thread 004): symmetry, and what breaks it.
+"""What makes each head learn something different? Symmetry, and what breaks it.
 
 Axis legend:
     head parameters  (n_heads, n_params_per_head)   W_Q[h], W_K[h], W_V[h], W_O[h], b_Q[h], b_K[h], b_V[h]
@@ -157,7 +157,8 @@ class SymmetryResult:
         ]
 
     def sentences(self) -> list[str]:
-        """The measured answer to thread 004, in sentences generated from the numbers."""
+        """The measured answer (what makes each head learn something different?), in sentences generated from
+        the numbers."""
         acc, diff, random = self.final_accuracy, self.identical_max_head_difference, self.run("random")
         if diff == 0:
             stayed = "exactly equal"

@@ -1,6 +1,7 @@
-"""Layer variants side by side (../seeds threads 000, 002, 004): which layouts learn what.
+"""Layer variants side by side: which layouts learn what, at equal width and at equal parameters?
 
-Every preset of ``headlab.layer.presets`` that the threads ask about, plus a single head,
+Every preset of ``headlab.layer.presets`` (standard, slice-per-head, one projection shared by all
+heads, one full W_QK per head, collaborative, grouped- and multi-query), plus a single head,
 is trained as the one layer of a ``TinyTransformer`` on the synthetic tasks, over several
 seeds, under two budgets:
     d_model     every variant at the same width (D_MODEL, N_HEADS heads; single-head: 1 head).
@@ -20,7 +21,7 @@ from typing import Any
 from headlab.experiments.budget import check_seed, resolve_steps, single_thread
 from headlab.experiments.figures import png
 from headlab.experiments.progress import StepBar
-from headlab.experiments.seeds import Spread, describe_reached, mean_reached, rank_key, seeds_from
+from headlab.experiments.seeds import Spread, describe_reached, mean_reached, range_bars, rank_key, seeds_from
 from headlab.experiments.tasks import MixTask, RecallTask
 from headlab.experiments.train import ConfigRun, train_config
 from headlab.layer import AttentionConfig
@@ -144,13 +145,7 @@ class VariantsResult:
                 text = (f"{rows[0].variant} ended highest ({rows[0].accuracy}) and {rows[-1].variant} lowest "
                         f"({rows[-1].accuracy}, {rows[-1].parameters:,} parameters)")
             every = [r for r in rows if None not in r.steps_to_90]
-            if every:
-                # mean_steps_to_90 is a number for these (every seed got there): `or 0.0` never applies
-                first = min(every, key=lambda r: r.mean_steps_to_90 or 0.0)
-                last = max(every, key=lambda r: r.mean_steps_to_90 or 0.0)
-                text += (f"; of those reaching {TARGET_ACCURACY:.0%} with every seed, {first.variant} got there first "
-                         f"(step {first.mean_steps_to_90:.0f} on average) and {last.variant} last "
-                         f"({last.mean_steps_to_90:.0f})")
+            text += "; " + _speed(every)
             some = [f"{r.variant} ({sum(s is not None for s in r.steps_to_90)}/{n})" for r in rows
                     if r not in every and r.mean_steps_to_90 is not None]
             never = [r.variant for r in rows if r.mean_steps_to_90 is None]
@@ -173,6 +168,27 @@ class VariantsResult:
         out["summaries"] = [s.to_dict() for s in self.summaries]
         out["runs"] = [r.to_dict() for r in self.runs]
         return out
+
+
+def _speed(every: list[VariantSummary]) -> str:
+    """Who reached the target accuracy first, among the variants for which every seed reached it."""
+    target = f"{TARGET_ACCURACY:.0%} with every seed"
+    steps = {r.variant: f"{r.mean_steps_to_90 or 0.0:.0f}" for r in every}  # a number: every seed got there
+    if not steps:
+        return f"no variant reached {target}"
+    if len(steps) == 1:
+        (variant, step), = steps.items()
+        return f"only {variant} reached {target} (step {step} on average)"
+    low, high = min(steps.values(), key=int), max(steps.values(), key=int)
+    if low == high:
+        return f"{_names(list(steps))} reached {target}, all at step {low} on average"
+    first, last = ([v for v, s in steps.items() if s == at] for at in (low, high))
+    return (f"of the {len(steps)} reaching {target}, {_names(first)} got there first (step {low} on average) and "
+            f"{_names(last)} last ({high})")
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _summarise(name: str, budget: str, config: AttentionConfig, runs: list[ConfigRun]) -> VariantSummary:
@@ -233,7 +249,7 @@ def run_variants(*, seed: int = 0, steps: int | None = None, quick: bool = False
 
 
 def plot_variants(result: VariantsResult) -> bytes:
-    """Final accuracy (mean ± std over seeds) and steps to 90% by variant, one column per task, both
+    """Final accuracy (mean, and the range over seeds) and steps to 90% by variant, one column per task, both
     budgets, as PNG bytes."""
     from matplotlib.figure import Figure
 
@@ -246,8 +262,8 @@ def plot_variants(result: VariantsResult) -> bytes:
         for i, budget in enumerate(BUDGETS):
             rows = [result.summary(task, budget, name) for name in NAMES]
             xs = [j + (i - 0.5) * width for j in range(len(NAMES))]
-            acc_ax.bar(xs, [r.accuracy.mean for r in rows], width, yerr=[r.accuracy.std for r in rows], capsize=3,
-                       label=f"matched {budget}")
+            acc_ax.bar(xs, [r.accuracy.mean for r in rows], width, yerr=range_bars([r.accuracy for r in rows]),
+                       capsize=3, label=f"matched {budget}")
             steps = [r.mean_steps_to_90 or 0.0 for r in rows]
             bars = steps_ax.bar(xs, steps, width, label=f"matched {budget}")
             for bar, r in zip(bars, rows):
@@ -256,8 +272,9 @@ def plot_variants(result: VariantsResult) -> bytes:
                     steps_ax.annotate(f"{got}/{len(r.steps_to_90)}", (bar.get_x() + bar.get_width() / 2,
                                       bar.get_height()), ha="center", fontsize="x-small", xytext=(0, 2),
                                       textcoords="offset points")
-        acc_ax.set(ylim=(0, 1.25), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0], title=f"task: {task}",
-                   ylabel=f"final accuracy ({len(result.seeds)} seeds)")
+        acc_ax.set(ylim=(0, 1.25), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0],
+                   title=f"task: {task} (bars: lowest to highest seed)",
+                   ylabel=f"final accuracy, mean of {len(result.seeds)} seeds")
         acc_ax.axhline(TARGET_ACCURACY, color="grey", linewidth=0.8, linestyle=":")
         steps_ax.set_ylim(0, 1.25 * max([s.mean_steps_to_90 or 0.0 for s in result.summaries] + [1.0]))
         steps_ax.set(ylabel="step reaching 90% (mean over seeds that did)",

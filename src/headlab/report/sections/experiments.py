@@ -1,4 +1,4 @@
-"""The experiments of ``headlab experiment``, one section each: the measured answers to the seed threads.
+"""The experiments of ``headlab experiment``, one section each: measured answers to questions about heads.
 
 Each section runs its experiment with the report's seed (the small version when the report is
 quick), writes the result as JSON and the plot as PNG, and states the answer in sentences
@@ -49,9 +49,9 @@ def _section(name: str, title: str) -> Section:
     return Section(id=f"experiment-{name}", title=title, render=lambda ctx: render_experiment(name, ctx))
 
 
-SYMMETRY = _section("symmetry", "Experiment: identical heads stay identical, random heads diverge")
-HEADS_VS_ONE = _section("heads-vs-one", "Experiment: the same weights as 8 heads and as 1 head")
+SYMMETRY = _section("symmetry", "Experiment: heads trained from identical, nearly identical and random starts")
+HEADS_VS_ONE = _section("heads-vs-one", "Experiment: the same weights read as 8 heads and as 1 head")
 VARIANTS = _section("variants", "Experiment: layer variants trained side by side")
 HEADS_COUNT = _section("heads-count", "Experiment: accuracy against the number of heads")
-INDUCTION = _section("induction", "Experiment: a previous-token head and an induction head form")
+INDUCTION = _section("induction", "Experiment: a 2-layer model learns to repeat spans; its heads read as it trains")
 SECTIONS: tuple[Section, ...] = (SYMMETRY, HEADS_VS_ONE, VARIANTS, HEADS_COUNT, INDUCTION)
