@@ -61,6 +61,22 @@ def test_report_exits_1_and_names_the_failure_when_a_section_fails(
     assert (tmp_path / "index.html").is_file()  # the page is still written, showing the error
 
 
+def test_json_prints_the_summary_and_a_failed_section_still_exits_1(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.setattr(registry, "DEFAULT_SECTIONS", [Section("fine", "Fine section", lambda ctx: "<p>fine</p>"),
+                                                       Section("bad", "Bad section", _fail)])
+    result = runner.invoke(app, ["report", "--out", str(tmp_path / "a"), "--quick", "--json"])
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert document == json.loads((tmp_path / "a" / "report.json").read_text())
+    assert [(s["id"], s["ok"]) for s in document["sections"]] == [("fine", True), ("bad", False)]
+    assert "section exploded" in document["sections"][1]["error"]
+    refused = runner.invoke(app, ["report", "--out", str(tmp_path / "b"), "--json", "--serve"])
+    assert refused.exit_code == 2 and "--json prints the summary and exits" in refused.output
+
+
 def test_help_lists_the_report_command() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Annotated
@@ -26,6 +27,8 @@ def report(
     quick: Annotated[bool, typer.Option("--quick", help="Reduced budgets: a few minutes on a 2-core CPU.")] = False,
     serve: Annotated[bool, typer.Option("--serve", help="Then serve the folder on 127.0.0.1 until Ctrl-C.")] = False,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port for --serve; 0 picks a free one.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary (report.json: each section's result and "
+                                                         "seconds) as JSON on stdout instead of the table.")] = False,
 ) -> None:
     """Build the report (index.html + assets, works offline) and summarise its sections.
 
@@ -44,13 +47,21 @@ def report(
     words = ["headlab", "report", *([model] if model is not None else []), "--out", str(out), "--seed", str(seed)]
     words += (["--text", str(text)] if text is not None else []) + (["--quick"] if quick else [])
     quiet_loading()
+    if as_json and serve:
+        raise typer.BadParameter("--json prints the summary and exits; --serve keeps serving: give one",
+                                 param_hint="--serve")
     with staged_folder(out) as work:
         try:
-            result = build_report(work, seed=seed, quick=quick, model=model, text=text, progress=True,
+            result = build_report(work, seed=seed, quick=quick, model=model, text=text, progress=not as_json,
                                   command=shlex.join(words))
         except (*INPUT_ERRORS, ModuleNotFoundError) as err:  # the model or the corpus, before any section ran
             fail(str(err))
 
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        if not result.ok:
+            raise typer.Exit(code=1)
+        return
     summary = Table(title="headlab report")
     summary.add_column("section")
     summary.add_column("result")

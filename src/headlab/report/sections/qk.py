@@ -1,4 +1,5 @@
-"""Thread 002 measured in a pretrained model: each head's W_QK = W_Q W_Kᵀ is a d_model × d_model
+"""Why separate W_Q and W_K instead of one W_QK, measured in the report's model (the default MiniLM is pretrained;
+any checkpoint given is read the same way, random ones included): each head's W_QK = W_Q W_Kᵀ is a d_model × d_model
 matrix of rank at most d_head, kept as its two factors.
 
 For every head of the report's model the section reads the factored W_QK (``layer.QK``), its
@@ -190,4 +191,4 @@ def render(ctx: ReportContext) -> str:
     return render_qk(spectra, name=model_name(loaded.source), plot_href=href)
 
 
-SECTION = Section(id="qk", title="W_QK in a pretrained model: a rank-d_head matrix kept as two factors", render=render)
+SECTION = Section(id="qk", title="W_QK in the report's model: a rank-d_head matrix kept as two factors", render=render)
