@@ -29,7 +29,7 @@ def _flat(text: str) -> str:
 
 
 def test_verdict_lines_come_first_then_the_evidence_tables() -> None:
-    result = _run(f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--init", '{"embed_size": 32, "heads": 4}')
+    result = _run(f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", "--init", '{"embed_size": 32, "heads": 4}')
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].startswith("SliceSharedAttention (")
@@ -56,7 +56,7 @@ def test_json_is_one_document_with_the_verdict_fields() -> None:
 
 
 def test_call_and_d_model_options() -> None:
-    ok = _run(f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--call", "vkq", "--d-model", "64", "--json")
+    ok = _run(f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", "--call", "vkq", "--d-model", "64", "--json")
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["call_signature"] == "forward(values, keys, query, mask)"
     parameterless = _run(f"{LAYERS}:Parameterless", "--d-model", "6", "--json")
@@ -80,7 +80,7 @@ def test_module_failures_exit_1_with_a_message_not_a_traceback(target: str, args
 
 
 @pytest.mark.parametrize(("target", "args", "fix"), [
-    (f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", ["--call", "self"],
+    (f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", ["--call", "self"],
      "to fix: leave out call='self' (drop --call) to let the audit find how to call it"),
     (f"{LAYERS}:PerHeadWeights", [], "to fix: if its input width is none of 8, 4, 3, pass it (--d-model N)"),
     (f"{LAYERS}:NeedsPositions", [], "build, in Python, a module whose forward supplies them (--factory "
@@ -151,7 +151,7 @@ def test_json_prints_an_error_object_on_failure(args: list[str], kind: str, code
 def test_per_head_numbers_are_never_broken_at_80_columns() -> None:
     from headlab.audit.tables import head_table
 
-    result = runner.invoke(app, ["audit", f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention"],
+    result = runner.invoke(app, ["audit", f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention"],
                            env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -165,11 +165,11 @@ def test_per_head_numbers_are_never_broken_at_80_columns() -> None:
 @pytest.mark.parametrize(("args", "fragments"), [
     (["layer.py"], ["PATH.py:ClassName", "is not PATH.py:ClassName"]),
     ([f"{ROOT / 'nope.py'}:X"], ["is not a file"]),
-    ([f"{EXAMPLES / 'thread_000.py'}:Missing"], ["defines no 'Missing'", "SliceSharedAttention"]),
-    ([f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--init", "{heads: 2}"], ["--init", "is not valid JSON"]),
-    ([f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--init", '{"bogus": 1}'],
+    ([f"{EXAMPLES / 'slice_shared.py'}:Missing"], ["defines no 'Missing'", "SliceSharedAttention"]),
+    ([f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", "--init", "{heads: 2}"], ["--init", "is not valid JSON"]),
+    ([f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", "--init", '{"bogus": 1}'],
      ["--init", "unexpected keyword argument 'bogus'"]),
-    ([f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", "--call", "kvq"],
+    ([f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", "--call", "kvq"],
      ["--call", "'kvq' is not one of self, qkv, vkq"]),
     ([f"{LAYERS}:Parameterless"], ["--d-model", "cannot infer d_model"]),
     ([f"{LAYERS}:Parameterless", "--d-model", "0"], ["--d-model"]),

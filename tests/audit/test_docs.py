@@ -19,9 +19,9 @@ ROUNDING = re.compile(r"\d\.\de-1\d")  # float64 rounding noise (e.g. 5.0e-16) m
 WORKED = re.findall(r"^\$ headlab audit (.*?)\n(.*?)\n```", DOCS, re.DOTALL | re.MULTILINE)
 
 
-def test_the_docs_show_the_thread_000_layer_and_three_of_the_corpus() -> None:
+def test_the_docs_show_the_tutorial_layer_and_three_of_the_corpus() -> None:
     shown = [shlex.split(command)[0].split("/")[-1] for command, _ in WORKED]
-    assert shown[0] == "thread_000.py:SliceSharedAttention"
+    assert shown[0] == "slice_shared.py:SliceSharedAttention"
     assert len(shown) >= 4 and len(set(shown)) == len(shown)
 
 

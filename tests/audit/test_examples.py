@@ -16,7 +16,7 @@ from tests.support.audit import CORPUS
 # name: (call, batch_first, attention function, n_heads, n_kv_heads, d_head, d_head_v, reads, shared,
 #        causal, W_QK rank, layout, variant, standard, the headlab layer that reproduces it)
 EXPECTED = {
-    "thread_000": ("vkq", True, "torch.softmax", 4, 4, 16, 16, "narrow", True, False, 16, "shared", "shared", False,
+    "slice_shared": ("vkq", True, "torch.softmax", 4, 4, 16, 16, "narrow", True, False, 16, "shared", "shared", False,
                    AttentionConfig(d_model=64, n_heads=4, projection="shared")),
     "narrow": ("self", True, "torch.nn.functional.softmax", 4, 4, 16, 16, "narrow", False, False, 16, "narrow",
                "narrow", False, AttentionConfig(d_model=64, n_heads=4, projection="narrow")),
@@ -74,7 +74,7 @@ def test_verdict_fields(name: str, example_audits) -> None:
 
 def _native(name: str, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Call an example its own way on batch-first ``x``."""
-    if name == "thread_000":
+    if name == "slice_shared":
         return module(x, x, x, None)
     if name == "separate_qkv":
         return module(x, x, x)

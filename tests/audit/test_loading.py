@@ -14,7 +14,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "headlab" / "audit" / "
 
 
 def test_an_example_file_loads_with_init() -> None:
-    module = load_module(f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", init={"embed_size": 32, "heads": 2})
+    module = load_module(f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", init={"embed_size": 32, "heads": 2})
     assert type(module).__name__ == "SliceSharedAttention" and module.head_dim == 16
     mha = load_module(f"{EXAMPLES / 'torch_mha.py'}:MultiheadAttention", init={"embed_dim": 16, "num_heads": 4})
     assert mha.num_heads == 4
@@ -50,7 +50,7 @@ def test_missing_file_and_class(tmp_path: Path) -> None:
     with pytest.raises(LoadError, match="is not a file"):
         load_module(f"{tmp_path / 'nope.py'}:X")
     with pytest.raises(LoadError, match=r"defines no 'Missing'; nn.Module classes in it: .*SliceSharedAttention"):
-        load_module(f"{EXAMPLES / 'thread_000.py'}:Missing")
+        load_module(f"{EXAMPLES / 'slice_shared.py'}:Missing")
     (tmp_path / "f.py").write_text("NOT_A_CLASS = 3\n")
     with pytest.raises(LoadError, match=r"NOT_A_CLASS in .* is a int, not a torch\.nn\.Module subclass"):
         load_module(f"{tmp_path / 'f.py'}:NOT_A_CLASS")
@@ -58,7 +58,7 @@ def test_missing_file_and_class(tmp_path: Path) -> None:
 
 def test_constructor_refusing_the_arguments_is_a_load_error() -> None:
     with pytest.raises(LoadError, match=r"unexpected keyword argument 'bogus'.*check --init"):
-        load_module(f"{EXAMPLES / 'thread_000.py'}:SliceSharedAttention", init={"bogus": 1})
+        load_module(f"{EXAMPLES / 'slice_shared.py'}:SliceSharedAttention", init={"bogus": 1})
 
 
 def test_user_code_raising_is_an_audit_error(tmp_path: Path) -> None:

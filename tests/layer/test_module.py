@@ -275,7 +275,8 @@ def test_dropout_only_in_training_and_patterns_are_pre_dropout():
 
 
 def test_parameter_count_independent_of_heads_for_wide():
-    """Thread 001: the wide layer's parameters do not depend on the number of heads."""
+    """Why does the parameter count not change with the number of heads? The wide layer's parameters do not
+    depend on it."""
     counts = {h: sum(p.numel() for p in MultiHeadAttention(AttentionConfig(d_model=64, n_heads=h)).parameters())
               for h in (1, 2, 4, 8, 16)}
     assert len(set(counts.values())) == 1 and counts[1] == 4 * 64 * 64 + 4 * 64

@@ -59,14 +59,14 @@ def test_table_numbers_are_accounts(built: tuple[Path, str]) -> None:
         assert row[6] == str(acc.qk_rank_bound)
 
 
-def test_prose_answers_the_three_threads_with_computed_sentences(built: tuple[Path, str]) -> None:
+def test_prose_answers_the_three_questions_with_computed_sentences(built: tuple[Path, str]) -> None:
     text = html.unescape(_section(built[1]))
     for question in ("Do more heads mean more parameters?", "Do heads share weights?",
                      "Why separate W_Q and W_K instead of one W_QK?"):
         assert question in text
     for name in PRESETS:
         rows = [account(preset_config(name, d_model=D_MODEL, n_heads=h), seq_len=SEQ_LEN) for h in HEADS]
-        assert text.count(explain(name, rows)) == 1, name  # each sentence once: in its thread's answer or the list
+        assert text.count(explain(name, rows)) == 1, name  # each sentence once: in its question's answer or the list
     # The wide rows are checked against torch.nn.MultiheadAttention built at the same sizes.
     assert "torch.nn.MultiheadAttention(512, h) has " + ", ".join(["1,050,624"] * 5) in text
     assert "the same as the wide rows" in text

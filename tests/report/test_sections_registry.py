@@ -1,4 +1,4 @@
-"""The default page: one part per seed question, each with a section that measures its answer."""
+"""The default page: one part per question about heads, each with a section that measures its answer."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from headlab.report.section import Part
 from headlab.report.sections import DEFAULT_SECTIONS
 
 
-def test_every_seed_question_has_a_part_with_measured_sections() -> None:
+def test_every_question_has_a_part_with_measured_sections() -> None:
     parts = {e.id: e for e in DEFAULT_SECTIONS if isinstance(e, Part)}
-    questions = [f"q00{i}" for i in range(5)]
+    questions = ["shared-weights", "more-heads", "separate-qk", "heads-vs-one-head", "different-heads"]
     assert list(parts)[:5] == questions
     for q in questions:
         assert parts[q].title.endswith("?") and parts[q].sections, q

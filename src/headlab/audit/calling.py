@@ -4,7 +4,7 @@ Three calling conventions cover the layers people write:
 
     self   forward(x)                              self-attention only
     qkv    forward(query, key, value)              nn.MultiheadAttention, most libraries
-    vkq    forward(values, keys, query, mask)      the tutorial layer of ../seeds thread 000
+    vkq    forward(values, keys, query, mask)      a widely copied tutorial layer (examples/slice_shared.py)
 
 and two input layouts: batch-first ``(batch, pos, d_model)`` and sequence-first
 ``(pos, batch, d_model)`` (nn.MultiheadAttention's default). ``detect`` finds them by running

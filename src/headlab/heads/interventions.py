@@ -6,7 +6,7 @@ masked or ablated head costs one multiply-add on z, and ``headlab.heads.save`` w
 beside the model. Interventions compose: scaling an ablated head scales its replacement.
 
 Heads are addressed as (layer, head) with the layer's current head numbering (see
-``headlab.heads.address``).
+``headlab.heads.selection``).
 """
 
 from __future__ import annotations

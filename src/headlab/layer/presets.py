@@ -1,4 +1,6 @@
-"""Named layer configurations ("presets"): the layouts ../seeds threads 000–002 ask about.
+"""Named layer configurations ("presets"): the layouts behind three questions about heads: do heads
+share Q/K/V weights (``shared``)? why does the parameter count not change with the number of heads
+(``wide``)? why separate W_Q and W_K instead of one W_QK (``bilinear``)?
 
 Each preset is a function ``(d_model, n_heads) -> AttentionConfig``; ``headlab params``, the
 report's parameter section and the layer-variants experiment compare them. A single head is any

@@ -3,8 +3,8 @@
 A section is a named function from a :class:`ReportContext` to an HTML fragment. It
 computes its own numbers (seeded by ``ctx.seed``, smaller when ``ctx.quick``) and may
 write asset files (JSON, images) into the report folder through the context. A
-:class:`Part` groups sections under one heading (one question of ../seeds/README.md, the
-model's heads, ...); the page and its table of contents follow the parts.
+:class:`Part` groups sections under one heading (one question about heads, such as "do heads share
+Q/K/V weights?", the model's heads, ...); the page and its table of contents follow the parts.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Attention layers written for headlab in the styles people use: the issue's ``examples/`` folder.
+"""Attention layers written for headlab in the styles people use.
 
 Each file is self-contained (it imports only torch), so it works both as part of this package
 and as a file handed to the command line, e.g.
-``headlab audit src/headlab/audit/examples/thread_000.py:SliceSharedAttention``.
+``headlab audit src/headlab/audit/examples/slice_shared.py:SliceSharedAttention``.
 
-    thread_000       the layout of ../seeds thread 000: one Linear(head_dim, head_dim) per role
-                     shared by all heads, each applied to its head's slice; forward(values, keys, query, mask)
+    slice_shared     a widely copied tutorial layer: one Linear(head_dim, head_dim) per role shared by
+                     all heads, each applied to its head's slice; forward(values, keys, query, mask)
     narrow           narrow heads with their own projections; forward(x)
     separate_qkv     the standard layer with separate q/k/v Linears; forward(query, key, value)
     fused_causal     a fused qkv Linear and causal scaled_dot_product_attention; forward(x)
@@ -17,7 +17,7 @@ and as a file handed to the command line, e.g.
     single_head      one head, scores without a head axis, bmm; forward(x)
     same_weights     every head projects the full input with the same weights; forward(x)
 
-The corpus of layers written the ways people write them (issue "The audit survives real code"):
+The corpus of layers written the ways people write them, for the audit to survive real code:
 
     llama_rotary     a ModelArgs dataclass, grouped-query heads, rotary positions in complex64
     neox_rotary      rotate-half rotary positions in real form, causal scaled_dot_product_attention
@@ -69,7 +69,7 @@ from headlab.audit.examples.residual_inside import ResidualAttention
 from headlab.audit.examples.same_weights import RepeatedHeadAttention
 from headlab.audit.examples.separate_qkv import SeparateProjectionAttention
 from headlab.audit.examples.single_head import SingleHeadAttention
-from headlab.audit.examples.thread_000 import SliceSharedAttention
+from headlab.audit.examples.slice_shared import SliceSharedAttention
 from headlab.audit.examples.torch_mha import MultiheadAttention
 from headlab.audit.examples.unseeded_init import UnseededAttention
 from headlab.audit.examples.wide_heads import FullWidthHeadsAttention
@@ -85,7 +85,7 @@ __all__ = [
 ]
 
 EXAMPLES: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
-    "thread_000": (SliceSharedAttention, {}),
+    "slice_shared": (SliceSharedAttention, {}),
     "narrow": (NarrowAttention, {}),
     "separate_qkv": (SeparateProjectionAttention, {}),
     "fused_causal": (FusedCausalAttention, {}),

@@ -1,8 +1,9 @@
 """Bilinear attention: each head scores with one full ``d_model × d_model`` matrix instead of W_Q W_Kᵀ.
 
 score_h(x_q, x_k) = x_q W[h] x_kᵀ / sqrt(d_model), with ``W`` an ``(n_heads, d_model, d_model)``
-parameter (../seeds thread 002), so a head's query-key form can have rank d_model rather than
-d_head. Values and the output projection are the standard ones. Called as ``forward(x)``.
+parameter: the one W_QK per head that could be learned instead of separate W_Q and W_K, so a
+head's query-key form can have rank d_model rather than d_head. Values and the output projection
+are the standard ones. Called as ``forward(x)``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``W_Q, W_K, W_V`` are ``(n_heads, d_model, d_head)`` parameters and ``W_O`` is
 ``(n_heads, d_head, d_model)``, as interpretability code lays them out; every product is an
-``einsum`` (operands passed as a list, as in ../seeds thread 000). d_head is set on its own, so
-n_heads·d_head need not equal d_model. Called as ``forward(x)``.
+``einsum`` (operands passed as a list, as a widely copied tutorial layer writes them). d_head
+is set on its own, so n_heads·d_head need not equal d_model. Called as ``forward(x)``.
 """
 
 from __future__ import annotations

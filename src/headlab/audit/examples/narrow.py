@@ -2,8 +2,8 @@
 
 Each head has its own ``Linear(d_slice, d_slice)`` for queries, keys and values (a ModuleList per
 role), the heads are stacked before one softmax, and ``@`` weights the values. Called as
-``forward(x)``. Unlike the layout of thread 000 the heads do not share weights, but each still
-reads only ``d_model / n_heads`` dimensions of the input.
+``forward(x)``. Unlike the tutorial layout of ``slice_shared`` the heads do not share weights,
+but each still reads only ``d_model / n_heads`` dimensions of the input.
 """
 
 from __future__ import annotations

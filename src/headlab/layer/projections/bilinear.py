@@ -1,6 +1,6 @@
 """The "bilinear" projection: one full W_QK per head instead of the factored W_Q W_Kᵀ.
 
-../seeds thread 002 asks why attention keeps W_Q and W_K apart. Here each head scores with a
+Why does attention keep W_Q and W_K apart instead of learning one W_QK? Here each head scores with a
 full (d_model × kdim) matrix, score = x_q W_QK[h] x_kᵀ: rank up to min(d_model, kdim) instead of
 d_head, at d_model·kdim parameters per head instead of (d_model + kdim)·d_head. Values and the
 output projection are the standard ones.

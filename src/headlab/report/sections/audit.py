@@ -1,11 +1,13 @@
-"""Thread 000 answered by ``headlab audit``: the tutorial layer and the standard layer, side by side.
+"""Do heads share their query, key and value weights? Answered by ``headlab audit``: a widely copied
+tutorial layer and the standard layer, side by side.
 
-../seeds thread 000 asks why a widely copied layer's heads share their query, key and value
-weights; the accepted answer says they do not. This section audits that layout (written for
-headlab in ``headlab.audit.examples.thread_000``) and ``torch.nn.MultiheadAttention`` at the same
-d_model and number of heads, from the running modules alone, and shows the evidence: the
-verdict lines, a side-by-side table of the measured fields, per-head tables, and the heads'
-patterns on an input whose slices are all the same (identical for the shared layer).
+The tutorial layer cuts the input into one slice per head and sends every slice through the same
+small projections, which makes readers ask whether heads share their weights. This section audits
+that layout (written for headlab in ``headlab.audit.examples.slice_shared``) and
+``torch.nn.MultiheadAttention`` at the same d_model and number of heads, from the running modules
+alone, and shows the evidence: the verdict lines, a side-by-side table of the measured fields,
+per-head tables, and the heads' patterns on an input whose slices are all the same (identical for
+the shared layer).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ PLOT_NAME = "assets/audit_same_slice.svg"
 
 
 def audit_pair(*, d_model: int = D_MODEL, n_heads: int = N_HEADS, seed: int = 0) -> tuple[AuditResult, AuditResult]:
-    """Audit the thread-000 layout and nn.MultiheadAttention, both built with torch seeded by ``seed``."""
+    """Audit the tutorial layer's layout and nn.MultiheadAttention, both built with torch seeded by ``seed``."""
     import torch
 
     from headlab.audit import audit
@@ -76,7 +78,7 @@ def render_audit(results: tuple[AuditResult, AuditResult], *, plot_href: str | N
     """The section's fragment: the answer, verdicts, the side-by-side table, plot and per-head tables.
 
     Args:
-        results: the audits of the thread-000 layout and of the standard layer, in that order.
+        results: the audits of the tutorial layer's layout and of the standard layer, in that order.
         plot_href: link target of the same-slice patterns plot, if one was written.
         json_href: link target of both audits as JSON, if written.
     """
@@ -149,4 +151,5 @@ def _render(ctx: ReportContext) -> str:
     return render_audit(results, plot_href=plot_href, json_href=json_href)
 
 
-SECTION = Section(id="audit", title="Auditing the layer of thread 000 against the standard layer", render=_render)
+SECTION = Section(id="audit", render=_render,
+                  title="Auditing a tutorial layer with shared per-slice projections against the standard layer")

@@ -1,5 +1,6 @@
-"""Parameters and FLOPs by variant and number of heads: ../seeds threads 000 (shared weights),
-001 (more heads, more parameters?) and 002 (why W_Q and W_K apart?), answered from the counts.
+"""Parameters and FLOPs by variant and number of heads, answering three questions from the counts:
+do heads share Q/K/V weights? why does the parameter count not change with the number of heads?
+why separate W_Q and W_K instead of one W_QK?
 
 The counts come from :func:`headlab.layer.accounting.sweep`. This module is the one home of
 the prose about them: :func:`explain` turns a preset's rows into one sentence on why its count
@@ -204,7 +205,7 @@ def _torch_mha_count(d_model: int, n_heads: int) -> int:
     return sum(p.numel() for p in torch.nn.MultiheadAttention(d_model, n_heads).parameters())
 
 
-def _thread_001(result: Sweep, explanations: dict[str, str], torch_count: TorchCountFn | None) -> str:
+def _more_heads(result: Sweep, explanations: dict[str, str], torch_count: TorchCountFn | None) -> str:
     wide = result.by_variant().get("wide")
     if not wide:
         return ""
@@ -222,7 +223,7 @@ def _thread_001(result: Sweep, explanations: dict[str, str], torch_count: TorchC
     return text + "</p>"
 
 
-def _thread_000(result: Sweep, explanations: dict[str, str]) -> str:
+def _shared_weights(result: Sweep, explanations: dict[str, str]) -> str:
     if "shared" not in explanations:
         return ""
     return (f"<p><strong>Do heads share weights?</strong> In the standard layer no: each head has its own slice "
@@ -231,7 +232,7 @@ def _thread_000(result: Sweep, explanations: dict[str, str]) -> str:
             f"{escape(explanations['shared'])}</p>")
 
 
-def _thread_002(result: Sweep, explanations: dict[str, str]) -> str:
+def _separate_qk(result: Sweep, explanations: dict[str, str]) -> str:
     if "bilinear" not in explanations:
         return ""
     rows = result.by_variant()["bilinear"]
@@ -253,7 +254,8 @@ def render_params(
     plot_href: str | None = None,
     json_href: str | None = None,
 ) -> Html:
-    """The section's fragment: answers to threads 001, 000, 002, one sentence per variant, the table.
+    """The section's fragment: the answers to "do more heads mean more parameters?", "do heads share
+    weights?" and "why separate W_Q and W_K?", one sentence per other variant, the table.
 
     Args:
         result: the sweep to show.
@@ -268,16 +270,16 @@ def render_params(
     if not result.rows:
         raise ValueError("the parameter sweep has no rows")
     explanations = explain_sweep(result)
-    in_threads = {"wide", "shared", "bilinear"}  # their sentences are part of the answers above the list
+    in_answers = {"wide", "shared", "bilinear"}  # their sentences are part of the answers above the list
     parts = [
         f"<p>Layers of width d_model = {escape(result.d_model)}; FLOPs of one forward pass over "
         f"{escape(result.seq_len)} positions of self-attention, batch 1, 2 per multiply-add (softmax and other "
         "element-wise work not counted).</p>",
-        _thread_001(result, explanations, torch_count),
-        _thread_000(result, explanations),
-        _thread_002(result, explanations),
+        _more_heads(result, explanations, torch_count),
+        _shared_weights(result, explanations),
+        _separate_qk(result, explanations),
         "".join(f"<li>{code(name)}: {escape(sentence)}</li>" for name, sentence in explanations.items()
-                if name not in in_threads),
+                if name not in in_answers),
     ]
     if parts[-1]:
         parts[-1] = f"<ul>{parts[-1]}</ul>"

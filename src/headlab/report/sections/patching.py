@@ -1,150 +1,56 @@
 """Which heads carry a behaviour: exact activation patching and attribution patching (AtP) on the
 report's model, side by side (``headlab.analysis.patching``).
 
-The pair of inputs and the metric follow the model:
+The pair of inputs and the metric follow the model (``choose_pair``): induction pairs and a logit
+difference for a causal language model, sentence pairs and the similarity of the pooled output
+for any other; among the candidates the section takes the pair whose clean and corrupted runs the
+metric tells furthest apart (the largest gap).
 
-- a causal language model (its output has logits): an induction pair built from the model's own
-  tokenizer. The clean input is a run of distinct tokens followed by the run again without its
-  last token, so a model that copies (induction heads) predicts that last token next; the
-  corrupted input changes the last token's first occurrence, so copying predicts another.
-  Metric: ``logit(answer) − logit(wrong)`` at the last position.
-- any other model (an encoder such as MiniLM; a causal model without a language-model head):
-  ``CLEAN`` against ``CORRUPTED``, and the cosine similarity of the mean-pooled output to the
-  clean text's.
+A head's effect is its change of the metric divided by the clean − corrupted gap. Below
+``MIN_GAP`` that share means nothing (one head can move the metric by more than the whole gap),
+so the section shows each head's raw change instead and says why.
 
-Both methods run on every head of a pair a dozen tokens long, so ``--quick`` changes nothing
-here. Every sentence of the section is generated from the two results.
-
-Axis legend: input ids ``(batch, pos)``.
+Both methods run once on every head of a pair a dozen tokens long, so ``--quick`` changes
+nothing here. Every sentence of the section is generated from the two results, except how fast
+each method is: one timed run is not a measurement, so that is read from the bench's interleaved
+rounds in benchmarks/RESULTS.json (``speed_sentences``), and said to be missing when the bench has
+no row for the model.
 """
-
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headlab.report.html import Html, escape, link, table
+from headlab.report.html import Html, code, escape, link, table
 from headlab.report.section import ReportContext, Section
+from headlab.report.sections._patching_pair import RUN, choose_pair, similarity_candidates
 
 if TYPE_CHECKING:
-    from torch import nn
+    from headlab.bench.records import Comparison, SuiteResult
 
-    from headlab.models import HeadedModel
+__all__ = ["MIN_GAP", "RUN", "SECTION", "TOP", "bench_rows", "choose_pair", "normalised", "render_patching",
+           "sentences", "similarity_candidates", "speed_sentences"]
 
-__all__ = ["CLEAN", "CORRUPTED", "INDUCTION_TEXT", "RUN", "SECTION", "TOP", "Pair", "choose_pair", "render_patching",
-           "sentences"]
-
-CLEAN, CORRUPTED = "The cat sat on the mat.", "The dog sat on the mat."
-INDUCTION_TEXT = "the cat sat on a big red mat while the dog ran"  # common words: one token each in most vocabularies
-RUN = 6  # distinct tokens in the repeated run
 TOP = 10  # heads in the table
 CLOSE = 1.25  # AtP within this factor of the exact effect (either way) "agrees" on a head
+# The smallest clean − corrupted gap, in the metric's own units, at which effects are shown as shares of it. Both
+# metrics here are of order one: a cosine similarity (1 on the clean input) and a logit difference (a gap of 0.1
+# changes the odds of the answer over the wrong token by about 10%). Below it, a single head's patch moves the
+# metric by as much as the whole gap, so the share is noise divided by a small number (effects of ±2 on a gap of
+# 0.01), not a part of a behaviour; a negative gap would read every share backwards.
+MIN_GAP = 0.1
 ASSET_DIR = "assets/patching"
+BENCH_AREA = "patching"  # the bench area whose rows time both methods (headlab.bench.patching)
 
 
-@dataclass(frozen=True)
-class Pair:
-    """A clean input, a corrupted one as long, and the metric that tells them apart.
-
-    Attributes:
-        clean, corrupted: input ids, ``(1, pos)``.
-        metric: ``metric(output) -> scalar``; ``headlab.analysis.patching.Metric``.
-        name: "logit-diff" or "similarity".
-        definition: the metric in words.
-        why: how the pair was built and why this metric, in words generated from its tokens.
-    """
-
-    clean: Any
-    corrupted: Any
-    metric: Any
-    name: str
-    definition: str
-    why: str
-
-
-def choose_pair(loaded: HeadedModel | nn.Module, *, clean: str = CLEAN, corrupted: str = CORRUPTED) -> Pair:
-    """The pair and metric for ``loaded``: an induction pair with a logit difference for a causal
-    language model, otherwise ``clean``/``corrupted`` with the similarity metric.
-
-    Args:
-        loaded: a ``HeadedModel`` (or an attached model).
-        clean, corrupted: the texts of the similarity pair. When they tokenize to different
-            lengths the corrupted input is the clean one with its first differing token swapped.
-
-    Returns:
-        The ``Pair``.
-
-    Raises:
-        ValueError: the tokenizer yields fewer than ``RUN + 1`` distinct tokens for
-            ``INDUCTION_TEXT``, or the similarity texts tokenize alike up to the shorter one's end.
-    """
-    import torch
-
-    from headlab.models import headed
-
-    loaded = headed(loaded)  # the handle: an attached model's tokenizer is on it
-    if not any(site.causal for site in loaded.sites):
-        return _similarity_pair(loaded, clean, corrupted, "the model is an encoder (no next token to predict)")
-    pair = _induction_pair(loaded)
-    with torch.no_grad():
-        output = loaded.model(input_ids=pair.clean.to(loaded.model.device))
-    if getattr(output, "logits", None) is None:
-        return _similarity_pair(loaded, clean, corrupted, "the model is causal but its output has no logits (no "
-                                "language-model head), so no logit difference can be read")
-    return pair
-
-
-def _induction_pair(loaded: HeadedModel) -> Pair:
-    import torch
-
-    from headlab.analysis.patching import logit_difference
-
-    tokenizer = loaded.tokenizer
-    distinct = list(dict.fromkeys(tokenizer(INDUCTION_TEXT, add_special_tokens=False)["input_ids"]))
-    if len(distinct) < RUN + 1:
-        raise ValueError(f"{INDUCTION_TEXT!r} gives {len(distinct)} distinct tokens with this tokenizer; the "
-                         f"induction pair needs {RUN + 1}")
-    run, wrong = distinct[:RUN], distinct[RUN]
-    answer = run[-1]
-    prefix = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
-    clean = torch.tensor([prefix + run + run[:-1]])
-    corrupted = torch.tensor([prefix + run[:-1] + [wrong] + run[:-1]])
-    shown = tokenizer.convert_ids_to_tokens([answer, wrong])
-    why = (f"The model is a causal language model, so the pair tests copying: the clean input is a run of {RUN} "
-           f"tokens followed by the run again without its last token, so a model that copies (induction) predicts "
-           f"{shown[0]!r} next; the corrupted input changes the first {shown[0]!r} into {shown[1]!r}, so copying "
-           f"predicts {shown[1]!r}. Both are {clean.shape[1]} tokens long"
-           f"{' (a beginning-of-sequence token first)' if prefix else ''}.")
-    return Pair(clean, corrupted, logit_difference(answer, wrong), "logit-diff",
-                f"logit({shown[0]!r}) − logit({shown[1]!r}) at the last position", why)
-
-
-def _similarity_pair(loaded: HeadedModel, clean: str, corrupted: str, reason: str) -> Pair:
-    from headlab.analysis.patching import text_metric
-
-    tokenizer = loaded.tokenizer
-    a = tokenizer(clean, return_tensors="pt")["input_ids"]
-    b = tokenizer(corrupted, return_tensors="pt")["input_ids"]
-    width = min(a.shape[1], b.shape[1])
-    differ = (a[0, :width] != b[0, :width]).nonzero().flatten().tolist()
-    if not differ:
-        raise ValueError(f"{corrupted!r} tokenizes as {clean!r} does, or as a prefix or extension of it; there is no "
-                         "token to patch between them")
-    if a.shape == b.shape:
-        changed = f"they differ in {len(differ)} of their {a.shape[1]} tokens"
-    else:  # keep the clean length: swap the first token where the two tokenizations part
-        swapped = a.clone()
-        swapped[0, differ[0]] = b[0, differ[0]]
-        b = swapped
-        changed = (f"the two texts tokenize to different lengths, so the corrupted input is the clean one with "
-                   f"token {differ[0]} swapped, {a.shape[1]} tokens each")
-    metric, definition = text_metric(loaded, clean, name="similarity")
-    why = (f"Similarity metric, because {reason}: the clean text is {clean!r}, the corrupted one {corrupted!r}; "
-           f"{changed}.")
-    return Pair(a, b, metric, "similarity", definition, why)
+def normalised(result: Any) -> bool:
+    """Whether a ``PatchingResult``'s effects (shares of the clean − corrupted gap) mean anything: the gap is at
+    least ``MIN_GAP``. When not, the section shows each head's ``change`` of the metric instead."""
+    return result.clean_metric - result.corrupted_metric >= MIN_GAP
 
 
 def sentences(exact: Any, attribution: Any, *, definition: str, top: int = TOP) -> list[str]:
@@ -157,72 +63,86 @@ def sentences(exact: Any, attribution: Any, *, definition: str, top: int = TOP) 
         top: heads compared by the overlap of the two top lists.
 
     Returns:
-        The sentences: the metric and its values, what an effect is, the cost of each method, their
-        rank correlation, the overlap of their top heads and the top head's two values.
+        The sentences: the metric and its values, what a head's value is (its effect, a share of the gap, or
+        its raw change where the gap is under ``MIN_GAP``), the passes of each method, their rank correlation,
+        the overlap of their top heads and the top head's two values.
     """
     from headlab.analysis.importance import spearman
-    from headlab.bench.results import format_seconds
 
-    e, a = exact.table["effect"], attribution.table["effect"]
+    column = _column(exact)
+    e, a = exact.table[column], attribution.table[column]
     n = len(e)
     gap = exact.clean_metric - exact.corrupted_metric
-    out = [f"The metric is {definition}: {exact.clean_metric:.4g} on the clean input and "
-           f"{exact.corrupted_metric:.4g} on the corrupted one, a gap of {gap:.4g}."
-           + ("" if gap > 0 else " The clean input scores lower, so the model does not show the behaviour the "
-              "pair tests; each effect below is still the head's change divided by this gap."),
-           "A head's effect is the share of that gap it recovers when the corrupted run receives the head's output "
-           "z (before W_O) from the clean run: 1 recovers all of it, 0 none, a negative effect widens it."]
-    speed = exact.seconds / attribution.seconds
-    faster = f"{speed:.0f}× faster" if speed >= 10 else (f"{speed:.1f}× faster" if speed >= 1 else
-                                                          f"{1 / speed:.1f}× slower")
-    out.append(f"One timed run each: exact activation patching ran {_passes(exact.forwards, 'forward')} (one per "
-               f"head and the two baselines) in {format_seconds(exact.seconds)}; attribution patching (AtP, Kramár et "
-               f"al. 2024) estimated all {n} heads from {_passes(attribution.forwards, 'forward')} and "
-               f"{_passes(attribution.backwards, 'backward')} in {format_seconds(attribution.seconds)}, {faster}.")
+    said = (f"The metric is {definition}: {exact.clean_metric:.4g} on the clean input and "
+            f"{exact.corrupted_metric:.4g} on the corrupted one, a gap of {gap:.4g}.")
+    patched = "when the corrupted run receives the head's output z (before W_O) from the clean run"
+    if column == "effect":
+        out = [said, f"A head's effect is the share of that gap it recovers {patched}: 1 recovers all of it, 0 none, "
+                     "a negative effect widens it."]
+    else:
+        why = (" The clean input scores lower, so the model does not show the behaviour the pair tests and a share "
+               "of the gap would read backwards." if gap <= 0 else
+               f" A gap under {MIN_GAP:g} is too small for shares of it to mean anything: one head's patch can move "
+               "the metric by as much as the whole gap.")
+        out = [said + why, f"So each head is given by its change: how far the metric moves {patched}, in the metric's "
+                           "own units (positive raises it), not divided by the gap."]
+    out.append(f"Exact activation patching ran {_passes(exact.forwards, 'forward')} (one per head and the two "
+               f"baselines); attribution patching (AtP, Kramár et al. 2024) estimated all {n} heads from "
+               f"{_passes(attribution.forwards, 'forward')} and {_passes(attribution.backwards, 'backward')}.")
     rho, rho_abs = spearman(e, a), spearman(np.abs(e), np.abs(a))
     verdict = ("the rankings mostly agree" if rho >= 0.8 else "the rankings agree only in part" if rho >= 0.5
                else "the rankings disagree: read AtP's table as a guess to check, not as a measurement")
-    out.append(f"Over the {n} heads the two methods' effects have Spearman rank correlation {rho:.2f} "
+    out.append(f"Over the {n} heads the two methods' {column}s have Spearman rank correlation {rho:.2f} "
                f"({rho_abs:.2f} for their magnitudes): {verdict}.")
     k = min(top, n)
-    exact_top = exact.table.top("effect", k, absolute=True)
-    atp_top = attribution.table.top("effect", k, absolute=True)
+    exact_top = exact.table.top(column, k, absolute=True)
+    atp_top = attribution.table.top(column, k, absolute=True)
     shared = len(set(exact_top) & set(atp_top))
-    flipped = sum(np.sign(exact.table.value("effect", *h)) != np.sign(attribution.table.value("effect", *h))
+    flipped = sum(np.sign(exact.table.value(column, *h)) != np.sign(attribution.table.value(column, *h))
                   for h in exact_top)
     signs = ("AtP gives every one of them the exact method's sign" if flipped == 0 else
              f"AtP gives {flipped} of them the opposite sign")
     if k < n:
-        out.append(f"Of the exact method's top {k} heads by |effect|, {shared} are in AtP's top {k}; {signs}.")
+        out.append(f"Of the exact method's top {k} heads by |{column}|, {shared} are in AtP's top {k}; {signs}.")
     else:
         out.append(f"Of all {n} heads, {signs}.")
-    out.append(_top_head(exact, attribution))
+    out.append(_top_head(exact, attribution, column))
     return out
 
 
-def _top_head(exact: Any, attribution: Any) -> str:
+def _column(exact: Any) -> str:
+    """The table column the section shows: "effect" when the gap normalises, else "change"."""
+    return "effect" if normalised(exact) else "change"
+
+
+def _shown(value: float, column: str) -> str:
+    return f"{value:+.3f}" if column == "effect" else f"{value:+.3g}"
+
+
+def _top_head(exact: Any, attribution: Any, column: str) -> str:
     """The exact top head, AtP's estimate of it and AtP's rank for it."""
     from headlab.heads import head_label
 
-    layer, head = exact.table.top("effect", 1, absolute=True)[0]
-    e, a = exact.table.value("effect", layer, head), attribution.table.value("effect", layer, head)
+    layer, head = exact.table.top(column, 1, absolute=True)[0]
+    e, a = exact.table.value(column, layer, head), attribution.table.value(column, layer, head)
     if np.sign(a) != np.sign(e):
-        estimate = f"AtP estimates {a:+.3f}, the opposite sign"
+        estimate = f"AtP estimates {_shown(a, column)}, the opposite sign"
     elif abs(a) > CLOSE * abs(e):
-        estimate = f"AtP estimates {a:+.3f}, overestimating it {a / e:.2f}×"
+        estimate = f"AtP estimates {_shown(a, column)}, overestimating it {a / e:.2f}×"
     elif abs(a) * CLOSE < abs(e):
-        estimate = f"AtP estimates {a:+.3f}, underestimating it ({a / e:.2f}× the exact effect)"
+        estimate = f"AtP estimates {_shown(a, column)}, underestimating it ({a / e:.2f}× the exact {column})"
     else:
-        estimate = f"AtP estimates {a:+.3f} ({a / e:.2f}× the exact effect)"
-    ranked = attribution.table.top("effect", None, absolute=True)
+        estimate = f"AtP estimates {_shown(a, column)} ({a / e:.2f}× the exact {column})"
+    ranked = attribution.table.top(column, None, absolute=True)
     rank = ranked.index((layer, head)) + 1
     if rank == 1:
         where = "and ranks it first too"
     else:
         other = ranked[0]
         where = (f"and ranks it {_ordinal(rank)}; AtP's first is {head_label(*other)}, whose exact "
-                 f"effect is {exact.table.value('effect', *other):+.3f}")
-    return f"The exact method's top head is {head_label(layer, head)}, with effect {e:+.3f}; {estimate}, {where}."
+                 f"{column} is {_shown(exact.table.value(column, *other), column)}")
+    return (f"The exact method's top head is {head_label(layer, head)}, with {column} {_shown(e, column)}; "
+            f"{estimate}, {where}.")
 
 
 def _passes(n: int, kind: str) -> str:
@@ -234,9 +154,53 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+def speed_sentences(runs: Mapping[str, SuiteResult], model: str, *, source: str) -> list[str]:
+    """How fast AtP is against the exact method on ``model``, as ``headlab bench`` measured it.
+
+    One timed run of each method is not a measurement (the machine's load changes the seconds from run to run),
+    so the section states the bench's ratio: both methods timed in one interleaved group, the median of its
+    rounds, its noise, and when the rounds cannot tell the two apart.
+
+    Args:
+        runs: device → the latest stored bench run (``headlab.bench.results.read_results``); may be empty.
+        model: the model as the bench names it in a row's case (``headlab.bench.capture.model_name``).
+        source: the results file as the page names it.
+
+    Returns:
+        One sentence per device whose "patching" area has a row for ``model``, or one sentence saying there is
+        none (no speed is stated then).
+    """
+    from headlab.bench.results import DEVICES, format_seconds, inconclusive, noise
+
+    out = []
+    for device, run, row in bench_rows(runs, model):
+        verdict = ("within noise: the rounds do not say which is faster" if inconclusive(row) else
+                   f"{row.speedup:.0f}× faster" if row.speedup >= 10 else
+                   f"{row.speedup:.1f}× faster" if row.speedup >= 1 else f"{row.ratio:.1f}× slower")
+        out.append(f"Speed, read from {source} (not measured by this report: {run.command}, {run.started}, "
+                   f"{DEVICES.get(device, device)}, {run.machine.get('cpu', 'an unnamed CPU')}): on the bench's "
+                   f"pair ({row.case}), timed in one interleaved group ({run.plan.rounds} rounds, median), "
+                   f"{row.contender} took {format_seconds(row.contender_time.median)} and {row.peer} "
+                   f"{format_seconds(row.peer_time.median)}: ratio {row.ratio:.3f} (noise {noise(row):.0%}), "
+                   f"{verdict}.")
+    if not out:
+        out.append(f"Speed: {source} holds no patching row for {model}, so none is stated here; one timed run of "
+                   "each method is not a measurement. headlab bench times both in interleaved rounds (on the "
+                   "default model, or on another given as its argument).")
+    return out
+
+
+def bench_rows(runs: Mapping[str, SuiteResult], model: str) -> list[tuple[str, SuiteResult, Comparison]]:
+    """``(device, run, row)`` for every row of the bench's patching area (``headlab.bench.patching``) whose case
+    is ``model``'s: its name as the bench writes it, then " · " and the pair's size."""
+    return [(device, run, row) for device, run in runs.items() for area in run.areas if area.name == BENCH_AREA
+            for row in area.rows if row.case.startswith(f"{model} · ")]
+
+
 def render_patching(pair_text: tuple[str, str], why: str, exact: Any, attribution: Any, *, name: str,
-                    definition: str, plot_href: str | None = None, json_href: str | None = None) -> Html:
-    """The section's fragment: the pair, the findings, the top heads by both methods, the heatmaps.
+                    definition: str, speed: Sequence[str] = (), plot_href: str | None = None,
+                    json_href: str | None = None) -> Html:
+    """The section's fragment: the pair, the findings, the speed, the top heads by both methods, the heatmaps.
 
     Args:
         pair_text: the clean and corrupted inputs as text (decoded tokens).
@@ -244,6 +208,7 @@ def render_patching(pair_text: tuple[str, str], why: str, exact: Any, attributio
         exact, attribution: the two ``PatchingResult``s.
         name: the model's short name.
         definition: the metric in words.
+        speed: ``speed_sentences``' sentences.
         plot_href, json_href: links to the heatmaps and the JSON, if written.
 
     Returns:
@@ -251,49 +216,77 @@ def render_patching(pair_text: tuple[str, str], why: str, exact: Any, attributio
     """
     from headlab.heads import head_label
 
+    column = _column(exact)
     links = ", ".join(link(h, t) for h, t in ((json_href, "patching.json"), (plot_href, "patching.png")) if h)
-    parts = [f"<p>Which heads of <code>{escape(name)}</code> carry one behaviour: each head's output z is patched "
+    parts = [f"<p>Which heads of {code(name)} carry one behaviour: each head's output z is patched "
              "from a clean run into a corrupted one, exactly (one forward per head) and by attribution patching "
              f"(two forwards and one backward for every head). {escape(why)}"
              + (f" Per-head results: {links}." if links else "") + "</p>",
              f"<p>Clean: <code>{escape(pair_text[0])}</code><br>Corrupted: <code>{escape(pair_text[1])}</code></p>"]
-    parts += [f"<p>{escape(s)}</p>" for s in sentences(exact, attribution, definition=definition)]
-    ranked = attribution.table.top("effect", None, absolute=True)
+    parts += [f"<p>{escape(s)}</p>" for s in [*sentences(exact, attribution, definition=definition), *speed]]
+    ranked = attribution.table.top(column, None, absolute=True)
     rows = []
-    for i, (layer, head) in enumerate(exact.table.top("effect", TOP, absolute=True), 1):
-        e, a = exact.table.value("effect", layer, head), attribution.table.value("effect", layer, head)
-        rows.append([i, head_label(layer, head), f"{e:+.3f}", f"{a:+.3f}", f"{a / e:.2f}" if e else "—",
+    for i, (layer, head) in enumerate(exact.table.top(column, TOP, absolute=True), 1):
+        e, a = exact.table.value(column, layer, head), attribution.table.value(column, layer, head)
+        rows.append([i, head_label(layer, head), _shown(e, column), _shown(a, column), f"{a / e:.2f}" if e else "—",
                      ranked.index((layer, head)) + 1])
-    parts.append(table(["rank (exact)", "head", "exact effect", "AtP effect", "AtP / exact", "rank (AtP)"],
-                       rows, numeric_cols=(0, 2, 3, 4, 5), caption=f"The top {len(rows)} heads by exact |effect|"))
+    parts.append(table(["rank (exact)", "head", f"exact {column}", f"AtP {column}", "AtP / exact", "rank (AtP)"],
+                       rows, numeric_cols=(0, 2, 3, 4, 5), caption=f"The top {len(rows)} heads by exact |{column}|"))
     if plot_href is not None:
         parts.append(f'<p><img src="{escape(plot_href)}" alt="layer by head heatmaps of each head\'s effect, exact '
                      'patching beside attribution patching" style="max-width:100%"></p>')
+    elif column == "change":
+        parts.append("<p class=\"note\">No heatmap: it would colour the heads by their share of a gap too small "
+                     "to share.</p>")
     return Html("".join(parts))
+
+
+def _results_named() -> tuple[dict[str, Any], str, str | None]:
+    """The stored bench runs, the file as the page names it (relative to the working directory when inside
+    it), and its path for the provenance paragraph (None when there is no file)."""
+    from headlab.bench.results import read_results
+    from headlab.report.sections.bench import find_results
+
+    path = find_results()
+    if path is None:
+        return {}, "benchmarks/RESULTS.json (absent)", None
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    return read_results(path), str(shown), str(path)
 
 
 def render(ctx: ReportContext) -> str:
     from headlab.analysis.importance import spearman
     from headlab.analysis.patching import activation_patching, attribution_patching, plot_patching
-    from headlab.report.provenance import model_name
+    from headlab.bench.capture import model_name as bench_name
+    from headlab.report.provenance import ReadSource, model_name, record_source
+    from headlab.report.sections.bench import measured
 
     loaded = ctx.load_model()
     pair = choose_pair(loaded)
-    attribution_patching(loaded, pair.clean, pair.corrupted, pair.metric)  # warm-up: the first backward allocates
     exact = activation_patching(loaded, pair.clean, pair.corrupted, pair.metric)
     attribution = attribution_patching(loaded, pair.clean, pair.corrupted, pair.metric)
     texts = tuple(loaded.tokenizer.decode(ids[0]) for ids in (pair.clean, pair.corrupted))
-    plot = plot_patching([exact, attribution], ctx.assets_dir / "patching" / "patching.png",
-                         title=f"{model_name(loaded.source)}: {pair.definition}")
-    e, a = exact.table["effect"], attribution.table["effect"]
+    runs, shown, path = _results_named()
+    speed = speed_sentences(runs, bench_name(loaded), source=shown)
+    read = {device: run for device, run, _ in bench_rows(runs, bench_name(loaded))}
+    if path is not None and read:
+        record_source(ctx, ReadSource(section=SECTION.title, path=path,
+                                      measured="; ".join(measured(run) for run in read.values())))
+    plot = None
+    if normalised(exact):  # the heatmaps colour heads by effect, a share of the gap
+        plot = plot_patching([exact, attribution], ctx.assets_dir / "patching" / "patching.png",
+                             title=f"{model_name(loaded.source)}: {pair.definition}")
+    column = _column(exact)
+    e, a = exact.table[column], attribution.table[column]
     document = {"model": loaded.source, "clean": texts[0], "corrupted": texts[1],
                 "clean_ids": pair.clean[0].tolist(), "corrupted_ids": pair.corrupted[0].tolist(),
-                "metric": pair.definition, "metric_kind": pair.name,
-                "results": [exact.to_dict(), attribution.to_dict()],
-                "spearman": spearman(e, a), "spearman_abs": spearman(np.abs(e), np.abs(a))}
+                "metric": pair.definition, "metric_kind": pair.name, "candidate_gaps": list(pair.gaps),
+                "min_gap": MIN_GAP, "shown": column, "results": [exact.to_dict(), attribution.to_dict()],
+                "spearman": spearman(e, a), "spearman_abs": spearman(np.abs(e), np.abs(a)), "speed": speed}
     json_href = ctx.write_file(f"{ASSET_DIR}/patching.json", json.dumps(document, indent=1) + "\n")
     return render_patching(texts, pair.why, exact, attribution, name=model_name(loaded.source),
-                           definition=pair.definition, plot_href=f"{ASSET_DIR}/{plot.name}", json_href=json_href)
+                           definition=pair.definition, speed=speed,
+                           plot_href=None if plot is None else f"{ASSET_DIR}/{plot.name}", json_href=json_href)
 
 
 SECTION = Section(id="patching", title="Which heads carry a behaviour: patching", render=render)

@@ -1,4 +1,4 @@
-"""The layout of ../seeds thread 000, written for headlab: one small projection per role, shared by all heads.
+"""A widely copied tutorial layer's layout, written for headlab: one small projection per role, shared by all heads.
 
 The input ``(batch, pos, embed_size)`` is cut into ``heads`` slices of ``head_dim =
 embed_size / heads``; the same three ``Linear(head_dim, head_dim)`` layers project every slice, and

@@ -1,4 +1,5 @@
-"""The layout of ../seeds thread 000 shares its weights, with the evidence; the standard layer does not."""
+"""The tutorial layer's layout (examples/slice_shared.py) shares its weights, with the evidence; the standard
+layer does not."""
 
 from __future__ import annotations
 
