@@ -3,7 +3,9 @@
 Per architecture: a pre-norm model's layers read the stream at their input norm and its output at the
 final norm, before the unembedding (its LM head); a post-norm encoder's layers read it at the norm that
 produced their input, and it has no unembedding. ``Stream.hooked`` records the stream at every point and
-edits it where asked; a module read twice in one forward is refused.
+edits it where asked; a module read in several layers is a point per call (ALBERT). A vision model's input
+enters its stream after the patch embedding; a model output by no norm (CLIP's vision tower) is read at its
+last layer's output; a model of stages (Swin) is refused.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def test_hooked_records_and_edits_the_stream():
     assert torch.allclose(edited, edited[:, :1].expand_as(edited)) and not torch.allclose(edited, plain)
 
 
-def test_a_module_read_twice_is_refused():
+def test_a_module_read_in_several_layers_is_a_point_per_call():
     class Shared(nn.Module):  # one norm before both layers
         def __init__(self) -> None:
             super().__init__()
@@ -84,6 +86,65 @@ def test_a_module_read_twice_is_refused():
                 x = x + layer(self.norm(x))
             return self.out(x)
 
-    handle = headlab.attach(Shared())
-    with pytest.raises(ValueError, match=r"norm reads the residual stream 2 times in one forward"):
-        stream_of(handle, {"x": torch.randn(1, 4, 16)})
+    model = Shared()
+    handle = headlab.attach(model)
+    x = torch.randn(1, 4, 16)
+    stream = stream_of(handle, {"x": x})
+    assert [(p.module, p.call) for p in stream.layers] == [(model.norm, 0), (model.norm, 1)]
+    assert stream.final.kind == "unembedding" and stream.entry.module is model.norm
+    seen: dict = {}
+    with torch.no_grad(), stream.hooked(record=seen, layers={1: lambda s: s * 0}):
+        edited = model(x)
+    assert torch.equal(seen[0], x) and not seen[1].any()  # the second call's stream alone edited
+    with torch.no_grad():
+        second = model.layers[1](model.norm(torch.zeros_like(x)))
+        assert torch.allclose(edited, model.out(x + model.layers[0](model.norm(x)) + second))
+
+
+def _family_points(name):
+    from tests.support.families import FAMILIES
+
+    handle = headlab.attach(FAMILIES[name].build())
+    inputs = {"input_ids": torch.randint(3, 90, (1, 6))} if name == "albert" else {
+        "pixel_values": torch.randn(1, 3, 16, 16)}
+    return handle, inputs, stream_of(handle, inputs)
+
+
+def test_a_vision_model_enters_its_stream_after_the_patch_embedding():
+    handle, inputs, stream = _family_points("vit")
+    assert [p.name for p in stream.layers] == ["layers.0.layernorm_before", "layers.1.layernorm_before"]
+    assert stream.entry.name == "layers.0" and stream.final.name == "layernorm"  # the first block reads it whole
+    seen: dict = {}
+    with torch.no_grad(), stream.hooked(entry=lambda s: s * 0, record=seen):
+        handle.model(**inputs)
+    assert not seen[0].any()  # every later module reads the stream given where it enters
+
+
+def test_a_model_output_by_no_norm_is_read_at_its_last_layer():
+    handle, inputs, stream = _family_points("clip_vision")
+    assert stream.final.kind == "output" and stream.final.name == "encoder.layers.1"
+    assert stream.final_norm is None and stream.unembedding is None
+    with torch.no_grad():
+        plain = handle.model(**inputs).last_hidden_state
+        seen: dict = {}
+        with stream.hooked(final=lambda s: s + 1, record=seen):
+            edited = handle.model(**inputs).last_hidden_state
+    assert torch.allclose(edited, plain + 1) and torch.allclose(seen["final"], edited)
+
+
+def test_albert_reads_its_shared_layer_once_per_call():
+    _, _, stream = _family_points("albert")
+    norm = "encoder.albert_layer_groups.{}.albert_layers.0.full_layer_layer_norm"
+    # layer 0 reads the embeddings mapped in; a post-norm layer L > 0 the previous call's normalised output
+    assert stream.layers[0].kind == "attention"
+    assert [(p.name, p.call) for p in stream.layers[1:]] == [(norm.format(0), 0), (norm.format(0), 1),
+                                                             (norm.format(1), 0)]
+    assert (stream.final.name, stream.final.call) == (norm.format(1), 1)
+
+
+def test_a_model_of_stages_is_refused():
+    from tests.support.families import FAMILIES
+
+    handle = headlab.attach(FAMILIES["swin"].build())
+    with pytest.raises(ValueError, match=r"^SwinModel: its layers read streams of different shapes"):
+        stream_of(handle, {"pixel_values": torch.randn(1, 3, 16, 16)})

@@ -140,3 +140,191 @@ def tiny_edges(kind: str) -> EdgeScores:
         return (output.logits[:, 4, 5] - output.logits[:, 4, 7]).mean()  # position 4: "dog" / "cat"
 
     return edge_attribution(tiny(kind), CLEAN, CORRUPTED, metric)
+
+
+# --- models of one stream beyond the text decoders: vision transformers and a module run in several layers ---
+FAMILY_PAIRS = ("vit", "clip_vision", "albert")  # pre-norm vision, a vision model output by no norm, ALBERT
+
+
+def family_model(name: str) -> Any:
+    """``FAMILIES[name]``'s tiny random model in float64 with transformers' own attention (sdpa: the eager one takes
+    its softmax in float32), its weights ten times as large as the default (so that a head's q and k matter)."""
+    from tests.support.families import FAMILIES
+
+    return FAMILIES[name].build("sdpa", torch.float64, initializer_range=0.2)
+
+
+def family_pair(name: str) -> tuple[HeadedModel, dict[str, torch.Tensor], dict[str, torch.Tensor],
+                                    Callable[[Any], torch.Tensor]]:
+    """A tiny random ``name`` of ``FAMILY_PAIRS`` (or "bart") attached, in float64; a clean input of two items and a
+    corrupted one (one patch of the image changed, or one token of the source); the metric: the last position's first
+    8 features of the output's hidden states, summed."""
+    handle = headlab.attach(family_model(name))
+    generator = torch.Generator().manual_seed(0)
+    if name in ("albert", "bart"):
+        ids = torch.randint(3, 100, (2, 8), generator=generator)
+        corrupted_ids = ids.clone()
+        corrupted_ids[:, 2] = torch.randint(3, 100, (2,), generator=generator)
+        clean, corrupted = {"input_ids": ids}, {"input_ids": corrupted_ids}
+        if name == "bart":  # the decoder reads the same target in both runs: the source changes
+            clean["decoder_input_ids"] = corrupted["decoder_input_ids"] = ids[:, :5]
+    else:
+        pixels = torch.randn(2, 3, 16, 16, generator=generator, dtype=torch.float64)
+        changed = pixels.clone()
+        changed[..., :4, :4] = torch.randn(2, 3, 4, 4, generator=generator, dtype=torch.float64)  # one patch
+        clean, corrupted = {"pixel_values": pixels}, {"pixel_values": changed}
+
+    def metric(output: Any) -> torch.Tensor:
+        return output.last_hidden_state[:, -1, :8].sum(-1).mean()
+
+    return handle, clean, corrupted, metric
+
+
+Place = tuple[str, int]  # a module's dotted name and which of its calls in one forward
+
+
+def _places(name: str, layer: int) -> dict[str, Place]:
+    """Where layer ``layer``'s heads read the stream (the norm whose input it is; not BART's), its q, k, v and output
+    projections, written out per family from transformers' modules (independently of ``headlab.models.stream``)."""
+    if name == "bart":  # encoder 0, 1; decoder self 2, 4, cross 3, 5
+        stack, block = ("encoder", layer) if layer < 2 else ("decoder", (layer - 2) // 2)
+        attention = f"{stack}.layers.{block}." + ("encoder_attn" if layer in (3, 5) else "self_attn")
+        return {**{r: (f"{attention}.{r}_proj", 0) for r in "qkv"}, "o": (f"{attention}.out_proj", 0)}
+    if name == "albert":  # 4 layers in 2 groups of one shared layer each: layer L is group L // 2's call L % 2
+        group = "encoder.albert_layer_groups.{}.albert_layers.0"
+        attention = group.format(layer // 2) + ".attention"
+        before = layer - 1  # a post-norm layer reads the previous layer's normalised output
+        return {"norm": (group.format(before // 2) + ".full_layer_layer_norm", before % 2),
+                "q": (attention + ".query", layer % 2), "k": (attention + ".key", layer % 2),
+                "v": (attention + ".value", layer % 2), "o": (attention + ".dense", layer % 2)}
+    if name == "vit":
+        block, attention, norm, out = f"layers.{layer}", "attention", "layernorm_before", "o_proj"
+    else:  # clip_vision
+        block, attention, norm, out = f"encoder.layers.{layer}", "self_attn", "layer_norm1", "out_proj"
+    return {"norm": (f"{block}.{norm}", 0), **{r: (f"{block}.{attention}.{r}_proj", 0) for r in "qkv"},
+            "o": (f"{block}.{attention}.{out}", 0)}
+
+
+# where the output reads the stream: a module's input (a final norm) or its output (CLIP's last layer), and its call
+FINAL = {"vit": ("layernorm", 0, "input"), "clip_vision": ("encoder.layers.1", 0, "output"),
+         "albert": ("encoder.albert_layer_groups.1.albert_layers.0.full_layer_layer_norm", 1, "input")}
+N_LAYERS, D_HEAD = {"vit": 2, "clip_vision": 2, "albert": 4, "bart": 6}, 8
+
+
+def _on_calls(model: Any, hooks: list[tuple[Place, Callable[..., Any], bool]]) -> list[Any]:
+    """Torch hooks on the chosen calls of modules (``(place, hook, pre)``), counted from the next forward on."""
+    handles = []
+    for (path, call), hook, pre in hooks:
+        count = [0]
+
+        def counted(module: Any, args: Any, *output: Any, hook: Any = hook, call: int = call,
+                    count: list[int] = count) -> Any:
+            count[0] += 1
+            return hook(module, args, *output) if count[0] - 1 == call else None
+
+        module = model.get_submodule(path)
+        handles.append(module.register_forward_pre_hook(counted) if pre else module.register_forward_hook(counted))
+    return handles
+
+
+def _forward(model: Any, inputs: dict[str, torch.Tensor], hooks: list[tuple[Place, Callable[..., Any], bool]]) -> Any:
+    handles = _on_calls(model, hooks)
+    try:
+        with torch.no_grad():
+            return model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _z(model: Any, name: str, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor], Any]:
+    """Every layer's merged z (its output projection's input) and the output."""
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [(_places(name, layer)["o"], lambda m, args, layer=layer: seen.__setitem__(layer, args[0].clone()), True)
+             for layer in range(N_LAYERS[name])]
+    output = _forward(model, inputs, hooks)
+    return seen, output
+
+
+def _heads(head: int) -> slice:
+    return slice(head * D_HEAD, (head + 1) * D_HEAD)
+
+
+# the module whose output is the stream the input enters with (CLIP's is normalised before the first layer)
+ENTRY = {"vit": "embeddings", "clip_vision": "pre_layrnorm", "albert": "encoder.embedding_hidden_mapping_in"}
+
+
+def entering(name: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The stream ``inputs`` enter the first layer with: ``ENTRY[name]``'s output."""
+    seen: dict[str, torch.Tensor] = {}
+    _forward(family_model(name), inputs, [((ENTRY[name], 0), lambda m, a, out: seen.__setitem__("x", out), False)])
+    return seen["x"]
+
+
+def edge_reference(name: str, clean: dict[str, torch.Tensor], corrupted: dict[str, torch.Tensor],
+                   metric: Callable[[Any], torch.Tensor], sender: tuple[int, int], receiver: Any, *,
+                   scale: float = 1.0, entry: torch.Tensor | None = None) -> float:
+    """Edge patching written with hooks on transformers' own modules: the corrupted run in which the receiver alone
+    reads the stream plus ``scale`` times the sender's clean − corrupted result (its z through its columns of the
+    output projection); the metric's change. ``entry``: the stream the corrupted run enters with instead of its own
+    (``ENTRY``)."""
+    model = family_model(name)
+    (clean_z, _), (base_z, _) = _z(model, name, clean), _z(model, name, corrupted)
+    out = model.get_submodule(_places(name, sender[0])["o"][0])
+    columns = _heads(sender[1])
+    added = scale * (clean_z[sender[0]][..., columns] - base_z[sender[0]][..., columns]) @ out.weight[:, columns].T
+    entered = [] if entry is None else [((ENTRY[name], 0), lambda m, a, out: entry, False)]
+    base = _forward(model, corrupted, entered)
+    if receiver == "output":
+        path, call, where = FINAL[name]
+        if where == "input":
+            hook = (lambda m, args: (args[0] + added, *args[1:])), True
+        else:
+            hook = (lambda m, args, output: (output + added) if isinstance(output, torch.Tensor)
+                    else (output[0] + added, *output[1:])), False
+        patched = _forward(model, corrupted, [*entered, ((path, call), *hook)])
+        return float(metric(patched)) - float(metric(base))
+    layer, head, role = receiver
+    places, stream = _places(name, layer), {}
+    norm = model.get_submodule(places["norm"][0])
+
+    def own(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor:
+        mine = module.forward(norm.forward(stream["x"] + added))  # .forward: no hook sees the extra calls
+        output = output.clone()
+        output[..., _heads(head)] = mine[..., _heads(head)]
+        return output
+
+    patched = _forward(model, corrupted, [*entered, (places["norm"], lambda m, args: stream.__setitem__("x", args[0]),
+                                                                     True), (places[role], own, False)])
+    return float(metric(patched)) - float(metric(base))
+
+
+def path_reference(name: str, clean: dict[str, torch.Tensor], corrupted: dict[str, torch.Tensor],
+                   metric: Callable[[Any], torch.Tensor], sender: tuple[int, int],
+                   receiver: tuple[int, int, str]) -> float:
+    """Path patching written with hooks: the corrupted run with the sender's z from the clean run and every other
+    head's z frozen to the corrupted run's, the receiver's q (k, v) recorded; then the corrupted run with that
+    input; the metric's change."""
+    model = family_model(name)
+    (clean_z, _), (base_z, base) = _z(model, name, clean), _z(model, name, corrupted)
+
+    def frozen(layer: int) -> Callable[..., Any]:
+        def hook(module: Any, args: Any) -> Any:
+            z = base_z[layer].clone()
+            if layer == sender[0]:
+                z[..., _heads(sender[1])] = clean_z[layer][..., _heads(sender[1])]
+            return (z, *args[1:])
+        return hook
+
+    layer, head, role = receiver
+    place, recorded = _places(name, layer)[role], {}
+    _forward(model, corrupted, [*((_places(name, i)["o"], frozen(i), True) for i in range(N_LAYERS[name])),
+                                (place, lambda m, a, out: recorded.__setitem__("x", out[..., _heads(head)].clone()),
+                                 False)])
+
+    def replace(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor:
+        output = output.clone()
+        output[..., _heads(head)] = recorded["x"]
+        return output
+
+    return float(metric(_forward(model, corrupted, [(place, replace, False)]))) - float(metric(base))

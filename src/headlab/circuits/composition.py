@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab import display
+from headlab.circuits.graph import reads
 from headlab.heads import head_label
 from headlab.layer import FactoredMatrix
 from headlab.models import HeadedModel
@@ -191,8 +192,10 @@ class CompositionScores(display.Shown):
 
 def composition_scores(model: HeadedModel | nn.Module, *, kinds: str | Sequence[str] = KINDS, samples: int = 32,
                        seed: int = 0) -> CompositionScores:
-    """Q-, K- and V-composition scores between every head and every head of a later layer, from the sites'
-    factored W_QK and W_OV (a grouped-query head's through the key/value head it reads).
+    """Q-, K- and V-composition scores between every head and every head of a later layer that reads its stream
+    (``headlab.circuits.graph.reads``: in an encoder-decoder, encoder heads K- and V-compose with every
+    cross-attention head, decoder heads with later decoder heads), from the sites' factored W_QK and W_OV (a
+    grouped-query head's through the key/value head it reads).
 
     Weights only: norms and their scales, rotary positions, biases and the MLPs between the heads are
     ignored (see the module docstring).
@@ -230,6 +233,8 @@ def composition_scores(model: HeadedModel | nn.Module, *, kinds: str | Sequence[
             for kind in chosen:
                 left, core = _receiver(kind, qk[j] if kind != "v" else ov[j])
                 for i in range(j):
+                    if not reads(sites, i, j, kind):
+                        continue
                     _, sender_core, sender_out = ov[i]
                     if sender_out.shape[1] != left.shape[1]:  # layers of different widths: no shared stream
                         continue

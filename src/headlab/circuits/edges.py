@@ -22,7 +22,8 @@ sum over positions): neither the cost nor the memory grows with the edges, and t
 forward and backward does not grow with the sequence.
 
 **EAP-IG** (Hanna et al. 2024) averages the gradient over ``steps`` points between the corrupted and
-the clean input (every embedding's output interpolated, at the midpoints α = (k − ½)/steps), which
+the clean input (the stream where the input enters it interpolated, ``headlab.models.stream``: embeddings
+and positions, or a vision model's patches; at the midpoints α = (k − ½)/steps), which
 follows the metric where a single gradient does not.
 
 Senders add to the stream as they do in a pre-norm residual model (GPT-2, LLaMA, …): the edge adds
@@ -74,9 +75,8 @@ from headlab.circuits.runs import (
     Run,
     check_gap,
     difference,
-    embeddings_of,
-    input_shape,
-    interpolated,
+    entered,
+    moved,
     paired,
     prepare,
     run,
@@ -191,7 +191,8 @@ class _Runs:
 
     Attributes:
         inputs: ``{"clean": ..., "corrupted": ...}``: the forwards' keyword arguments.
-        embeddings: the clean input's embeddings (``embeddings_of``), where the passes move to them (EAP-IG).
+        entry: the clean input's stream where it enters (``entered``), where the passes move to it (EAP-IG).
+        shape: ``(batch, pos, d_model)`` of the stream.
         clean, corrupted: the runs, once made; EAP's one pass at ``alpha = 0`` is the corrupted run itself.
     """
 
@@ -199,7 +200,8 @@ class _Runs:
                  metric: Metric, *, interpolate: bool) -> None:
         self.model, self.stream, self.metric = model, stream, metric
         self.inputs = {"clean": clean, "corrupted": corrupted}
-        self.embeddings = embeddings_of(model, stream, clean) if interpolate else None
+        self.entry = entered(model, stream, clean) if interpolate else None
+        self.shape = (entered(model, stream, corrupted) if self.entry is None else self.entry).shape
         self.clean: Run | None = None
         self.corrupted: Run | None = None
         self._sent: _Sent | None = None
@@ -318,7 +320,7 @@ class _Pass:
 
 
 def _forward_backward(model: HeadedModel, stream: Stream, runs: _Runs, alpha: float, roles: Sequence[str]) -> _Pass:
-    """One forward of the corrupted input, its embeddings moved ``alpha`` of the way to the clean run's, and its
+    """One forward of the corrupted input, its entering stream moved ``alpha`` of the way to the clean run's, and its
     backward to what the receivers' gradients start from. At ``alpha = 0`` the forward is the corrupted run, kept
     as ``runs.corrupted``.
 
@@ -332,11 +334,11 @@ def _forward_backward(model: HeadedModel, stream: Stream, runs: _Runs, alpha: fl
     inputs = runs.inputs["corrupted"]
     corrupted_here = runs.corrupted is None and not alpha
     with intervening(model), model.running(grad=True) as net:
-        deltas = _input_deltas(model, ways, roles, input_shape(inputs))
+        deltas = _input_deltas(model, ways, roles, runs.shape)
         for site in sites:
             site.input_deltas = dict(deltas[site.layer])
             site.tap = _taking(taken, site, roles if ways[site.layer] is not True else (), z=corrupted_here)
-        with interpolated(model, runs.embeddings, alpha), stream.hooked(record=streams), \
+        with moved(stream, runs.entry, alpha), stream.hooked(record=streams), \
                 projection_calls(sites) as calls, norm_outputs(stream) as normed:
             value = runs.metric(net(**inputs))
     if corrupted_here:
@@ -391,8 +393,8 @@ def _receiver_products(model: HeadedModel, stream: Stream, runs: _Runs, alpha: f
 
 def _input_deltas(model: HeadedModel, ways: dict[int, bool | None], roles: Sequence[str],
                   shape: tuple[int, ...]) -> dict[int, dict[str, Tensor]]:
-    """Additive zeros on every head's q, k and v (inputs of ``shape``, ``(batch, tokens)``) of the sites not known
-    to take the way by the projections: their gradients are ∂metric/∂q, ∂k, ∂v."""
+    """Additive zeros on every head's q, k and v (a stream of ``shape``, ``(batch, pos, d_model)``) of the sites not
+    known to take the way by the projections: their gradients are ∂metric/∂q, ∂k, ∂v."""
     batch, positions = shape[0], shape[1]
     deltas: dict[int, dict[str, Tensor]] = {site.layer: {} for site in model.sites}
     for site in model.sites:

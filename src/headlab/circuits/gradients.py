@@ -18,7 +18,8 @@ modules: a vector–Jacobian product per receiver. Two ways, the same numbers:
   projection's output reaches the metric only through its own head's q, k or v: positions and per-head
   q/k norms keep heads apart, a norm over every head's queries does not. It is checked on the first
   run that meets an attention module (``check_apart``) and remembered for that module.
-- **head by head** (any other site): additive zeros on every head's q, k and v
+- **head by head** (any other site, and a module run in several layers, ALBERT's, whose projections' calls are
+  several layers'): additive zeros on every head's q, k and v
   (``AttentionSite.input_deltas``) give ∂metric/∂q, ∂k, ∂v; head h's alone is carried back from its q,
   k or v to x, batched over the heads (``is_grads_batched``).
 
@@ -29,7 +30,7 @@ Axis legend:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +39,11 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor, nn
 
+from headlab.layer.taps import SITE_ATTRIBUTE
 from headlab.models import AttentionSite
 from headlab.models.layout import Projection, Segment
-from headlab.models.stream import Stream
+from headlab.models.site import SharedSites
+from headlab.models.stream import Stream, on_calls
 
 Calls = dict[int, dict[int, tuple[Tensor, Tensor]]]  # layer -> id(projection module) -> (input, output)
 
@@ -50,9 +53,14 @@ APART: WeakKeyDictionary[nn.Module, bool] = WeakKeyDictionary()
 
 def by_projections(site: AttentionSite) -> bool | None:
     """Whether ``site``'s receivers take the way by the projections: True, False, or None where not yet checked."""
-    if site.layout is None:
+    if site.layout is None or shared(site):
         return False
     return APART.get(site.module)
+
+
+def shared(site: AttentionSite) -> bool:
+    """Whether ``site``'s module runs in several layers (ALBERT's): its projections' calls are several layers'."""
+    return isinstance(site.module.__dict__.get(SITE_ATTRIBUTE), SharedSites)
 
 
 @contextmanager
@@ -61,7 +69,7 @@ def projection_calls(sites: Sequence[AttentionSite]) -> Iterator[Calls]:
     calls: Calls = {site.layer: {} for site in sites}
     with ExitStack() as stack:
         for site in sites:
-            if site.layout is None:
+            if site.layout is None or shared(site):
                 continue
             for projection in site.layout.projections:
                 def hook(module: nn.Module, args: tuple[Any, ...], output: Any, layer: int = site.layer) -> None:
@@ -76,15 +84,15 @@ def norm_outputs(stream: Stream) -> Iterator[dict[int, Tensor]]:
     """Record the output of each layer's norm at the stream's point (``StreamPoint.kind == "norm"``) while the
     block runs."""
     outputs: dict[int, Tensor] = {}
-    with ExitStack() as stack:
-        for layer, point in enumerate(stream.layers):
-            if point.kind != "norm":
-                continue
 
-            def hook(module: nn.Module, args: tuple[Any, ...], output: Any, layer: int = layer) -> None:
-                if isinstance(output, Tensor):
-                    outputs[layer] = output
-            stack.callback(point.module.register_forward_hook(hook).remove)
+    def keep(layer: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if isinstance(output, Tensor):
+                outputs[layer] = output
+        return hook
+
+    with on_calls(stream.net, [(point.module, point.call, keep(layer)) for layer, point in enumerate(stream.layers)
+                               if point.kind == "norm"], after=True):
         yield outputs
 
 

@@ -3,7 +3,8 @@ patching return, and what a circuit is made of.
 
 A model's graph (Elhage et al. 2021; Syed et al. 2023; Hanna et al. 2024), heads as nodes:
 
-- senders: the input (the stream before the first layer: embeddings and positions) and every head;
+- senders: the input (the stream where it enters, before the first layer: embeddings and positions, or a
+  vision model's patches) and every head;
   a head sends its ``result`` (its z through its slice of the output projection) into the stream;
 - receivers: every head's query input (``q``), every key/value head's key and value inputs (``k``,
   ``v``), and the output (the stream the output reads: the logits' input);
@@ -13,6 +14,10 @@ A model's graph (Elhage et al. 2021; Syed et al. 2023; Hanna et al. 2024), heads
 With grouped-query attention a key/value head is one receiver of its ``k`` edges and one of its
 ``v`` edges: the query heads that read it share them. ``Edge.receiver`` then names the key/value head
 (``(layer, kv_head, "k")``), as the model computes one key per key/value head.
+
+The graph is one residual stream's. Which layer reads which in a model of several stacks (an
+encoder-decoder's two streams) is ``reads``: composition scores follow it; the graph and the edge methods
+refuse such a model (``check_one_stream``).
 """
 
 from __future__ import annotations
@@ -96,6 +101,47 @@ def role_heads(site: AttentionSite, role: str) -> int:
     return site.n_heads if role == "q" else site.n_kv_heads
 
 
+def reads(sites: Sequence[AttentionSite], sender: int, receiver: int, role: str) -> bool:
+    """Whether layer ``receiver``'s heads read what layer ``sender``'s heads write through their ``role`` input.
+
+    In a model of one stream: a later layer reads every earlier one. In a model of several stacks each writes its
+    own stream (``AttentionSite.stack``): a layer reads the earlier layers of its stack, and a cross-attention's
+    keys and values read the other stream (an encoder-decoder: every encoder head writes what every cross-attention
+    head's k and v read, through the encoder's output; its q reads the decoder's stream).
+    """
+    written, read = sites[sender], sites[receiver]
+    if read.cross and role in ("k", "v"):
+        return written.stack != read.stack
+    return written.stack == read.stack and sender < receiver
+
+
+def check_one_stream(model: HeadedModel) -> None:
+    """Refuse a model whose heads write several residual streams: the graph (edge attribution, edge patching,
+    circuits) is one stream's.
+
+    Raises:
+        ValueError: an encoder-decoder, or a model of several towers, naming its stacks.
+    """
+    stacks = sorted({site.stack for site in model.sites})
+    if len(stacks) < 2:
+        return
+    if any(site.cross for site in model.sites):
+        raise ValueError(f"{model.architecture} is an encoder-decoder (stacks {stacks}): its heads write two residual "
+                         "streams, and the graph of edge attribution, edge patching and circuits is one stream's "
+                         "(cross-attention's keys and values reading the encoder's output are not in it yet); path "
+                         "patching, composition scores and direct logit attribution serve it")
+    raise ValueError(f"{model.architecture} has several towers (stacks {stacks}), each its own residual stream: the "
+                     "graph of edge attribution, edge patching and circuits is one stream's; attach one tower alone "
+                     "(CLIP's CLIPVisionModel or CLIPTextModel, a multimodal model's language model)")
+
+
+def output_writers(sites: Sequence[AttentionSite]) -> list[AttentionSite]:
+    """The sites whose heads write the stream the output reads: an encoder-decoder's decoder (its self- and
+    cross-attention layers, the stack of its cross-attention), else every site."""
+    stacks = {site.stack for site in sites if site.cross}
+    return [site for site in sites if site.stack in stacks] if stacks else list(sites)
+
+
 def node_label(node: Sender | Receiver) -> str:
     """``"input"``, ``"L0H3"``, ``"L1H2.k"``, ``"output"``."""
     if isinstance(node, str):
@@ -114,8 +160,9 @@ def graph_edges(model: HeadedModel, *, roles: Sequence[str] = ROLES, output: boo
         output: include the edges into the output.
 
     Raises:
-        ValueError: an unknown role.
+        ValueError: an unknown role, or a model of several streams (``check_one_stream``).
     """
+    check_one_stream(model)
     unknown = [r for r in roles if r not in ROLES]
     if unknown or not roles:
         raise ValueError(f"roles={tuple(roles)!r}; expected one or more of {ROLES}")

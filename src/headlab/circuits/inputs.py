@@ -27,9 +27,9 @@ from torch import Tensor, nn
 
 from headlab.heads.scoped import intervening
 from headlab.layer.gates import Replacement
-from headlab.layer.taps import Tap, TapOutput
+from headlab.layer.taps import SITE_ATTRIBUTE, Tap, TapOutput
 from headlab.models import AttentionSite, HeadedModel
-from headlab.models.stream import Stream, StreamPoint
+from headlab.models.stream import Stream, StreamPoint, call_of, on_calls
 
 # (layer, stream) -> {(role, head): the receiver's own stream}; head: a key/value head for k and v
 OwnStreams = Callable[[int, Tensor], Mapping[tuple[str, int], Tensor]]
@@ -93,18 +93,20 @@ def own_inputs(model: HeadedModel, stream: Stream, streams: OwnStreams) -> Itera
         return hook
 
     def after_site(layer: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             for role in set_here.pop(layer, ()):  # this forward's only
                 sites[layer].input_replacements.pop(role, None)
         return hook
 
+    calls = [call_of(sites, site) for site in sites]
     with ExitStack() as stack:
         stack.enter_context(intervening(model))  # also puts the inputs back after an error
-        for layer, point in enumerate(stream.layers):
-            # the point's hook first: when the point is the attention module itself, it runs before the site's
-            stack.callback(point.module.register_forward_pre_hook(at_point(layer), with_kwargs=True).remove)
-            stack.callback(sites[layer].module.register_forward_pre_hook(at_site(layer), with_kwargs=True).remove)
-            stack.callback(sites[layer].module.register_forward_hook(after_site(layer)).remove)
+        # the point's hook first: when the point is the attention module itself, it runs before the site's
+        stack.enter_context(on_calls(model.model, [
+            *((point.module, point.call, at_point(layer)) for layer, point in enumerate(stream.layers)),
+            *((site.module, call, at_site(site.layer)) for site, call in zip(sites, calls))]))
+        stack.enter_context(on_calls(model.model, [(site.module, call, after_site(site.layer))
+                                                    for site, call in zip(sites, calls)], after=True))
         yield
 
 
@@ -133,8 +135,10 @@ def _inputs_from(site: AttentionSite, point: StreamPoint, own: Tensor, args: tup
         raise _StopCallError
 
     saved_tap, saved_inputs = site.tap, site.input_replacements
+    attached = site.module.__dict__[SITE_ATTRIBUTE]
     site.tap = Tap(sink, q=list(range(site.n_heads)), k=firsts, v=firsts)
     site.input_replacements = {}
+    site.module.__dict__[SITE_ATTRIBUTE] = site  # a module run in several layers: this call is this site's
     try:
         if args and isinstance(args[0], Tensor):
             site.module.forward(hidden, *args[1:], **kwargs)
@@ -144,6 +148,7 @@ def _inputs_from(site: AttentionSite, point: StreamPoint, own: Tensor, args: tup
         pass
     finally:
         site.tap, site.input_replacements = saved_tap, saved_inputs
+        site.module.__dict__[SITE_ATTRIBUTE] = attached
     if not taken:
         raise ValueError(f"layer {site.layer} ({site.name}): its module ran without calling headlab's attention")
     out = taken[0]

@@ -46,9 +46,10 @@ from torch import Tensor, nn
 
 from headlab import display
 from headlab.capture.taps import tapped
+from headlab.circuits.graph import output_writers
 from headlab.heads import HeadTable, head_label
 from headlab.heads.selection import HeadSelection
-from headlab.models import HeadedModel, TapOutput
+from headlab.models import AttentionSite, HeadedModel, TapOutput
 from headlab.models.handle import Inputs, headed
 from headlab.models.stream import stream_of
 
@@ -184,7 +185,9 @@ def direct_logit_attribution(model: HeadedModel | nn.Module, inputs: Inputs, dir
 
     Raises:
         ValueError: a model without an unembedding (no LM head), an encoder, a padded batch, a final norm of no
-            known form (the message says what was tried), a bad direction or position.
+            known form (the message says what was tried), a bad direction or position; in an encoder-decoder
+            (whose decoder's heads are attributed, over its positions), an encoder head selected, or an operation
+            between the decoder's last norm and the unembedding (T5).
     """
     handle = headed(model)
     kwargs = handle.inputs(inputs)
@@ -196,12 +199,17 @@ def direct_logit_attribution(model: HeadedModel | nn.Module, inputs: Inputs, dir
         raise ValueError(f"{handle.architecture}: direct logit attribution needs logits: {err}") from None
     unembedding, norm = stream.unembedding, stream.final_norm
     assert unembedding is not None  # W_U raised otherwise
-    if not handle.causal:
+    writers = output_writers(handle.sites)
+    if not all(site.causal for site in writers if not site.cross):
         raise ValueError(f"{handle.architecture} has heads that see later tokens (an encoder): direct logit "
                          "attribution reads a causal LM's residual stream, whose heads' results reach the final norm "
                          "by additions only; an encoder's norms sit on its residual path and its MLM head transforms "
                          f"the stream (before {stream.final.name}), so a head has no direct path to the logits")
-    selection = handle.heads(heads)
+    if norm is None and len(writers) < len(handle.sites):  # an encoder-decoder's decoder ends in a norm
+        raise ValueError(f"{handle.architecture}: no norm makes what its unembedding ({stream.unembedding_name}) "
+                         "reads: an operation lies between its decoder's last norm and the logits (T5 scales the "
+                         "stream before its tied output embedding), through which the heads cannot be carried")
+    selection = _writing(handle.heads(heads), writers, every=heads is None)
     columns = _positions(positions, length)
     compute = torch.promote_types(unembed_weight.dtype, torch.float32)
     d, label = _direction(handle, direction, vocab=unembed_weight.shape[0], batch=batch)
@@ -236,12 +244,29 @@ def direct_logit_attribution(model: HeadedModel | nn.Module, inputs: Inputs, dir
     def mean(t: Tensor) -> np.ndarray:
         return t[..., columns].mean(0).double().cpu().numpy()
 
-    tokens = handle.tokens(kwargs)
+    tokens = handle.tokens({"input_ids": kwargs["decoder_input_ids"]} if "decoder_input_ids" in kwargs else kwargs)
     return LogitAttribution(
         heads=[(layer, h) for layer, hs in selection.items() for h in hs], positions=columns,
         contributions=mean(per_head), rest=mean(rest), bias=mean(bias_term), logit_diff=mean(own), direction=label,
         norm=frozen.description, tokens=None if not tokens else [tokens[0][p] for p in columns],
         length=length, batch=batch, error=error, note=_after_unembedding(handle, output, d, own))
+
+
+def _writing(selection: dict[int, list[int]], writers: Sequence[AttentionSite], *,
+             every: bool) -> dict[int, list[int]]:
+    """The selected heads that write the stream the output reads (an encoder-decoder's decoder heads; ``every``:
+    the others left out, else refused).
+
+    Raises:
+        ValueError: heads selected that write another stream (an encoder's).
+    """
+    layers = {site.layer for site in writers}
+    others = sorted(layer for layer in selection if layer not in layers)
+    if others and not every:
+        raise ValueError(f"layers {others} write the encoder's stream, which reaches the logits only through "
+                         f"cross-attention: they have no direct path to them; select the decoder's heads (layers "
+                         f"{sorted(layers)})")
+    return {layer: heads for layer, heads in selection.items() if layer in layers}
 
 
 def _run(handle: HeadedModel, kwargs: dict[str, Any], selection: dict[int, list[int]],
@@ -397,7 +422,7 @@ def _batch_and_length(kwargs: Mapping[str, Any]) -> tuple[int, int]:
     if isinstance(mask, Tensor) and not bool(mask.bool().all()):
         raise ValueError("the batch is padded (its attention_mask has zeros): a position would be a different token "
                          "in each item, and padding a logit no one reads; give texts of one token length, or one text")
-    first = kwargs.get("input_ids")
+    first = kwargs.get("decoder_input_ids", kwargs.get("input_ids"))  # an encoder-decoder's logits: its decoder's
     if not isinstance(first, Tensor):
         first = next((v for v in kwargs.values() if isinstance(v, Tensor) and v.dim() >= 2), None)
     if first is None or first.dim() < 2:

@@ -13,6 +13,11 @@ the source; noising swaps them):
 
 One forward per sender for step 1 serves every receiver after it; one forward per (sender, receiver)
 for step 2. Exact: no gradient, no linearisation.
+
+Nothing here builds the stream's graph: the receiver's input is what the model computed, so path patching
+serves a model of several streams too. In an encoder-decoder, an encoder head's path reaches every
+cross-attention head's k and v (through the encoder's output, every other head frozen), a decoder head's
+the later decoder heads' q, k, v and cross-attention heads' q, and the output (``headlab.circuits.graph.reads``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from headlab.circuits.graph import (
     EdgeScores,
     Receiver,
     Sender,
+    output_writers,
+    reads,
     receiving,
     role_heads,
     sending,
@@ -58,8 +65,10 @@ def path_patching(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: 
         metric: ``metric(output) -> scalar``; higher means more of the behaviour.
         receivers: ``OUTPUT`` and/or ``(layer, head, role)`` (role "q" of a query head, "k" or "v" of a
             key/value head).
-        senders: ``(layer, head)`` heads; None for every head. A pair is scored when the sender's layer
-            is before the receiver's.
+        senders: ``(layer, head)`` heads; None for every head. A pair is scored when the receiver reads what
+            the sender writes (``headlab.circuits.graph.reads``: an earlier layer of its stream; in an
+            encoder-decoder an encoder head for a cross-attention head's k and v), and a head → output pair when
+            the sender writes the stream the output reads (an encoder-decoder's decoder heads).
         direction: "denoise" (the corrupted run receives the clean sender) or "noise" (the clean run
             receives the corrupted sender).
         progress: called as ``progress(done, total)`` after each forward.
@@ -81,11 +90,13 @@ def path_patching(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: 
         raise ValueError("receivers is empty; give OUTPUT or (layer, head, role) receivers")
     senders = [(layer, h) for layer, n in enumerate(n_heads) for h in range(n)] if senders is None else [
         _check_sender(n_heads, s) for s in senders]
+    writers = {site.layer for site in output_writers(handle.sites)}
     pairs = [Edge(s, r) for s in senders for r in receivers
-             if r == OUTPUT or sending(s)[0] < receiving(r)[0]]
+             if (sending(s)[0] in writers if r == OUTPUT else reads(handle.sites, sending(s)[0], *_layer_role(r)))]
     if not pairs:
-        raise ValueError("no sender is in an earlier layer than a receiver: nothing to patch")
-    _, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric)
+        raise ValueError("no sender is in an earlier layer of the stream a receiver reads (for cross-attention's k "
+                         "and v: the encoder's): nothing to patch")
+    _, clean_run, corrupted_run = prepare(handle, clean, corrupted, metric, one_stream=False)
     base, source = (corrupted_run, clean_run) if direction == "denoise" else (clean_run, corrupted_run)
     total = len({e.sender for e in pairs}) + sum(e.receiver != OUTPUT for e in pairs)
     done, scores = 0, {}
@@ -109,6 +120,11 @@ def path_patching(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: 
     return EdgeScores("path patching", pairs, np.asarray([scores[e] for e in pairs]), clean_run.metric,
                       corrupted_run.metric, forwards=2 + total, backwards=0, seconds=time.perf_counter() - start,
                       details={"direction": direction})
+
+
+def _layer_role(receiver: Receiver) -> tuple[int, str]:
+    layer, _, role = receiving(receiver)
+    return layer, role
 
 
 def _sender_run(model: HeadedModel, net: torch.nn.Module, base: Run, source: Run, sender: Sender,

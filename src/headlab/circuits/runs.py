@@ -8,16 +8,16 @@ Axis legend:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from headlab.capture.cache import run_with_cache
-from headlab.circuits.graph import INPUT, Sender
+from headlab.circuits.graph import INPUT, Sender, check_one_stream
 from headlab.circuits.inputs import forward_inputs
 from headlab.models import HeadedModel
 from headlab.models.handle import Inputs
@@ -62,71 +62,50 @@ def run(model: HeadedModel, stream: Stream, inputs: Mapping[str, Any], metric: M
     return Run(dict(inputs), float(metric(cache.output)), results, z, streams[0].detach())
 
 
-def embedding_modules(model: HeadedModel) -> list[tuple[str, nn.Embedding]]:
-    """The model's ``nn.Embedding`` modules (tokens, positions, other input fields), by name."""
-    return [(name, m) for name, m in model.model.named_modules() if isinstance(m, nn.Embedding)]
+class _EnteredError(Exception):
+    """Raised where the input enters the stream: the forward is not needed further."""
 
 
-class _EmbeddedError(Exception):
-    """Raised where the first layer's heads read the stream: every embedding of the input has run."""
+def entered(model: HeadedModel, stream: Stream, inputs: Mapping[str, Any]) -> Tensor:
+    """The stream where ``inputs`` enter it (``Stream.entry``: the first layer's stream), by a forward without
+    gradients stopped there."""
+    found: list[Tensor] = []
 
+    def stop(x: Tensor) -> Tensor:
+        found.append(x.detach())
+        raise _EnteredError
 
-def embeddings_of(model: HeadedModel, stream: Stream, inputs: Mapping[str, Any]) -> dict[str, Tensor]:
-    """``{name: output}`` of every ``nn.Embedding`` of the model on ``inputs``, by a forward without gradients
-    stopped where the first layer's heads read the stream (``stream.layers[0]``)."""
-    embeddings: dict[str, Tensor] = {}
-
-    def stop(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        raise _EmbeddedError
-
-    with ExitStack() as stack:
-        stack.enter_context(suppress(_EmbeddedError))  # outermost: the hooks go and the mode comes back first
-        for name, module in embedding_modules(model):
-            stack.callback(module.register_forward_hook(
-                lambda m, args, out, name=name: embeddings.__setitem__(name, out.detach())).remove)
-        stack.callback(stream.layers[0].module.register_forward_pre_hook(stop, with_kwargs=True).remove)
-        stack.enter_context(model.running(grad=False))
+    with suppress(_EnteredError), stream.hooked(entry=stop), model.running(grad=False):
         model.model(**inputs)
-    return embeddings
+    return found[0]
 
 
-@contextmanager
-def interpolated(model: HeadedModel, clean: Mapping[str, Tensor] | None, alpha: float) -> Iterator[None]:
-    """For the forwards in the block (of the corrupted input): every embedding's output moved ``alpha`` of the
-    way to the clean input's (``clean``: ``{name: output}``, as ``embeddings_of`` gives them; ``alpha = 0`` or
-    None: left as it is), as leaves of the autograd graph, so that everything after them
-    is in it whether or not the model's parameters want gradients.
+def moved(stream: Stream, clean: Tensor | None, alpha: float) -> AbstractContextManager[None]:
+    """For the forwards in the block (of the corrupted input): the stream where the input enters it moved ``alpha``
+    of the way to the clean input's (``clean``, as ``entered`` gives it; ``alpha = 0`` or None: left as it is), as a
+    leaf of the autograd graph, so that everything after it is in it whether or not the model's parameters want
+    gradients. Whatever makes the stream before it (embeddings, a patch embedding) is the input's."""
+    def move(x: Tensor) -> Tensor:
+        start = x.detach()
+        if clean is None or not alpha:
+            return start.requires_grad_(True)
+        return (start + alpha * (clean.to(start.dtype) - start)).requires_grad_(True)
 
-    Raises:
-        ValueError: the model has no ``nn.Embedding`` that ran (its inputs cannot be moved to the clean run's).
-    """
-    modules = [(name, m) for name, m in embedding_modules(model) if clean is None or name in clean]
-    if not modules:
-        raise ValueError(f"{model.architecture} has no nn.Embedding that ran: its inputs cannot be moved between the "
-                         "corrupted and clean runs")
-
-    def hook(name: str) -> Callable[..., Tensor]:
-        def moved(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
-            start = output.detach()
-            if clean is None or not alpha:
-                return start.requires_grad_(True)
-            return (start + alpha * (clean[name].to(start.dtype) - start)).requires_grad_(True)
-        return moved
-
-    with ExitStack() as stack:
-        for name, module in modules:
-            stack.callback(module.register_forward_hook(hook(name)).remove)
-        yield
+    return stream.hooked(entry=move)
 
 
 def prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: Metric, *,
-            take: tuple[str, ...] = ("result", "z")) -> tuple[Stream, Run, Run]:
+            take: tuple[str, ...] = ("result", "z"), one_stream: bool = True) -> tuple[Stream, Run, Run]:
     """The model's stream and the clean and corrupted runs, each taking ``take`` of every head.
 
+    Args:
+        one_stream: refuse a model of several streams (``paired``).
+
     Raises:
-        ValueError: inputs of different shapes, or runs that score the same.
+        ValueError: a model of several streams where refused, inputs of different shapes, or runs that score the
+            same.
     """
-    clean_inputs, corrupted_inputs = paired(model, clean, corrupted)
+    clean_inputs, corrupted_inputs = paired(model, clean, corrupted, one_stream=one_stream)
     stream = stream_of(model, corrupted_inputs)
     clean_run = run(model, stream, clean_inputs, metric, take=take)
     corrupted_run = run(model, stream, corrupted_inputs, metric, take=take)
@@ -134,12 +113,20 @@ def prepare(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: Metric
     return stream, clean_run, corrupted_run
 
 
-def paired(model: HeadedModel, clean: Inputs, corrupted: Inputs) -> tuple[dict[str, Any], dict[str, Any]]:
+def paired(model: HeadedModel, clean: Inputs, corrupted: Inputs, *,
+           one_stream: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """The clean and corrupted inputs as forward keyword arguments.
 
+    Args:
+        one_stream: refuse a model of several streams (``graph.check_one_stream``: the methods that build the graph
+            of one stream); path patching, which freezes heads and replaces a receiver's input as the model computed
+            it, takes any.
+
     Raises:
-        ValueError: inputs of different shapes.
+        ValueError: a model of several streams where refused, or inputs of different shapes.
     """
+    if one_stream:
+        check_one_stream(model)
     clean_inputs, corrupted_inputs = forward_inputs(model, clean), forward_inputs(model, corrupted)
     a, b = input_shape(clean_inputs), input_shape(corrupted_inputs)
     if a != b:

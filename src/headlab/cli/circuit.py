@@ -47,8 +47,9 @@ def circuit(
     patching, a forward per edge. Faithfulness: one forward of the clean text in which every edge
     outside the circuit carries its corrupted value (MLPs stay clean), as a share of the clean −
     corrupted gap. Exits with status 2 on bad input (texts of different lengths, an unknown metric
-    or method, a logit metric on a model without logits, answers that are not one token, --out;
-    what needs no model is checked before it loads) and 1 when interrupted (--out left as it was).
+    or method, a logit metric on a model without logits, answers that are not one token, a model whose
+    heads write several residual streams (an encoder-decoder), --out; what needs no model is checked
+    before it loads, and a model before any forward) and 1 when interrupted (--out left as it was).
     """
     import json
 
@@ -58,6 +59,7 @@ def circuit(
 
     from headlab.analysis.patching import text_metric
     from headlab.circuits.circuit import faithfulness, score_edges, top_edges
+    from headlab.circuits.graph import check_one_stream
 
     console = Console(stderr=as_json)
     if method not in METHODS:
@@ -73,6 +75,7 @@ def circuit(
     with staged_files(out) as work:
         loaded = load_model(model)
         try:
+            check_one_stream(loaded)  # before the metric's forward
             chosen, described = text_metric(loaded, clean, name=metric, answer=answer, wrong=wrong)
             with _forwards_bar(method in ("path", "exact") and sys.stderr.isatty(), method) as bar:
                 scores = score_edges(loaded, clean, corrupt, chosen, method=method, steps=steps, progress=bar)
