@@ -6,8 +6,11 @@ analyze`` and the report.
   other model ``ContextHeads.retrieval`` is None and ``reason`` says why.
 - The streaming simulation (``headlab.analysis.streaming``) runs on both kinds.
 
-Both run on every head of the model (their own passes, like the causal probes), with the sizes of
-``FULL`` or ``QUICK`` shrunk to the model's position table.
+Both run on the selected heads (``heads``, every head of the model by default; their own passes, like
+the causal probes, whose costs scale with the selection), with the sizes of ``FULL`` or ``QUICK`` shrunk
+to the model's position table; ``length`` replaces their text length (streaming chunks of that many
+tokens, copy cases of that many tokens in all: the haystack fills what the needle, its copy and the
+beginning-of-sequence token leave), shrunk the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, TypedDict
 import numpy as np
 from torch import nn
 
+from headlab.heads import HeadSelection
 from headlab.models import HeadedModel, headed
 
 __all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "plot_streaming"]
@@ -48,7 +52,8 @@ class ContextHeads:
     Attributes:
         retrieval: a ``RetrievalResult``, or None when the scores do not apply.
         reason: why ``retrieval`` is None (None when it ran).
-        needle_length, haystack_length: tokens of each needle and of the text around it.
+        needle_length, haystack_length: tokens of each needle and of the text around it (the haystack of
+            ``length`` tokens of copy case when a length was given).
         streaming: a ``StreamingResult``.
     """
 
@@ -66,25 +71,36 @@ class ContextHeads:
                 "streaming": self.streaming.to_dict()}
 
 
-def context_heads(model: HeadedModel | nn.Module, corpus: Any = None, *, quick: bool = False,
-                  seed: int = 0) -> ContextHeads:
-    """Retrieval scores (causal language models) and the streaming simulation, with ``QUICK`` or ``FULL``
-    sizes shrunk to the model's position table.
+def context_heads(model: HeadedModel | nn.Module, corpus: Any = None, *, heads: HeadSelection = None,
+                  length: int | None = None, quick: bool = False, seed: int = 0) -> ContextHeads:
+    """Retrieval scores (causal language models) and the streaming simulation of the selected heads, with
+    ``QUICK`` or ``FULL`` sizes shrunk to the model's position table.
 
     Args:
         model: a ``HeadedModel`` with a tokenizer (or an attached model whose handle has one).
         corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
+        heads: the heads to run (``headlab.heads.selection``); None for every head.
+        length: tokens of each streaming chunk and of each copy case, ``>= 1``, shrunk to the model's
+            position table; None for the sizes' own (a chunk of ``length``, a copy case around a haystack of
+            ``haystack_length``).
         quick: the ``QUICK`` sizes.
         seed: where the needles are hidden.
+
+    Raises:
+        ValueError: a bad selection, or a length that is not an int >= 1 or (causal language models) cannot
+            hold a needle and its copy.
+        ShortCorpus: a corpus without room for a needle and its haystack or for the streaming chunks.
     """
-    from headlab.analysis.retrieval import retrieval_scores
+    from headlab.analysis.retrieval import haystack_for, retrieval_scores
     from headlab.analysis.streaming import streaming_simulation
     from headlab.models.stream import has_logits
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        raise ValueError(f"length={length!r}: expected an int >= 1")
     model = headed(model)
     settings = QUICK if quick else FULL
     limit = model.max_length or 10**9
-    length = min(settings["length"], limit)
-    windows = [w for w in settings["windows"] if w < length] or [max(1, length // 4)]
+    chunk = min(settings["length"] if length is None else length, limit)
+    windows = [w for w in settings["windows"] if w < chunk] or [max(1, chunk // 4)]
     needle = settings["needle_length"]
     haystack = min(settings["haystack_length"], limit - 1 - 2 * needle)
     retrieval, reason = None, None
@@ -93,16 +109,18 @@ def context_heads(model: HeadedModel | nn.Module, corpus: Any = None, *, quick: 
     elif not has_logits(model):
         reason = "it is causal but has no language-model head, so its predictions cannot be read"
     else:
-        retrieval = retrieval_scores(model, corpus=corpus, needles=settings["needles"], needle_length=needle,
-                                     haystack_length=haystack, seed=seed)
-    streaming = streaming_simulation(model, corpus=corpus, windows=windows, sinks=settings["sinks"], length=length,
-                                     texts=settings["texts"])
+        if length is not None:  # the same total the streaming chunks get
+            haystack = haystack_for(model.tokenizer, length=chunk, needle_length=needle)
+        retrieval = retrieval_scores(model, corpus=corpus, heads=heads, needles=settings["needles"],
+                                     needle_length=needle, haystack_length=haystack, seed=seed)
+    streaming = streaming_simulation(model, corpus=corpus, heads=heads, windows=windows, sinks=settings["sinks"],
+                                     length=chunk, texts=settings["texts"])
     return ContextHeads(retrieval, reason, needle, haystack, streaming)
 
 
 def plot_streaming(result: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Loss change against the window W (a ``StreamingResult``): the median and the largest single-head
-    change, every head at once, the combined conversion, and the budget; a PNG. Returns the path."""
+    change, every selected head at once, the combined conversion, and the budget; a PNG. Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,7 +133,7 @@ def plot_streaming(result: Any, path: str | os.PathLike[str], *, title: str | No
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(w, np.median(single, 1), marker="o", label="one head streaming (median)")
     ax.plot(w, single.max(1), marker="^", label="one head streaming (largest)")
-    ax.plot(w, result.all_heads, marker="s", label="every head streaming")
+    ax.plot(w, result.all_heads, marker="s", label="every selected head streaming")
     ax.plot(w, [c.loss_change for c in result.conversions], marker="D", label="the conversion (tolerant heads)")
     ax.axhline(result.budget, color="grey", linestyle="--", linewidth=1, label=f"budget {result.budget:g}")
     ax.set_xscale("log", base=2)

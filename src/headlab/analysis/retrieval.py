@@ -15,12 +15,15 @@ so it is not a step). At that step a head
     retrieves when it attends and the model's top prediction is needle token i.
 
 ``score`` = retrieved steps / steps, summed over needles (``RetrievalScores``: add_copies / merge /
-result, a ``headlab.analysis.accumulator.Mergeable``).
+result, a ``headlab.analysis.accumulator.Mergeable``). Only the selected heads' patterns are captured
+and scored (``heads``: a ``headlab.heads.selection``), one row each; a copy case is sized by its haystack
+or by its whole length (``length``: the haystack fills what the needle, its copy and the
+beginning-of-sequence token leave), so long texts are needle-style copies of the chosen length.
 Only causal models copy by generating: a bidirectional model is refused.
 
 Axis legend:
     input_ids  (batch, pos)
-    pattern    (batch, head, query_pos, key_pos)
+    pattern    (batch, head, query_pos, key_pos): ``head`` runs over a layer's selected heads
     predicted  (batch, pos): the model's top next-token prediction after each position
 """
 
@@ -38,12 +41,14 @@ from torch import Tensor, nn
 
 from headlab import display
 from headlab.capture.corpus import ShortCorpus
-from headlab.heads import HeadTable, head_label
+from headlab.heads import HeadSelection, HeadTable, head_label, resolve
 from headlab.models import HeadedModel, headed
 
-__all__ = ["THRESHOLD", "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases", "retrieval_scores"]
+__all__ = ["HAYSTACK_LENGTH", "THRESHOLD", "CopyCase", "RetrievalResult", "RetrievalScores", "copy_cases",
+           "haystack_for", "retrieval_scores"]
 
 THRESHOLD = 0.1  # Wu et al.'s retrieval heads score above this
+HAYSTACK_LENGTH = 96  # retrieval_scores' haystack when neither haystack_length nor length is given
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,7 @@ class RetrievalResult(display.Shown):
     """Retrieval scores per head over a set of needles.
 
     Attributes:
-        table: a row per head; ``score`` (retrieved steps / steps), ``attended`` (steps whose
+        table: a row per selected head; ``score`` (retrieved steps / steps), ``attended`` (steps whose
             top key was the copied token / steps), ``retrieved`` (a count).
         needles: needles run.
         steps: copy steps over all needles.
@@ -147,12 +152,21 @@ class RetrievalScores:
 
     Args:
         n_heads: query heads of each layer, in layer order.
+        heads: the heads to count (``headlab.heads.selection``, layers by index); None for every head.
+
+    Attributes:
+        selection: ``{layer: sorted heads}`` counted.
+        retrieved, attended: ``{layer: (len(selection[layer]),)}`` step counts.
+
+    Raises:
+        TypeError / ValueError: a malformed selection, or a layer or head ``n_heads`` does not have.
     """
 
-    def __init__(self, n_heads: Sequence[int]) -> None:
+    def __init__(self, n_heads: Sequence[int], *, heads: HeadSelection = None) -> None:
         self.n_heads = [int(n) for n in n_heads]
-        self.retrieved = [np.zeros(n, dtype=np.int64) for n in self.n_heads]
-        self.attended = [np.zeros(n, dtype=np.int64) for n in self.n_heads]
+        self.selection = resolve(heads, self.n_heads)
+        self.retrieved = {layer: np.zeros(len(hs), dtype=np.int64) for layer, hs in self.selection.items()}
+        self.attended = {layer: np.zeros(len(hs), dtype=np.int64) for layer, hs in self.selection.items()}
         self.needles = self.steps = self.copied = 0
         self.seconds = 0.0
 
@@ -161,25 +175,27 @@ class RetrievalScores:
 
         Args:
             cases: the batch's copy cases, one per row, all as long as the batch.
-            patterns: ``{layer: (batch, n_heads, query_pos, key_pos)}`` for every layer.
+            patterns: ``{layer: (batch, head, query_pos, key_pos)}`` for every selected layer, its head axis
+                the layer's selected heads in order (every head of it without a selection).
             predicted: ``(batch, pos)`` the model's top prediction after each position.
 
         Raises:
-            ValueError: a layer missing, or shapes that do not match the cases.
+            ValueError: a selected layer missing, or shapes that do not match the cases or the selection.
         """
-        missing = sorted(set(range(len(self.n_heads))) - set(patterns))
+        missing = sorted(set(self.selection) - set(patterns))
         if missing:
-            raise ValueError(f"patterns of layers {missing} are missing; retrieval scores need every layer's")
+            raise ValueError(f"patterns of layers {missing} are missing; these scores count layers "
+                             f"{sorted(self.selection)}")
         if predicted.shape[0] != len(cases):
             raise ValueError(f"predicted has {predicted.shape[0]} rows for {len(cases)} copy cases")
         for b, case in enumerate(cases):
             queries, targets, allowed = case.steps()
             ok = predicted[b, queries].cpu() == targets  # (steps,)
-            for layer, n in enumerate(self.n_heads):
-                pattern = patterns[layer][b]  # (head, query_pos, key_pos)
-                if pattern.shape != (n, len(case.input_ids), len(case.input_ids)):
-                    raise ValueError(f"layer {layer}'s pattern has shape {tuple(pattern.shape)}; this case needs "
-                                     f"{(n, len(case.input_ids), len(case.input_ids))}")
+            for layer, hs in self.selection.items():
+                pattern = patterns[layer][b]  # (head, query_pos, key_pos): the selected heads
+                if pattern.shape != (len(hs), len(case.input_ids), len(case.input_ids)):
+                    raise ValueError(f"layer {layer}'s pattern has shape {tuple(pattern.shape)}; this case and the "
+                                     f"heads {hs} need {(len(hs), len(case.input_ids), len(case.input_ids))}")
                 top = pattern[:, queries].argmax(-1).cpu()  # (head, steps): the most-attended key
                 hit = allowed[torch.arange(len(queries))[None, :], top]  # (head, steps)
                 self.attended[layer] += hit.sum(1).numpy()
@@ -195,16 +211,19 @@ class RetrievalScores:
         self.add_copies(cases, patterns, predicted)
 
     def merge(self, other: RetrievalScores) -> RetrievalScores:
-        """Add ``other``'s counts (same model geometry) into this one; returns self.
+        """Add ``other``'s counts (same model geometry, same selection) into this one; returns self.
 
         Raises:
-            ValueError: other layers or heads.
+            ValueError: other layers or heads, or another selection.
         """
         if other.n_heads != self.n_heads:
             raise ValueError(f"cannot merge retrieval scores of heads {other.n_heads} into {self.n_heads}")
+        if other.selection != self.selection:
+            raise ValueError(f"cannot merge retrieval scores of the heads {other.selection} into scores of the heads "
+                             f"{self.selection}: the selections differ")
         for mine, theirs in ((self.retrieved, other.retrieved), (self.attended, other.attended)):
-            for a, b in zip(mine, theirs):
-                a += b
+            for layer in mine:
+                mine[layer] += theirs[layer]
         self.needles += other.needles
         self.steps += other.steps
         self.copied += other.copied
@@ -212,17 +231,41 @@ class RetrievalScores:
         return self
 
     def result(self) -> RetrievalResult:
-        """The scores per head of every copy counted so far (0 for every head before any copy)."""
-        heads = [(layer, h) for layer, n in enumerate(self.n_heads) for h in range(n)]
-        retrieved, attended = np.concatenate(self.retrieved), np.concatenate(self.attended)
+        """The scores per selected head of every copy counted so far (0 for every head before any copy)."""
+        heads = [(layer, h) for layer, hs in self.selection.items() for h in hs]
+        retrieved = np.concatenate(list(self.retrieved.values()))
+        attended = np.concatenate(list(self.attended.values()))
         steps = max(self.steps, 1)
         return RetrievalResult(HeadTable(heads, {"score": retrieved / steps, "attended": attended / steps,
                                                  "retrieved": retrieved}),
                                self.needles, self.steps, self.copied, self.seconds)
 
 
-def copy_cases(tokenizer: Any, texts: Sequence[str], *, needles: int, needle_length: int, haystack_length: int,
-               seed: int = 0) -> list[CopyCase]:
+def _count(name: str, value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name}={value!r}: expected an int >= {least}")
+    return value
+
+
+def haystack_for(tokenizer: Any, *, length: int, needle_length: int) -> int:
+    """Tokens of haystack in a copy case ``length`` tokens long: what the needle, its copy and the
+    beginning-of-sequence token (when the tokenizer has one) leave.
+
+    Raises:
+        ValueError: a size out of range, or a ``length`` that cannot hold the needle twice.
+    """
+    _count("length", length, 1)
+    _count("needle_length", needle_length, 2)
+    bos = int(getattr(tokenizer, "bos_token_id", None) is not None)
+    if length < bos + 2 * needle_length:
+        raise ValueError(f"length={length} cannot hold a needle of {needle_length} tokens and its copy"
+                         f"{' after a beginning-of-sequence token' if bos else ''}: expected >= "
+                         f"{bos + 2 * needle_length}")
+    return length - bos - 2 * needle_length
+
+
+def copy_cases(tokenizer: Any, texts: Sequence[str], *, needles: int, needle_length: int,
+               haystack_length: int | None = None, length: int | None = None, seed: int = 0) -> list[CopyCase]:
     """Copy cases from a corpus: a needle span and a haystack span of its text, the needle inserted at a
     random depth, the needle repeated at the end; a beginning-of-sequence token first when the tokenizer has one.
 
@@ -234,20 +277,26 @@ def copy_cases(tokenizer: Any, texts: Sequence[str], *, needles: int, needle_len
         texts: the corpus.
         needles: cases to make, ``>= 1``.
         needle_length: tokens per needle, ``>= 2``.
-        haystack_length: tokens of haystack around each needle, ``>= 0``.
+        haystack_length: tokens of haystack around each needle, ``>= 0``; or
+        length: tokens of each whole case (``haystack_for``): give exactly one of the two.
         seed: seeds the spans and depths.
 
     Returns:
         ``needles`` cases, each ``[bos] + haystack[:d] + needle + haystack[d:] + needle`` long.
 
     Raises:
-        ValueError: a size out of range.
+        ValueError: a size out of range, both or neither of ``haystack_length`` and ``length``, or a
+            ``length`` that cannot hold the needle twice.
         ShortCorpus: a corpus too short for one needle and one haystack (a ``ValueError``).
     """
-    for name, value, least in (("needles", needles, 1), ("needle_length", needle_length, 2),
-                               ("haystack_length", haystack_length, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name}={value!r}: expected an int >= {least}")
+    _count("needles", needles, 1)
+    _count("needle_length", needle_length, 2)
+    if (haystack_length is None) == (length is None):
+        raise ValueError(f"copy cases take exactly one of haystack_length and length; got "
+                         f"haystack_length={haystack_length!r}, length={length!r}")
+    if length is not None:
+        haystack_length = haystack_for(tokenizer, length=length, needle_length=needle_length)
+    haystack_length = _count("haystack_length", haystack_length, 0)
     stream = [i for text in texts for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     if len(stream) < needle_length + haystack_length:
         raise ShortCorpus(f"the corpus has {len(stream)} tokens; a needle of {needle_length} and a haystack of "
@@ -267,49 +316,59 @@ def copy_cases(tokenizer: Any, texts: Sequence[str], *, needles: int, needle_len
     return cases
 
 
-def retrieval_scores(model: HeadedModel | nn.Module, *, corpus: Any = None, needles: int = 32, needle_length: int = 12,
-                     haystack_length: int = 96, batch_size: int = 8, seed: int = 0) -> RetrievalResult:
-    """Wu et al.'s retrieval score of every head of a causal language model, on copies built from a corpus.
+def retrieval_scores(model: HeadedModel | nn.Module, *, corpus: Any = None, heads: HeadSelection = None,
+                     needles: int = 32, needle_length: int = 12, haystack_length: int | None = None,
+                     length: int | None = None, batch_size: int = 8, seed: int = 0) -> RetrievalResult:
+    """Wu et al.'s retrieval score of the selected heads of a causal language model, on copies built from a corpus.
+
+    Only the selected heads' patterns are captured: the cost of a forward's patterns scales with the selection.
 
     Args:
         model: a ``HeadedModel`` of a causal language model (its output has logits) with a tokenizer.
         corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
-        needles, needle_length, haystack_length, seed: see ``copy_cases``.
+        heads: the heads to score (``headlab.heads.selection``); None for every head.
+        needles, needle_length, seed: see ``copy_cases``.
+        haystack_length, length: see ``copy_cases``: at most one; neither gives ``HAYSTACK_LENGTH`` tokens of haystack.
         batch_size: copies per forward, ``>= 1``.
 
     Returns:
-        The scores per head.
+        The scores, a row per selected head.
 
     Raises:
         ValueError: a bidirectional model (an encoder does not copy by generating), a model without
-            logits or tokenizer, sizes out of range, or inputs longer than the model takes.
+            logits or tokenizer, a bad selection, sizes out of range, or inputs longer than the model takes.
     """
     from headlab.capture import load_corpus, run_with_cache
 
     start = time.perf_counter()
     model = headed(model)
-    sites = model.sites
     if not model.causal:
         raise ValueError(f"retrieval scores need a causal language model; {model.source} attends both ways (an "
                          "encoder sees the whole input at once and does not copy a needle by generating it)")
     if model.tokenizer is None:
         raise ValueError(f"{model.source} has no tokenizer; copy cases are built from text")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: expected an int >= 1")
-    cases = copy_cases(model.tokenizer, load_corpus(corpus).texts, needles=needles, needle_length=needle_length,
-                       haystack_length=haystack_length, seed=seed)
+    _count("batch_size", batch_size, 1)
     limit = model.max_length
+    if limit is not None and isinstance(length, int) and length > limit:
+        raise ValueError(f"length={length}: {model.source} takes at most {limit} tokens")
+    selection = model.heads(heads)
+    if haystack_length is None and length is None:
+        haystack_length = HAYSTACK_LENGTH
+    cases = copy_cases(model.tokenizer, load_corpus(corpus).texts, needles=needles, needle_length=needle_length,
+                       haystack_length=haystack_length, length=length, seed=seed)
     if limit is not None and len(cases[0].input_ids) > limit:
         raise ValueError(f"a copy case is {len(cases[0].input_ids)} tokens; {model.source} takes {limit}: lower "
                          f"haystack_length={haystack_length} or needle_length={needle_length}")
-    scores = RetrievalScores([site.n_heads for site in sites])
+    scores = RetrievalScores([site.n_heads for site in model.sites], heads=selection)
     for first in range(0, len(cases), batch_size):
         batch = cases[first:first + batch_size]
-        cache = run_with_cache(model, torch.tensor([c.input_ids for c in batch]), take="pattern")
+        cache = run_with_cache(model, torch.tensor([c.input_ids for c in batch]), take="pattern", heads=selection)
         logits = getattr(cache.output, "logits", None)
         if logits is None:
             raise ValueError(f"{model.source}'s output has no logits (no language-model head): the model's "
                              "prediction of the copied token cannot be read")
-        scores.add_copies(batch, {layer: cache["pattern", layer] for layer in range(len(sites))}, logits.argmax(-1))
+        patterns = {layer: torch.stack([cache["pattern", layer, h] for h in hs], 1)  # (batch, head, query, key)
+                    for layer, hs in selection.items()}
+        scores.add_copies(batch, patterns, logits.argmax(-1))
     scores.seconds = time.perf_counter() - start
     return scores.result()

@@ -2,17 +2,20 @@
 window of recent ones, and what the model would save (StreamingLLM, Xiao et al. 2023; DuoAttention,
 Xiao et al. 2024; RazorAttention, Tang et al. 2024).
 
-For each window W (swept) and each head h, the head is run as a streaming head inside the model
+For each window W (swept) and each selected head h (``heads``: a ``headlab.heads.selection``; every
+head without one), the head is run as a streaming head inside the model
 (``headlab.heads.windowed``: the attention function computes it under the sink + window mask) and two
 changes are measured against the unrestricted model on corpus text:
 
     z change     ‖z_h(W) − z_h‖ / ‖z_h‖ over every real position: the head's own output. Heads of one
-                 layer do not see each other's windows, so one forward per layer gives all of them.
+                 layer do not see each other's windows, so one forward per selected layer gives all of
+                 its selected heads.
     loss change  causal LMs: next-token cross-entropy (nats per predicted token) minus the model's;
                  encoders: 1 − cosine of each text's mean-pooled embedding to the model's own
                  (``importance.fidelity_metric``'s recipe), averaged over texts.
 
-A head *tolerates* W when its loss change is at most the budget. The tolerant heads, cheapest first,
+The loss change with every selected head streaming at once is measured too (``all_heads``). A head
+*tolerates* W when its loss change is at most the budget. The tolerant heads, cheapest first,
 are then converted all at once and the combined loss change measured; when it exceeds the budget the
 prefix is cut (binary search over how many, every candidate measured), so the reported conversion is
 one that was run. Memory: causal models keep a key/value cache, and a key/value head shrinks to
@@ -22,7 +25,7 @@ query head), which is what is reported for them.
 
 Axis legend:
     input_ids  (batch, pos)
-    z          (batch, head, pos, d_head_v)
+    z          (batch, head, pos, d_head_v): ``head`` runs over a layer's selected heads
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from torch.nn import functional as F
 
 from headlab import display
 from headlab.capture.corpus import ShortCorpus
-from headlab.heads import HeadTable, windowed
+from headlab.heads import HeadSelection, HeadTable, windowed
 from headlab.models import HeadedModel, headed
 from headlab.models.stream import has_logits
 
@@ -100,13 +103,14 @@ class StreamingResult(display.Shown):
     """Per head and window: z change, loss change and whether the conversion made it streaming.
 
     Attributes:
-        table: a row per head; columns ``z_change_w{W}``, ``loss_change_w{W}``, ``streaming_w{W}`` (1 or 0).
+        table: a row per selected head; columns ``z_change_w{W}``, ``loss_change_w{W}``, ``streaming_w{W}`` (1 or 0).
         kind: "causal" or "bidirectional".
         windows, sinks, budget: the simulation's settings.
         memory: "key/value cache" (causal) or "attention scores" (encoders).
         loss: what the loss is, in words.
         base_loss: the unrestricted model's loss (0 for encoders: the embedding against itself).
-        all_heads: loss change with every head streaming, per window.
+        all_heads: loss change with every head of the table streaming at once (the selected heads; every head of
+            the model without a selection), per window.
         conversions: one per window.
         texts, length: texts run and their length in tokens.
         seconds: wall time.
@@ -160,28 +164,34 @@ class StreamingResult(display.Shown):
 class StreamingChanges(NamedTuple):
     """What ``StreamingStats`` measured over its batches (``StreamingStats.result``)."""
 
-    z_change: np.ndarray  # (windows, heads): ‖z_h(W) − z_h‖ / ‖z_h‖
-    loss_change: np.ndarray  # (windows, heads): the loss with head h streaming minus the model's
+    z_change: np.ndarray  # (windows, selected heads): ‖z_h(W) − z_h‖ / ‖z_h‖
+    loss_change: np.ndarray  # (windows, selected heads): the loss with head h streaming minus the model's
     base_loss: float  # the model's loss per unit (predicted token, or text)
-    all_heads: np.ndarray  # (windows,): the loss change with every head streaming
+    all_heads: np.ndarray  # (windows,): the loss change with every selected head streaming at once
 
 
 class StreamingStats:
-    """Sums of z and loss changes per window and head over batches; mergeable.
+    """Sums of z and loss changes per window and selected head over batches; mergeable.
 
     A ``Mergeable[StreamingChanges]`` (``headlab.analysis.accumulator``) fed tokenised batches with
-    ``measure``, not a capture consumer: each batch runs its own forwards, one per head and window.
+    ``measure``, not a capture consumer: each batch runs its own forwards, per window one per selected
+    layer (z), one per selected head (loss) and one with every selected head streaming.
 
     Args:
         model: a ``HeadedModel`` (or attached model) the batches run on.
         windows: the windows W to sweep, each ``>= 1``.
         sinks: first keys every streaming head keeps, ``>= 0``.
+        heads: the heads to simulate (``headlab.heads.selection``); None for every head.
+
+    Attributes:
+        selection: ``{layer: sorted heads}`` simulated.
 
     Raises:
-        ValueError: an empty or bad window list, or a bad sink count.
+        ValueError: an empty or bad window list, a bad sink count, or a bad selection.
     """
 
-    def __init__(self, model: HeadedModel | nn.Module, *, windows: Sequence[int], sinks: int = 4) -> None:
+    def __init__(self, model: HeadedModel | nn.Module, *, windows: Sequence[int], sinks: int = 4,
+                 heads: HeadSelection = None) -> None:
         windows = list(windows)
         if not windows or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in windows):
             raise ValueError(f"windows={windows!r}: expected a non-empty list of ints >= 1")
@@ -191,16 +201,18 @@ class StreamingStats:
         sites = self.model.sites
         self.n_heads = [site.n_heads for site in sites]
         self.causal = all(site.causal for site in sites)
-        shape = (len(self.windows), sum(self.n_heads))
+        self.selection = self.model.heads(heads)
+        shape = (len(self.windows), len(self.heads))
         self.dz2, self.z2 = np.zeros(shape), np.zeros(shape)  # Σ‖Δz‖², Σ‖z‖² per window and head
         self.loss = np.zeros(shape)  # Σ per-unit loss with the head streaming
-        self.all_loss = np.zeros(len(self.windows))  # Σ per-unit loss with every head streaming
+        self.all_loss = np.zeros(len(self.windows))  # Σ per-unit loss with every selected head streaming
         self.base = 0.0  # Σ per-unit loss of the model
         self.units = 0  # predicted tokens (causal) or texts (encoders)
 
     @property
     def heads(self) -> list[tuple[int, int]]:
-        return [(layer, h) for layer, n in enumerate(self.n_heads) for h in range(n)]
+        """The selected heads, layer by layer: the order of the sums' head axis."""
+        return [(layer, h) for layer, hs in self.selection.items() for h in hs]
 
     def loss_sum(self, batch: dict[str, Tensor], reference: Tensor | None) -> tuple[float, Tensor | None, int]:
         """``(Σ loss, embeddings or None, units)`` of one forward on ``batch``; encoders compare with ``reference``."""
@@ -220,26 +232,28 @@ class StreamingStats:
             return float((1 - (pooled * reference).sum(-1)).sum()), pooled, len(pooled)
 
     def measure(self, batch: dict[str, Tensor]) -> None:
-        """Run one tokenised batch (``input_ids``, ``attention_mask``) with every head and window."""
+        """Run one tokenised batch (``input_ids``, ``attention_mask``) with every selected head and window."""
         from headlab.capture import run_with_cache
 
+        def selected_z(cache: Any, layer: int, hs: list[int]) -> Tensor:  # (batch, head, pos, d_head_v)
+            return torch.stack([cache["z", layer, h] for h in hs], 1)
+
         base, reference, units = self.loss_sum(batch, None)
-        z = run_with_cache(self.model, batch, take="z")
+        z = run_with_cache(self.model, batch, take="z", heads=self.selection)
         real = batch["attention_mask"].bool()  # (batch, pos)
-        offsets = np.cumsum([0, *self.n_heads])
+        offsets = dict(zip(self.selection, np.cumsum([0, *map(len, self.selection.values())]).tolist()))
         for w, window in enumerate(self.windows):
-            for layer in range(len(self.n_heads)):  # a layer's heads do not see each other's windows
-                with windowed(self.model, {layer: None}, window=window, sinks=self.sinks):
-                    zw = run_with_cache(self.model, batch, take="z", heads={layer: None})["z", layer]
-                z0 = z["z", layer]  # (batch, head, pos, d_head_v)
-                dz2 = ((zw - z0).double() ** 2).sum(-1).transpose(1, 2)[real].sum(0)  # (head,)
-                self.dz2[w, offsets[layer]:offsets[layer + 1]] += dz2.cpu().numpy()
-                self.z2[w, offsets[layer]:offsets[layer + 1]] += (z0.double() ** 2).sum(-1).transpose(1, 2)[real].sum(
-                    0).cpu().numpy()
+            for layer, hs in self.selection.items():  # a layer's heads do not see each other's windows
+                with windowed(self.model, {layer: hs}, window=window, sinks=self.sinks):
+                    zw = selected_z(run_with_cache(self.model, batch, take="z", heads={layer: hs}), layer, hs)
+                z0 = selected_z(z, layer, hs)
+                rows = slice(offsets[layer], offsets[layer] + len(hs))
+                self.dz2[w, rows] += ((zw - z0).double() ** 2).sum(-1).transpose(1, 2)[real].sum(0).cpu().numpy()
+                self.z2[w, rows] += (z0.double() ** 2).sum(-1).transpose(1, 2)[real].sum(0).cpu().numpy()
             for i, head in enumerate(self.heads):
                 with windowed(self.model, [head], window=window, sinks=self.sinks):
                     self.loss[w, i] += self.loss_sum(batch, reference)[0]
-            with windowed(self.model, None, window=window, sinks=self.sinks):
+            with windowed(self.model, self.selection, window=window, sinks=self.sinks):
                 self.all_loss[w] += self.loss_sum(batch, reference)[0]
         self.base += base
         self.units += units
@@ -251,15 +265,18 @@ class StreamingStats:
         self.measure(batch)
 
     def merge(self, other: StreamingStats) -> StreamingStats:
-        """Add ``other``'s sums (same heads, windows and sinks); returns self.
+        """Add ``other``'s sums (same heads, windows, sinks and selection); returns self.
 
         Raises:
-            ValueError: another geometry or other settings.
+            ValueError: another geometry, other settings or another selection.
         """
         if (other.n_heads, other.windows, other.sinks, other.causal) != (self.n_heads, self.windows, self.sinks,
                                                                          self.causal):
             raise ValueError(f"cannot merge streaming sums of heads {other.n_heads}, windows {other.windows}, sinks "
                              f"{other.sinks} into heads {self.n_heads}, windows {self.windows}, sinks {self.sinks}")
+        if other.selection != self.selection:
+            raise ValueError(f"cannot merge streaming sums of the heads {other.selection} into sums of the heads "
+                             f"{self.selection}: the selections differ")
         for name in ("dz2", "z2", "loss", "all_loss"):
             getattr(self, name).__iadd__(getattr(other, name))
         self.base += other.base
@@ -267,7 +284,7 @@ class StreamingStats:
         return self
 
     def result(self) -> StreamingChanges:
-        """The z and loss changes per window and head, the base loss and the every-head loss change.
+        """The z and loss changes per window and selected head, the base loss and the every-selected-head loss change.
 
         Raises:
             ValueError: no batch was run.
@@ -320,14 +337,18 @@ def corpus_batches(tokenizer: Any, texts: Sequence[str], *, length: int, count: 
     return batches
 
 
-def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None,
+def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None, heads: HeadSelection = None,
                          windows: Sequence[int] = (8, 16, 32, 64), sinks: int = 4, budget: float | None = None,
                          length: int = 128, texts: int = 8, batch_size: int = 8) -> StreamingResult:
-    """Sweep W over every head, then convert the tolerant heads at each W and measure the conversion.
+    """Sweep W over the selected heads, then convert the tolerant ones at each W and measure the conversion.
+
+    The forwards scale with the selection: per window and batch one per selected layer, one per selected head
+    and one with every selected head streaming (``StreamingStats``), plus the conversion's.
 
     Args:
         model: a ``HeadedModel`` with a tokenizer (causal LM with logits, or an encoder).
         corpus: anything ``headlab.capture.load_corpus`` reads; None for the bundled corpus.
+        heads: the heads to simulate (``headlab.heads.selection``); None for every head.
         windows: the windows W, each ``>= 1``.
         sinks: first keys a streaming head keeps.
         budget: the largest loss change a conversion may cost; None for ``BUDGETS[kind]``.
@@ -336,10 +357,10 @@ def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None,
         batch_size: chunks per forward.
 
     Returns:
-        The per-head table and one conversion per window.
+        The table, a row per selected head, and one conversion per window.
 
     Raises:
-        ValueError: bad settings, a model without a tokenizer, a causal model without logits, or a
+        ValueError: bad settings, a bad selection, a model without a tokenizer, a causal model without logits, or a
             length longer than the model takes.
     """
     from headlab.capture import load_corpus
@@ -353,7 +374,7 @@ def streaming_simulation(model: HeadedModel | nn.Module, *, corpus: Any = None,
     limit = model.max_length
     if limit is not None and isinstance(length, int) and length > limit:
         raise ValueError(f"length={length}: {model.source} takes at most {limit} tokens")
-    stats = StreamingStats(model, windows=windows, sinks=sinks)
+    stats = StreamingStats(model, windows=windows, sinks=sinks, heads=heads)
     kind = "causal" if stats.causal else "bidirectional"
     budget = BUDGETS[kind] if budget is None else float(budget)
     batches = corpus_batches(model.tokenizer, load_corpus(corpus).texts, length=length, count=texts,
