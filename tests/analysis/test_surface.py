@@ -136,7 +136,7 @@ def test_each_row_holds_its_own_heads_means():
     r = stats.result()
     assert r.heads == [(0, 1), (0, 5), (3, 0), (3, 2), (3, 7)]
     for layer, head in r.heads:
-        totals, counts = dict.fromkeys(STATISTICS, 0.0), {"queries": 0, "prev": 0, "next": 0}
+        totals, counts = dict.fromkeys(STATISTICS, 0.0), {"queries": 0, "positions": 0, "prev": 0, "next": 0}
         for batch in batches:
             slot = batch.layers[layer].heads.index(head)
             for b in range(len(batch)):
@@ -171,10 +171,11 @@ def slow_statistics(tokens, special, p):
     """Plain loops over one item's (q, k) pattern: the per-row statistics, summed; and counts."""
     n = len(tokens)
     sums = dict.fromkeys(STATISTICS, 0.0)
-    counts = {"queries": 0, "prev": 0, "next": 0}
+    counts = {"queries": 0, "positions": 0, "prev": 0, "next": 0}
     for i in range(n):
         row = [float(p[i][j]) for j in range(n)]
         counts["queries"] += 1
+        counts["positions"] += 1  # queries and keys of one text
         sums["to_cls"] += row[0] if special[0] else 0.0
         sums["to_sep"] += sum(row[j] for j in range(1, n) if special[j])
         sums["to_punct"] += sum(row[j] for j in range(n) if is_punctuation(tokens[j]) and not special[j])

@@ -142,6 +142,15 @@ def test_text_gives_the_decoder_the_source_shifted_and_pairs_the_target(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_each_site_says_which_side_of_a_pair_its_queries_and_keys_read(name):
+    from headlab.models.seq2seq import SOURCE, TARGET, site_sides
+
+    handle = headlab.attach(_build(name))
+    encoder, decoder, cross = (SOURCE, SOURCE), (TARGET, TARGET), (TARGET, SOURCE)
+    assert [site_sides(site) for site in handle.sites] == [encoder, encoder, decoder, cross, decoder, cross]
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_a_pruned_and_masked_model_saves_and_loads_identical(name, tmp_path):
     """A cross head pruned, an encoder head masked: the saved folder loads as it was."""
     handle = headlab.attach(_build(name))

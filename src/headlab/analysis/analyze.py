@@ -51,10 +51,11 @@ from headlab.analysis.sentences import (
     TABLE_RELATIONS,
 )
 from headlab.analysis.similarity import mds
-from headlab.analysis.surface import is_causal
+from headlab.analysis.surface import POSITIONAL, is_causal
 from headlab.analysis.taxonomy import classify
 from headlab.capture import capture, load_corpus
 from headlab.capture.corpus import ShortCorpus
+from headlab.capture.run import check_pairs
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.models.audio import takes_features
@@ -121,7 +122,10 @@ def analyze(
 
     Args:
         model: a ``HeadedModel`` with a tokenizer (``headlab.load``), or an attached model whose handle has one.
-        corpus: a text file, a list of strings, or None for the bundled corpus; for an image model (``main_input_name
+        corpus: a text file, a list of strings, or None for the bundled corpus; for a text encoder-decoder also
+            (source, target) pairs (a list of tuples, or ``load_corpus(path, pairs=True)``: each layer is read on its
+            own sides, the statistics of one text's positions skipped for cross-attention layers, with the reason);
+            for an image model (``main_input_name
             == "pixel_values"``), images (``headlab.analysis.images.analyze_images``: a folder, files, PIL images or
             pixel values; there is no bundled image corpus): what only means something for text is skipped; for an
             audio encoder-decoder (``main_input_name == "input_features"``: Whisper), recordings
@@ -146,7 +150,8 @@ def analyze(
         An ``AnalysisResult``.
 
     Raises:
-        ValueError: a bad engine, address or workers (``check_engine``), or bad input; an image model without
+        ValueError: a bad engine, address or workers (``check_engine``), or bad input; pairs for a model that is not
+            a text encoder-decoder, or with the Ray engine; an image model without
             images, an audio model without recordings, either with the Ray engine.
         TypeError: images without an image processor, recordings without a feature extractor.
         ImportError: ``engine="ray"`` without Ray (names ``headlab[ray]``).
@@ -164,11 +169,18 @@ def analyze(
             raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an {kind} model runs with "
                              "engine='local'")
         return analysis(model, corpus, heads=heads, quick=quick, importance=importance, progress=progress)
-    texts = load_corpus(corpus).texts
+    loaded = load_corpus(corpus)
+    if loaded.targets is not None:
+        check_pairs(model)
+        if engine != "local":
+            raise ValueError(f"engine={engine!r}: the Ray engine shards corpora of texts; (source, target) pairs run "
+                             "with engine='local'")
+    items: Sequence[str] | Sequence[tuple[str, str]] = loaded.texts if loaded.pairs is None else loaded.pairs
     if quick:
-        texts = texts[:60]
+        items = items[:60]
+    texts = loaded.texts[: len(items)]  # the texts themselves, or the pairs' sources
     causal = is_causal(model)
-    skipped: dict[str, str] = {}
+    skipped: dict[str, str] = {} if loaded.targets is None else _skipped_on_pairs(model, heads)
     parses = None
     if syntax:
         try:
@@ -192,17 +204,20 @@ def analyze(
     if engine == "ray":
         from headlab.capture.distributed import sharded_capture
 
-        sharded = sharded_capture(model, texts, consumers=accumulators, heads=heads, take=accumulators.take,
+        sharded = sharded_capture(model, list(texts), consumers=accumulators, heads=heads, take=accumulators.take,
                                   workers=workers, address=address, progress=progress)
         run, consumers = sharded.capture, sharded.consumers
     else:
         consumers = accumulators()
-        run = capture(model, corpus=texts, heads=heads, take=accumulators.take, consumers=consumers,
+        run = capture(model, corpus=items, heads=heads, take=accumulators.take, consumers=consumers,
                       progress=progress)
     parts: PassAccumulators = consumers  # either engine: the factory's accumulators, by name
-    surface, taxonomy, similarity = parts.surface.result(), parts.taxonomy.result(), parts.similarity.result()
+    surface, similarity = parts.surface.result(), parts.similarity.result()
+    # none when every layer analysed is cross-attention (pairs): the classes read one text's positions
+    taxonomy = parts.taxonomy.result() if parts.taxonomy.sums else None
     result = AnalysisResult(
-        capture=run, surface=surface, roles=label_heads(surface), taxonomy=taxonomy, classes=classify(taxonomy),
+        capture=run, surface=surface, roles=label_heads(surface), taxonomy=taxonomy,
+        classes={} if taxonomy is None else classify(taxonomy),
         similarity=similarity, embedding=mds(similarity.distances),
         value_weighted=None if parts.value_weighted is None else parts.value_weighted.result(),
         sinks=None if parts.sinks is None else parts.sinks.result(), causal=causal, skipped=skipped,
@@ -250,6 +265,27 @@ def analyze(
     else:
         skipped["importance"] = "not asked for"
     return result
+
+
+def _skipped_on_pairs(model: HeadedModel, heads: HeadSelection) -> dict[str, str]:
+    """What a corpus of (source, target) pairs leaves out, and why (``AnalysisResult.skipped``): the statistics that
+    compare a query's and a key's positions in one text, for the cross-attention layers analysed."""
+    selection = model.heads(heads, inputs={"input_ids": None})
+    cross = [model.sites[layer].address for layer in selection if model.sites[layer].cross]
+    if not cross:
+        return {}
+    named = ", ".join(cross)
+    return {
+        "position statistics of cross-attention layers": f"{', '.join(POSITIONAL)} compare a query's and a key's "
+                                                          f"positions in one text; {named} attend from the target's "
+                                                          "positions to the source's: NaN there",
+        "pattern classes of cross-attention layers": f"Kovaleva et al.'s classes read one text's diagonal and "
+                                                     f"segments: none for {named}",
+        "syntax and similarity of the decoder's layers": "the parses are the sources' and heads compare on the same "
+                                                         "query rows and keys: both run on the encoder's heads (when "
+                                                         "no encoder layer is analysed, similarity on the decoder's "
+                                                         "self-attention heads, else the cross-attention heads)",
+    }
 
 
 def _importance(model: HeadedModel, texts: Sequence[str], result: AnalysisResult, *, causal: bool, quick: bool) -> None:

@@ -229,14 +229,18 @@ class ValueReductions:
     (the one read of the patterns).
 
     Attributes:
-        real: ``(batch, pos)`` bool, True at real tokens.
-        first, special, other: ``key_masks(batch)``.
+        real: ``(batch, query_pos)`` bool, True at real query tokens.
+        key_real: ``(batch, key_pos)`` bool, True at real keys: of ``batch.keys`` in a view of cross-attention
+            layers (``CaptureBatch.views``), else ``real``.
+        first, special, other: ``key_masks`` of the keys' side.
     """
 
     def __init__(self, batch: CaptureBatch, projections: ValueProjections) -> None:
         self.batch, self.projections = batch, projections
+        keys = batch if batch.keys is None else batch.keys
         self.real = batch.attention_mask.bool()
-        self.first, self.special, self.other = key_masks(batch)
+        self.key_real = self.real if batch.keys is None else keys.attention_mask.bool()
+        self.first, self.special, self.other = key_masks(keys)
         self._norms: dict[tuple[int, ...], Tensor] = {}
         self._masses: dict[tuple[int, ...], Tensor] = {}
 
@@ -248,7 +252,7 @@ class ValueReductions:
             # as the stack reads its patterns: one product for the stack where they were copied into one tensor (a
             # GPU), else layer by layer (a CPU: there a layer's products stay in cache, the stack's would not)
             norms = rows.over_layers(lambda _, layers: self.projections.norms(taken[layers], fix=fix))
-            self._norms[rows.layers] = norms.masked_fill(~self.real[:, None, :], 0.0)
+            self._norms[rows.layers] = norms.masked_fill(~self.key_real[:, None, :], 0.0)
         return self._norms[rows.layers]
 
     def total(self, rows: StackReductions, *, fix: str) -> Tensor:
@@ -302,7 +306,12 @@ class ValueWeighted(HeadSums):
         return cls(out_projections(model))
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch (its layers must carry pattern and v)."""
+        """Add one batch (its layers must carry pattern and v), view by view (``CaptureBatch.views``): each layer's
+        queries and keys on their own sides."""
+        for view in batch.views():
+            self._update(view)
+
+    def _update(self, batch: CaptureBatch) -> None:
         shared = value_reductions(batch, self.projections)
         real = shared.real[:, None, :, None]  # (batch, 1, query, 1)
         keys = torch.stack([shared.first, shared.special, shared.other], -1).double()  # (batch, key, 3)

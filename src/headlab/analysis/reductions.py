@@ -10,9 +10,11 @@ Axis legend:
 Surface statistics and the taxonomy read the same attention rows: mass on special tokens,
 punctuation and segments, the diagonals, the entropy, the distance, the largest weight.
 ``reductions(batch)`` hands every accumulator one ``BatchReductions`` per batch (kept on the batch
-with ``CaptureBatch.shared``). Its ``stacks`` hold the captured layers in runs with the same heads
-(``stack_layers``), and every accumulator reads a stack's reductions as ``(layer, …)`` tensors, so its own
-arithmetic runs once per batch rather than once per layer. Where the patterns are read depends on the
+with ``CaptureBatch.shared``); of a view of cross-attention layers (``CaptureBatch.views``: a batch of
+pairs), its query rows are the view's tokens and its key masks those of ``CaptureBatch.keys``. Its
+``stacks`` hold the captured layers in runs with the same heads (``stack_layers``), and every
+accumulator reads a stack's reductions as ``(layer, …)`` tensors, so its own arithmetic runs once
+per batch rather than once per layer. Where the patterns are read depends on the
 device: on a GPU a stack's patterns are copied into one ``(layer, batch, head, query_pos, key_pos)`` tensor
 and each reduction is launched once for the whole stack (there an op costs its launch more than its
 arithmetic); on a CPU each layer's pattern is reduced where it lies and the reductions, a number per row,
@@ -231,34 +233,40 @@ def column_masses(pattern: Tensor, columns: Tensor, groups: list[tuple[slice, in
 
 
 class BatchReductions:
-    """The key masks of one batch and its ``stacks`` of layers, each with its ``StackReductions``.
+    """The query and key masks of one batch and its ``stacks`` of layers, each with its ``StackReductions``.
+
+    The queries are the batch's tokens, the keys ``CaptureBatch.keys`` where set (a view of cross-attention
+    layers), else the same tokens: every mask but ``real`` is of the keys.
 
     Attributes:
         batch: the batch.
-        real: ``(batch, pos)`` bool, True at real tokens.
-        special: ``(batch, pos)`` bool, True at real special tokens ([CLS], [SEP], BOS …).
+        real: ``(batch, query_pos)`` bool, True at real query tokens.
+        key_real: ``(batch, key_pos)`` bool, True at real key tokens (``real`` itself for self-attention).
+        special: ``(batch, key_pos)`` bool, True at real special tokens ([CLS], [SEP], BOS …).
         groups: ``CaptureBatch.length_groups``: the runs of items each reduction reads as one block.
     """
 
     def __init__(self, batch: CaptureBatch) -> None:
         self.batch = batch
+        self._keys = batch if batch.keys is None else batch.keys
         self.real = batch.attention_mask.bool()
-        self.special = batch.special_tokens_mask.bool() & self.real
+        self.key_real = self.real if batch.keys is None else self._keys.attention_mask.bool()
+        self.special = self._keys.special_tokens_mask.bool() & self.key_real
         self.groups = batch.length_groups()
         self._columns: dict[torch.dtype, Tensor] = {}
 
     @cached_property
     def punctuation(self) -> Tensor:
-        """``(batch, pos)`` bool: True at punctuation pieces that are not special tokens."""
-        return punctuation_mask(self.batch)
+        """``(batch, key_pos)`` bool: True at punctuation pieces that are not special tokens."""
+        return punctuation_mask(self._keys)
 
     @cached_property
     def _segments(self) -> tuple[Tensor, Tensor]:
-        return segments(self.batch)
+        return segments(self._keys)
 
     @property
     def segment(self) -> Tensor:
-        """``(batch, pos)`` int64: each position's segment (``segments``)."""
+        """``(batch, key_pos)`` int64: each position's segment (``segments``)."""
         return self._segments[0]
 
     @property
@@ -268,8 +276,8 @@ class BatchReductions:
 
     @property
     def content(self) -> Tensor:
-        """``(batch, pos)`` bool: real tokens that are not special."""
-        return self.real & ~self.special
+        """``(batch, key_pos)`` bool: real tokens that are not special."""
+        return self.key_real & ~self.special
 
     def columns(self, dtype: torch.dtype) -> Tensor:
         """``(batch, key_pos, len(COLUMNS) + n_segments)``: the key masks of ``COLUMNS``, then one per segment
@@ -283,7 +291,7 @@ class BatchReductions:
         first[:, 0] = self.special[:, 0]
         one_hot = torch.nn.functional.one_hot(self.segment, int(self.segment.max()) + 1).bool()
         one_hot &= self.content[..., None]
-        masks = [first, self.special & ~first, self.punctuation & self.real, self.special]
+        masks = [first, self.special & ~first, self.punctuation & self.key_real, self.special]
         return torch.cat([torch.stack(masks, dim=-1), one_hot], dim=-1).to(dtype)
 
     @cached_property

@@ -125,7 +125,10 @@ class HeadSimilarity:
         self._scratch = Scratch()
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch (its layers must carry patterns)."""
+        """Add one batch (its layers must carry patterns): the heads of its first view (``CaptureBatch.views``), as
+        heads compare on the same query rows and keys: a batch of texts whole; of pairs, the encoder's heads (when no
+        encoder layer was captured, the decoder's self-attention heads, else the cross-attention heads)."""
+        batch = next(iter(batch.views()), batch)
         heads, patterns = [], []
         for layer, taken in sorted(batch.layers.items()):
             if taken.pattern is None:

@@ -165,10 +165,16 @@ class SinkShare(HeadSums):
         return (self.n_sink, self.edges, self.weighted)
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch (its layers must carry patterns, and v when weighted)."""
-        real = batch.attention_mask.bool()  # (batch, pos)
+        """Add one batch (its layers must carry patterns, and v when weighted), view by view
+        (``CaptureBatch.views``): the sinks are the first keys of each layer's key side, the bins its query
+        positions."""
+        for view in batch.views():
+            self._update(view)
+
+    def _update(self, batch: CaptureBatch) -> None:
+        real = batch.attention_mask.bool()  # (batch, query_pos)
         n_q = real.shape[1]
-        s = min(self.n_sink, n_q)
+        s = min(self.n_sink, (batch if batch.keys is None else batch.keys).input_ids.shape[1])  # the first keys
         position = torch.arange(n_q, device=real.device)
         bins = torch.bucketize(position, torch.tensor(self.edges, device=real.device), right=True) - 1
         n_bins = len(self.edges)

@@ -11,6 +11,10 @@ it keeps float64 sums and counts per (layer, head), so memory grows with layers 
 and merging two halves of a corpus gives the whole corpus's sums (up to float64 rounding).
 Every statistic is a mean over real (non-padding) query tokens; see docs/analysis.md. The row
 reductions come from ``headlab.analysis.reductions``, shared with the other accumulators of a batch.
+
+A batch of (source, target) pairs is read view by view (``CaptureBatch.views``), each layer on its own
+sides; the statistics that compare a query's and a key's positions in one text (``POSITIONAL``) are NaN
+for cross-attention layers, whose queries and keys are positions of two texts.
 """
 
 from __future__ import annotations
@@ -28,24 +32,26 @@ from headlab.heads import HeadTable
 from headlab.models import HeadedModel, headed
 
 __all__ = [
-    "FIXED_WHEN_CAUSAL", "STATISTICS", "SurfaceStats", "head_statistics", "is_causal", "surface_stats",
+    "FIXED_WHEN_CAUSAL", "POSITIONAL", "STATISTICS", "SurfaceStats", "head_statistics", "is_causal", "surface_stats",
 ]
 
-# Statistic → the count it is averaged over ("queries": every real query; "prev"/"next": the
-# queries that have a previous / next real token).
+# Statistic → the count it is averaged over ("queries": every real query; "positions": every real query of a layer
+# whose keys are of the query's text; "prev"/"next": the queries that have a previous / next real token).
 STATISTICS: dict[str, str] = {
     "to_cls": "queries",  # mass on the first position when it is a special token ([CLS], BOS)
     "to_sep": "queries",  # mass on every other special token ([SEP], EOS, ...)
     "to_punct": "queries",  # mass on punctuation pieces
-    "to_self": "queries",  # p_ii
+    "to_self": "positions",  # p_ii
     "to_prev": "prev",  # p_i,i-1 where i-1 exists
     "to_next": "next",  # p_i,i+1 where i+1 exists
     "entropy": "queries",  # -Σ_j p_ij log p_ij, nats
     "uniform_entropy": "queries",  # log(allowed keys): the entropy of uniform attention over the row
-    "distance": "queries",  # Σ_j p_ij |i - j|
+    "distance": "positions",  # Σ_j p_ij |i - j|
     "confidence": "queries",  # max_j p_ij (Voita et al. 2019)
 }
 FIXED_WHEN_CAUSAL = ("to_next",)  # a causal query never sees the next token: 0 for every head
+# The statistics that compare a query's and a key's positions in one text: NaN for cross-attention layers.
+POSITIONAL = ("to_self", "to_prev", "to_next", "distance")
 
 
 def head_statistics(*, causal: bool) -> tuple[str, ...]:
@@ -65,37 +71,51 @@ class SurfaceStats(PerHeadMeans):
     """
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch (its layers must carry patterns)."""
+        """Add one batch (its layers must carry patterns), view by view (``CaptureBatch.views``)."""
+        for view in batch.views():
+            self._update(view)
+
+    def _update(self, batch: CaptureBatch) -> None:
+        """Add one view: queries and keys of one text, or (``batch.keys``) cross-attention."""
         shared = reductions(batch)
         real = shared.real  # (batch, pos)
+        one_text = batch.keys is None
         has_prev = torch.zeros_like(real)
-        has_prev[:, 1:] = real[:, :-1] & real[:, 1:]
         has_next = torch.zeros_like(real)
-        has_next[:, :-1] = real[:, 1:] & real[:, :-1]
-        weights = {"queries": real, "prev": has_prev, "next": has_next}
+        if one_text:
+            has_prev[:, 1:] = real[:, :-1] & real[:, 1:]
+            has_next[:, :-1] = real[:, 1:] & real[:, :-1]
+        weights = {"queries": real, "positions": real if one_text else torch.zeros_like(real), "prev": has_prev,
+                   "next": has_next}
         counts = {name: w.sum() for name, w in weights.items()}  # left on the device until the sums are folded
         # The same for every head: the log of the keys each real query may see, summed once per batch.
-        uniform_entropy = torch.where(real, self._uniform_entropy(real), 0.0).sum()
+        uniform_entropy = torch.where(real, self._uniform_entropy(real, shared.key_real, causal=self.causal
+                                                                  and one_text), 0.0).sum()
         # the rows each statistic is summed over, (batch, 1, q)
-        kept = {name: weights[count][:, None] for name, count in STATISTICS.items() if name != "uniform_entropy"}
+        computed = [name for name in STATISTICS if name != "uniform_entropy" and (one_text or name not in POSITIONAL)]
+        kept = {name: weights[STATISTICS[name]][:, None] for name in computed}
         for rows in shared.stacks:
             stats = {  # (layer, batch, head, q) each, in the patterns' dtype
                 "to_cls": rows.mass("first_special"), "to_sep": rows.mass("other_special"),
-                "to_punct": rows.mass("punctuation"), "to_self": rows.diagonal(0), "to_prev": rows.diagonal(-1),
-                "to_next": rows.diagonal(1), "entropy": rows.entropy, "distance": rows.distance,
-                "confidence": rows.confidence,
+                "to_punct": rows.mass("punctuation"), "entropy": rows.entropy, "confidence": rows.confidence,
             }
-            totals = real_row_sums(stats, kept)  # (layer, head) each
+            if one_text:
+                stats |= {"to_self": rows.diagonal(0), "to_prev": rows.diagonal(-1), "to_next": rows.diagonal(1),
+                          "distance": rows.distance}
+            totals = real_row_sums({name: stats[name] for name in computed}, kept)  # (layer, head) each
             for i, layer in enumerate(rows.layers):
                 sums = {name: total[i] for name, total in totals.items()}
+                sums |= {name: torch.zeros(len(rows.heads), dtype=torch.float64) for name in POSITIONAL
+                         if name not in sums}  # cross-attention: counted over no query, NaN
                 sums["uniform_entropy"] = uniform_entropy.expand(len(rows.heads))
                 self._add(layer, rows.heads, sums, counts)
 
-    def _uniform_entropy(self, real: Tensor) -> Tensor:
+    @staticmethod
+    def _uniform_entropy(real: Tensor, key_real: Tensor, *, causal: bool) -> Tensor:
         """``(batch, query_pos)`` float64: log of the keys each query may see (``i + 1`` when causal)."""
-        lengths = real.sum(-1).double()  # (batch,)
+        lengths = key_real.sum(-1).double()  # (batch,)
         n_queries = real.shape[1]
-        if self.causal:
+        if causal:
             queries = torch.arange(n_queries, device=real.device)
             allowed = (queries.double() + 1)[None, :].minimum(lengths[:, None])  # (batch, q)
         else:

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from headlab.analysis.parses import DEFAULT_PIPELINE, Parse, parse_texts
 from headlab.analysis.scratch import Scratch
-from headlab.capture.batch import CaptureBatch
+from headlab.capture.batch import SOURCE, CaptureBatch
 from headlab.capture.words import WordMap, batch_word_ids_from_spans, word_units
 from headlab.heads import HeadTable
 from headlab.models import HeadedModel
@@ -177,9 +177,12 @@ class SyntaxAccuracy:
         self._scratch = Scratch()
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch; every captured layer must carry patterns."""
-        if not batch.layers:
+        """Add one batch; every captured layer must carry patterns. A batch of pairs gives its encoder's layers
+        alone (``CaptureBatch.view``): the parses are the sources', and a relation holds within one text."""
+        view = batch.view(SOURCE, SOURCE)
+        if view is None or not view.layers:
             return
+        batch = view
         slots = [(layer, h) for layer, taken in sorted(batch.layers.items()) for h in taken.heads]
         self._check_slots(slots)
         parses = self._parses(batch)

@@ -17,7 +17,9 @@ and counts, mergeable like every headlab accumulator):
                   over items with two or more segments (see ``headlab.analysis.reductions.segments``)
     block_uniform the same for uniform attention: the chance level ``block`` is judged against
 
-``classify`` applies the rules in docs/analysis.md.
+``classify`` applies the rules in docs/analysis.md. The classes read a text's diagonal and segments, so
+cross-attention layers (a batch of pairs: queries of the target over the source's keys) have none: each
+view of self-attention (``CaptureBatch.views``) is read, the cross-attention view skipped.
 """
 
 from __future__ import annotations
@@ -108,7 +110,12 @@ class TaxonomyStats(PerHeadMeans):
     """
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch (its layers must carry patterns)."""
+        """Add one batch (its layers must carry patterns), each view of self-attention (``CaptureBatch.views``)."""
+        for view in batch.views():
+            if view.keys is None:
+                self._update(view)
+
+    def _update(self, batch: CaptureBatch) -> None:
         shared = reductions(batch)
         real = shared.real
         block_rows = real & ~shared.special & (shared.n_content >= 2)[:, None]

@@ -16,12 +16,20 @@ reductions of every pattern) is computed once, by the first consumer that asks, 
 
 Items are padded on the right. Padded key positions get zero attention; padded query rows
 hold whatever the model computed there and should be ignored (``attention_mask``, ``lengths``).
+
+A batch of (source, target) pairs (an encoder-decoder) has two sides of tokens: its own fields are the
+source's (what the encoder reads), ``target`` the decoder's (the target shifted one place right behind the
+decoder start token, ``headlab.models.seq2seq``). Each ``LayerCapture`` says which side its queries and
+keys come from (``sides``): encoder self-attention (source, source), decoder self-attention (target,
+target), cross-attention (target, source). A consumer asks the batch, never the layer's kind: ``sides(layer)``
+gives a layer's query and key sides, ``views()`` the batch cut into one single-side batch per kind of layer
+(a batch of texts is its own one view).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -32,8 +40,11 @@ from headlab.capture.batching import GPU_GROUP_COST, length_groups
 from headlab.capture.encoding import TokenizedCorpus
 from headlab.capture.words import word_units
 from headlab.models import TapOutput
+from headlab.models.seq2seq import SOURCE, TARGET
 
-__all__ = ["CaptureBatch", "LayerCapture", "collate"]
+__all__ = ["SIDES", "SOURCE", "TARGET", "CaptureBatch", "LayerCapture", "collate"]
+
+SIDES = (SOURCE, TARGET)  # a batch's own tokens (a text, or a pair's source), a pair's target
 
 T = TypeVar("T")
 
@@ -46,10 +57,14 @@ class LayerCapture(TapOutput):
     Attributes:
         layer: the layer's index (0-based).
         heads: the selected query heads; axis 1 of every tensor follows this order.
+        sides: the sides (``SIDES``) its queries and its keys come from: ``(SOURCE, SOURCE)`` but in a batch of
+            pairs, where the decoder's self-attention is ``(TARGET, TARGET)`` and its cross-attention
+            ``(TARGET, SOURCE)`` (``CaptureBatch.sides``).
     """
 
     layer: int
     heads: tuple[int, ...]
+    sides: tuple[str, str] = (SOURCE, SOURCE)
 
 
 @dataclass
@@ -70,6 +85,11 @@ class CaptureBatch:
         texts: each item's text.
         tokens: each item's pieces as strings (unpadded).
         layers: per selected layer index, the selected heads' tensors (filled by the forward).
+        target: a batch of pairs: the decoder's side, a ``CaptureBatch`` of the same items (no layers) whose
+            tokens are the targets shifted one place right behind the decoder start token (what each decoder
+            position reads); None for a batch of texts.
+        keys: a view of cross-attention layers (``views``): the side their keys come from, this batch's own
+            fields being the queries'; None where queries and keys are the same tokens.
     """
 
     input_ids: Tensor
@@ -83,6 +103,8 @@ class CaptureBatch:
     texts: list[str]
     tokens: list[list[str]]
     layers: dict[int, LayerCapture] = field(default_factory=dict)
+    target: CaptureBatch | None = None
+    keys: CaptureBatch | None = None
     _shared: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def shared(self, key: Hashable, compute: Callable[[CaptureBatch], T]) -> T:
@@ -100,10 +122,51 @@ class CaptureBatch:
         return self._shared[key]
 
     def release_shared(self) -> None:
-        """Drop everything ``shared`` holds. What consumers derive often holds the batch itself (a reference
-        cycle), which would keep the batch's tensors alive until the next garbage collection; ``capture``
+        """Drop everything ``shared`` holds (its views' too). What consumers derive often holds the batch itself (a
+        reference cycle), which would keep the batch's tensors alive until the next garbage collection; ``capture``
         calls this when the batch's turn ends, so they are freed (and their memory reused) at once."""
+        for view in self._shared.get(_views, ()):
+            if view is not self:
+                view.release_shared()
         self._shared.clear()
+
+    def side(self, name: str) -> CaptureBatch:
+        """The tokens of the side ``name`` (``SIDES``): this batch for ``SOURCE``, ``target`` for ``TARGET``.
+
+        Raises:
+            ValueError: an unknown side, or ``TARGET`` of a batch of texts.
+        """
+        if name == SOURCE:
+            return self
+        if name == TARGET and self.target is not None:
+            return self.target
+        raise ValueError(f"side {name!r}: this batch has the sides {SIDES if self.target is not None else (SOURCE,)}")
+
+    def sides(self, layer: int) -> tuple[CaptureBatch, CaptureBatch]:
+        """``(queries, keys)``: the sides layer ``layer``'s queries and keys come from (``LayerCapture.sides``), the
+        same batch twice for self-attention over one text.
+
+        Raises:
+            KeyError: the layer was not captured.
+        """
+        query, key = self.layers[layer].sides
+        return self.side(query), self.side(key)
+
+    def views(self) -> list[CaptureBatch]:
+        """The batch as single-side batches, one per kind of layer (``LayerCapture.sides``), each holding those
+        layers in order, its own fields the queries' side and ``keys`` the keys' when they differ (cross-attention):
+        ``[self]`` for a batch of texts; for a batch of pairs, the encoder's, the decoder's self-attention and the
+        cross-attention layers, made once per batch. A consumer that reads masks of one text updates with each
+        view in turn."""
+        if self.target is None:
+            return [self]
+        return self.shared(_views, _views)
+
+    def view(self, query: str, key: str) -> CaptureBatch | None:
+        """The view (``views``) of the layers whose queries come from the side ``query`` and keys from ``key``
+        (``SIDES``), or None when no such layer was captured; a batch of texts is its own ``(SOURCE, SOURCE)``."""
+        return next((view for view in self.views()
+                     if all(taken.sides == (query, key) for taken in view.layers.values())), None)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -112,6 +175,8 @@ class CaptureBatch:
         """Runs of items that readers of the patterns take as their own ``(items, pos, pos)`` blocks, each
         ``(items, its longest length)`` (``headlab.capture.batching.length_groups``; ``GPU_GROUP_COST`` per
         run on a GPU), worked out once."""
+        if self.keys is not None:  # cross-attention: queries and keys of other texts, read as one block
+            return [(slice(0, len(self)), self.input_ids.shape[1])]
         group_cost = None if self.input_ids.device.type == "cpu" else GPU_GROUP_COST
         return self.shared(length_groups, lambda batch: length_groups(batch.lengths.tolist(), group_cost=group_cost))
 
@@ -121,17 +186,47 @@ class CaptureBatch:
         return word_units(self.word_ids, self.attention_mask)
 
 
-def collate(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch.device | str = "cpu") -> CaptureBatch:
+def _views(batch: CaptureBatch) -> list[CaptureBatch]:
+    """``CaptureBatch.views`` of a batch of pairs."""
+    kinds: dict[tuple[str, str], dict[int, LayerCapture]] = {}
+    for layer, taken in batch.layers.items():
+        kinds.setdefault(taken.sides, {})[layer] = taken
+    out = []
+    for (query, key), layers in kinds.items():
+        keys = None if query == key else batch.side(key)
+        out.append(replace(batch.side(query), layers=layers, target=None, keys=keys))
+    return out
+
+
+def collate(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch.device | str = "cpu",
+            target: TokenizedCorpus | None = None, start: tuple[int, str] | None = None) -> CaptureBatch:
     """Pad the items ``indices`` of ``tokenized`` to their longest and stack them.
 
     Args:
-        tokenized: the tokenized corpus.
+        tokenized: the tokenized corpus (a corpus of pairs: the sources).
         indices: corpus indices of the batch's items, in batch order.
         device: where the tensors go (the model's device).
+        target: a corpus of pairs: the tokenized targets, in corpus order; None for texts.
+        start: with ``target``: the decoder start token's id and label, put before each target (shifted one
+            place right, the target's last piece dropped: what the decoder reads, ``headlab.models.seq2seq``).
 
     Returns:
-        A ``CaptureBatch`` with no layer captured yet.
+        A ``CaptureBatch`` with no layer captured yet (``target`` set for pairs).
+
+    Raises:
+        ValueError: ``target`` without ``start``.
     """
+    batch = _collated(tokenized, indices, device=device)
+    if target is not None:
+        if start is None:
+            raise ValueError("collate(target=...) needs start=(the decoder start token's id, its label)")
+        batch.target = _collated(target, indices, device=device, start=start)
+    return batch
+
+
+def _collated(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch.device | str,
+              start: tuple[int, str] | None = None) -> CaptureBatch:
+    """``collate`` of one side; ``start``: shifted behind that token (a decoder's side)."""
     encodings = [tokenized.encodings[i] for i in indices]
     lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
     batch, pos = len(encodings), int(lengths.max())
@@ -140,12 +235,20 @@ def collate(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch
     offsets = np.zeros((batch, pos, 2), dtype=np.int64)
     word_ids = np.full((batch, pos), -1, dtype=np.int64)
     special = np.zeros((batch, pos), dtype=bool)
+    tokens = [list(e.tokens) for e in encodings]
     for row, (e, n) in enumerate(zip(encodings, lengths)):
-        input_ids[row, :n] = e.ids
         attention_mask[row, :n] = 1
-        offsets[row, :n] = e.offsets
-        word_ids[row, :n] = [-1 if w is None else w for w in e.word_ids]
-        special[row, :n] = e.special_tokens_mask
+        if start is None:
+            input_ids[row, :n] = e.ids
+            offsets[row, :n] = e.offsets
+            word_ids[row, :n] = [-1 if w is None else w for w in e.word_ids]
+            special[row, :n] = e.special_tokens_mask
+        else:  # position 0 reads the start token, position i the piece i − 1
+            input_ids[row, 0], input_ids[row, 1:n] = start[0], e.ids[:-1]
+            offsets[row, 1:n] = e.offsets[:-1]
+            word_ids[row, 1:n] = [-1 if w is None else w for w in e.word_ids[:-1]]
+            special[row, 0], special[row, 1:n] = True, e.special_tokens_mask[:-1]
+            tokens[row] = [start[1], *tokens[row][:-1]]
 
     corpus_indices = np.asarray(indices, dtype=np.int64)
     truncated = np.array([tokenized.full_lengths[i] > tokenized.lengths[i] for i in indices], dtype=bool)
@@ -154,7 +257,7 @@ def collate(tokenized: TokenizedCorpus, indices: Sequence[int], *, device: torch
     return CaptureBatch(
         input_ids=integers[0], attention_mask=integers[1], lengths=integers[2], offsets=integers[3],
         word_ids=integers[4], special_tokens_mask=flags[0], corpus_indices=integers[5], truncated=flags[1],
-        texts=[tokenized.texts[i] for i in indices], tokens=[list(e.tokens) for e in encodings],
+        texts=[tokenized.texts[i] for i in indices], tokens=tokens,
     )
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
@@ -22,14 +22,15 @@ from headlab import display
 from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.batching import padding_stats, plan_batches
 from headlab.capture.corpus import Corpus, load_corpus
-from headlab.capture.encoding import tokenize_corpus
+from headlab.capture.encoding import TokenizedCorpus, backend_tokenizer, tokenize_corpus
 from headlab.capture.taps import renamed_take, tapped
 from headlab.layer.selection import HeadSelection
 from headlab.models import HeadedModel, TapOutput, model_max_length
 from headlab.models.handle import TruncationWarning, given_tokenizer, truncation_message
 from headlab.models.interface import reuse_pattern_memory
+from headlab.models.seq2seq import SOURCE, site_sides, start_token, takes_decoder_ids
 
-__all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "feed", "model_max_length"]
+__all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "check_pairs", "feed", "model_max_length"]
 
 
 @runtime_checkable
@@ -46,10 +47,10 @@ class CaptureResult(display.Shown):
 
     Attributes:
         items: items in the corpus.
-        tokens: real tokens run, special tokens included, after truncation.
-        padded_tokens: tokens computed on, padding included (``Σ batch × pos``).
+        tokens: real tokens run, special tokens included, after truncation (pairs: source and target).
+        padded_tokens: tokens computed on, padding included (``Σ batch × pos``; pairs: both sides).
         batches: forward passes.
-        truncated: corpus indices of the items cut to ``max_length``.
+        truncated: corpus indices of the items cut to ``max_length`` (pairs: on either side).
         max_length: the truncation length in pieces, or None.
         layers: ``{layer: heads}`` captured.
         take: what was captured of each head.
@@ -106,7 +107,7 @@ class CaptureResult(display.Shown):
 def capture(
     model: HeadedModel | nn.Module,
     tokenizer: Any = None,
-    corpus: str | os.PathLike[str] | Sequence[str] | Corpus | None = None,
+    corpus: str | os.PathLike[str] | Sequence[str] | Sequence[tuple[str, str]] | Corpus | None = None,
     *,
     heads: HeadSelection = None,
     take: str | Sequence[str] = ("pattern",),
@@ -128,7 +129,10 @@ def capture(
         model: a ``HeadedModel`` with a fast tokenizer (offsets and word ids come from it), or an
             attached model whose handle has one; batches go to its device.
         tokenizer: deprecated: the handle holds the tokenizer (``headlab.attach(model, tokenizer=...)``).
-        corpus: see ``load_corpus``: None for the bundled corpus, a path, or a list of strings.
+        corpus: see ``load_corpus``: None for the bundled corpus, a path, or a list of strings; for an
+            encoder-decoder also (source, target) pairs (a list of tuples, or ``load_corpus(path, pairs=True)``):
+            the encoder reads each source, the decoder its target shifted behind the start token, and each batch
+            carries both sides (``CaptureBatch.target``, ``LayerCapture.sides``).
         heads: the heads to take (``headlab.heads.selection``); None for every head.
         take: any of ``headlab.layer.taps.TAKE``: "pattern", "z", "result", "q", "k", "v".
         consumers: objects with ``update(batch: CaptureBatch)``, called in order per batch (a list, or a
@@ -136,7 +140,7 @@ def capture(
         batch_tokens: most padded tokens (``batch × pos``) per batch, or None.
         max_batch_size: most items per batch, or None.
         max_length: most pieces per item (longer items are cut, with a ``TruncationWarning``
-            and listed in the result); None for the model's limit (``model_max_length``).
+            and listed in the result; pairs: each side); None for the model's limit (``model_max_length``).
         progress: show a progress bar over batches with tokens per second.
         what: deprecated name of ``take``.
 
@@ -144,8 +148,8 @@ def capture(
         Counts, truncated items and throughput.
 
     Raises:
-        ValueError / TypeError: a bad corpus, selection, ``take``, batch bound or tokenizer, or
-            a model without headlab attention.
+        ValueError / TypeError: a bad corpus, selection, ``take``, batch bound or tokenizer, a model
+            without headlab attention, or pairs for a model that is not an encoder-decoder.
         RuntimeError: the model is already being captured.
     """
     start = time.perf_counter()
@@ -155,29 +159,79 @@ def capture(
         raise TypeError(f"capture needs the model's tokenizer, and this {handle.architecture} has none: "
                         "headlab.attach(model, tokenizer=...) gives it one")
     corpus = load_corpus(corpus)
+    if corpus.targets is not None:
+        check_pairs(handle)
     consumers = checked_consumers(consumers)
     selection = handle.heads(heads, inputs={"input_ids": None})  # text alone
     max_length = handle.max_length if max_length is None else max_length
     tokenized = tokenize_corpus(handle.tokenizer, corpus.texts, max_length=max_length)
-    truncated = tokenized.truncated
+    targets = None if corpus.targets is None else tokenize_corpus(handle.tokenizer, corpus.targets,
+                                                                  max_length=max_length)
+    truncated = tokenized.truncated if targets is None else sorted({*tokenized.truncated, *targets.truncated})
     warn_truncated(truncated, len(tokenized), max_length)
-    batches = plan_batches(tokenized.lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    lengths = tokenized.lengths if targets is None else [max(s, t) for s, t in zip(tokenized.lengths, targets.lengths)]
+    batches = plan_batches(lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
     device = handle.device
+    step, sides = _text_steps(handle, tokenized, device), None
+    if targets is not None:  # each layer reads its own sides of the pairs
+        step = _pair_steps(handle, tokenized, targets, device)
+        sides = {layer: site_sides(handle.sites[layer]) for layer in selection}
+
+    # a generator expression keeps no batch once it is handed over: each is freed when its turn ends
+    feed(handle, selection, take, consumers, (step(indices) for indices in batches), total=len(batches),
+         progress=progress, start=start, sides=sides)
+    both = [tokenized] if targets is None else [tokenized, targets]
+    padded = sum(padding_stats(side.lengths, batches).padded_tokens for side in both)
+    return CaptureResult(
+        items=len(tokenized), tokens=sum(side.n_tokens for side in both),
+        padded_tokens=padded, batches=len(batches),
+        truncated=truncated, max_length=max_length, layers=selection, take=take,
+        seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
+    )
+
+
+def check_pairs(handle: HeadedModel) -> None:
+    """Refuse (source, target) pairs for a model that is not a text encoder-decoder, before any forward.
+
+    Raises:
+        ValueError: the model's forward takes no ``decoder_input_ids``, or reads no token ids (Whisper's features).
+    """
+    model = handle.model
+    if not takes_decoder_ids(model) or getattr(model, "main_input_name", "") != "input_ids":
+        raise ValueError(f"(source, target) pairs are for a text encoder-decoder (BART, Marian, T5), whose encoder "
+                         f"reads the source and decoder the target; {handle.architecture} is not one: give texts")
+    start_token(model)  # a config without a decoder start token is refused here, not at the first forward
+
+
+Step = Callable[[list[int]], tuple[CaptureBatch, dict[str, Any], int]]  # corpus indices → what ``feed`` reads
+
+
+def _text_steps(handle: HeadedModel, tokenized: TokenizedCorpus, device: torch.device) -> Step:
+    """``step(indices)`` of a capture over texts: the batch, the forward's arguments, its real tokens."""
 
     def step(indices: list[int]) -> tuple[CaptureBatch, dict[str, Any], int]:
         batch = collate(tokenized, indices, device=device)
         return batch, handle.token_batch(batch.input_ids, batch.attention_mask), sum(tokenized.lengths[i]
                                                                                      for i in indices)
 
-    # a generator expression keeps no batch once it is handed over: each is freed when its turn ends
-    feed(handle, selection, take, consumers, (step(indices) for indices in batches), total=len(batches),
-         progress=progress, start=start)
-    return CaptureResult(
-        items=len(tokenized), tokens=tokenized.n_tokens,
-        padded_tokens=padding_stats(tokenized.lengths, batches).padded_tokens, batches=len(batches),
-        truncated=truncated, max_length=max_length, layers=selection, take=take,
-        seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
-    )
+    return step
+
+
+def _pair_steps(handle: HeadedModel, sources: TokenizedCorpus, targets: TokenizedCorpus,
+                device: torch.device) -> Step:
+    """``step(indices)`` of a capture over pairs: the batch with both sides, the forward's arguments (the decoder
+    reading the batch's target side), its real tokens."""
+    start = start_token(handle.model)
+    label = backend_tokenizer(handle.tokenizer).id_to_token(start) or f"tok {start}"
+
+    def step(indices: list[int]) -> tuple[CaptureBatch, dict[str, Any], int]:
+        batch = collate(sources, indices, device=device, target=targets, start=(start, label))
+        target = cast(CaptureBatch, batch.target)
+        kwargs = handle.token_batch(batch.input_ids, batch.attention_mask) | {
+            "decoder_input_ids": target.input_ids, "decoder_attention_mask": target.attention_mask}
+        return batch, kwargs, sum(sources.lengths[i] + targets.lengths[i] for i in indices)
+
+    return step
 
 
 def checked_consumers(consumers: Iterable[Consumer]) -> tuple[Consumer, ...]:
@@ -206,7 +260,7 @@ def check_batch_size(batch_size: object, what: str) -> int:
 
 def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, ...], consumers: Sequence[Consumer],
          steps: Iterable[tuple[CaptureBatch, dict[str, Any], int]], *, total: int, progress: bool,
-         start: float) -> None:
+         start: float, sides: dict[int, tuple[str, str]] | None = None) -> None:
     """Run each step's forward with taps on the selected heads, put what they took in its batch, and hand the batch
     to every consumer in order: the loop of ``capture`` and of ``headlab.capture.images.capture_images``.
 
@@ -222,6 +276,7 @@ def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, 
         total: how many steps, for the progress bar.
         progress: show a progress bar with tokens per second.
         start: ``time.perf_counter()`` when the capture began (the rate counts from it).
+        sides: a batch of pairs: ``{layer: (query side, key side)}`` (``LayerCapture.sides``); None: one side.
 
     Raises:
         RuntimeError: a selected layer did not run headlab's attention in a forward, or ran twice.
@@ -232,6 +287,7 @@ def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, 
         if layer in taken:
             raise RuntimeError(f"layer {layer} ran twice in one forward")
         taken[layer] = LayerCapture(layer=layer, heads=tuple(selection[layer]),
+                                    sides=(SOURCE, SOURCE) if sides is None else sides[layer],
                                     **{name: getattr(out, name) for name in take})
 
     try:

@@ -23,6 +23,11 @@ def analyze(
         help="Checkpoint directory or hub id; default: the packaged MiniLM.")] = None,
     text: Annotated[Path | None, typer.Option(
         "--text", help="Corpus file, one item per line; default: bundled.")] = None,
+    pairs: Annotated[Path | None, typer.Option(
+        "--pairs", help="For a text encoder-decoder (BART, Marian, T5): the corpus as a pairs file, one pair a line, "
+                        "source and target separated by a tab; the encoder reads the source, the decoder the target. "
+                        "Cross-attention layers skip the statistics of one text's positions, with the reason.")
+                     ] = None,
     images: Annotated[Path | None, typer.Option(
         "--images", help="For an image model (a vision transformer whose checkpoint holds preprocessor_config.json): "
                          "the corpus, a folder of images (.png, .jpg, ...) or one image file; no default (none is "
@@ -30,7 +35,8 @@ def analyze(
     audio: Annotated[Path | None, typer.Option(
         "--audio", help="For an audio model (Whisper, its checkpoint holding preprocessor_config.json): the corpus, a "
                         "folder of 16-bit PCM WAV files at its sampling rate or one WAV file; no default (none is "
-                        "bundled). The decoder reads its start token alone; what only means something for text is "
+                        "bundled). The decoder reads the model's own transcript (its start token alone without a "
+                        "language-model head); what only means something for text is "
                         "skipped, with the reason.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for heads.json/.csv, relations.csv, plots; replaced as "
                                                     "a whole, so new, empty, or an earlier analysis.")] = Path(
@@ -60,7 +66,8 @@ def analyze(
     2020; Xiao et al. 2023; Wu et al. 2024; DuoAttention 2024).
 
     Exits with status 2 on bad input (the model, the corpus, --out, the selection, the engine and
-    its options; all checked before the analysis runs) and 1 when interrupted (--out left as it was).
+    its options, pairs for a model that is not a text encoder-decoder; all checked before the analysis runs)
+    and 1 when interrupted (--out left as it was).
     """
     from rich.console import Console
     from rich.markup import escape
@@ -92,9 +99,13 @@ def analyze(
     media = {"--images": (images, "images", "a folder of images or an image file"),
              "--audio": (audio, "recordings", "a folder of WAV files or a WAV file")}
     given = [name for name, (path, _, _) in media.items() if path is not None]
-    if len(given) + (text is not None) > 1:
-        raise typer.BadParameter("give one corpus: --text for a text model, --images for an image model, --audio for "
-                                 "an audio model", param_hint=given[-1])
+    if len(given) + (text is not None) + (pairs is not None) > 1:
+        raise typer.BadParameter("give one corpus: --text for a text model, --pairs for a text encoder-decoder, "
+                                 "--images for an image model, --audio for an audio model",
+                                 param_hint=given[-1] if given else "--pairs")
+    if pairs is not None and engine != "local":
+        raise typer.BadParameter("the Ray engine shards corpora of texts; analyse pairs with --engine local",
+                                 param_hint="--engine")
     for name in given:
         path, what, expected = media[name]
         if path is not None and not path.exists():
@@ -104,13 +115,15 @@ def analyze(
                                      param_hint="--engine")
     output_folder(out, owner="heads.json")
     try:
-        corpus = load_corpus(text) if images is None and audio is None else images or audio
+        corpus = (load_corpus(pairs, pairs=True) if pairs is not None else load_corpus(text)
+                  if images is None and audio is None else images or audio)
     except INPUT_ERRORS as err:
         fail(str(err))
     console = Console(stderr=as_json)
     with staged_folder(out) as work:
         # an architecture headlab cannot serve is refused here, with the reason
-        loaded = load_model(model, images=True, audio=True, given="text" if images is None else "images")
+        loaded = load_model(model, images=True, audio=True, given="text" if images is None else "images",
+                            pairs=pairs is not None)
         reads = "images" if takes_pixels(loaded.model) else "audio" if takes_features(loaded.model) else "text"
         wanted = {"images": "--images", "audio": "--audio"}.get(reads)
         if wanted is not None and media[wanted][0] is None:

@@ -24,7 +24,7 @@ def quiet_loading() -> None:
 
 
 def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: str | None = None,
-               images: bool = False, audio: bool = False, given: str = "text") -> Any:
+               images: bool = False, audio: bool = False, given: str = "text", pairs: bool = False) -> Any:
     """``headlab.load(model, dtype=dtype, device=device)`` for a command.
 
     Args:
@@ -38,6 +38,8 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
         given: what the command was given, "text" or "images": a model of several towers that needs both
             (CLIP, SigLIP) is loaded as its tower of that input (``headlab.load(..., tower=)``), as every
             command runs one input.
+        pairs: the command was given (source, target) pairs: a model that is not a text encoder-decoder (BART,
+            Marian, T5), or one without a fast tokenizer, is refused.
 
     Returns:
         The ``HeadedModel``.
@@ -46,7 +48,8 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
         typer.Exit: code 2, after one line naming the model and why it cannot be used (missing,
             not a checkpoint, not cached offline, an architecture headlab cannot serve, a model
             whose input is not text (an image model with ``images``, an audio model with ``audio``: one without its
-            image processor or feature extractor, which names the file to add), the default model not installed).
+            image processor or feature extractor, which names the file to add), pairs for a model that cannot read
+            them, the default model not installed).
     """
     import headlab
     from headlab.models.audio import FEATURES, feature_extractor
@@ -61,6 +64,8 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
         loaded = headlab.load(model, dtype=dtype, device=device, tower=tower)
     except (*INPUT_ERRORS, ModuleNotFoundError) as err:
         fail(str(err))
+    if pairs:
+        _check_pairs(loaded)
     takes = getattr(loaded.model, "main_input_name", "input_ids")
     preprocessor = {PIXELS: image_processor, FEATURES: feature_extractor}.get(takes)
     if preprocessor is not None and (images if takes == PIXELS else audio):
@@ -76,3 +81,18 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
         fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; this command reads text ({served}): use "
              "the library on its inputs (headlab.attach, run_with_cache)")
     return loaded
+
+
+def _check_pairs(loaded: Any) -> None:
+    """Stop (code 2, one line) unless ``loaded`` reads (source, target) pairs: a text encoder-decoder with a fast
+    tokenizer."""
+    from headlab.capture.encoding import backend_tokenizer
+    from headlab.capture.run import check_pairs
+
+    try:
+        check_pairs(loaded)
+        if loaded.tokenizer is None:
+            raise TypeError(f"{loaded.architecture} has no tokenizer to read the pairs' texts with")
+        backend_tokenizer(loaded.tokenizer)
+    except (ValueError, TypeError) as err:
+        fail(f"{loaded.source}: {err}")

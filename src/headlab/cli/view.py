@@ -24,7 +24,8 @@ ARGUMENTS_HELP = (
     "existing file is refused: read files with --text. MODEL IMAGE...: for an image model (a vision transformer "
     "whose checkpoint holds preprocessor_config.json), one or more images, each an image file (.png, .jpg, ...) or "
     "a folder of them; the page switches between them. MODEL WAV...: for an audio model (Whisper, likewise), one or "
-    "more recordings, each a 16-bit PCM WAV file or a folder of them."
+    "more recordings, each a 16-bit PCM WAV file or a folder of them. With --pair SOURCE TARGET (a text "
+    "encoder-decoder) the only argument is a MODEL."
 )
 
 
@@ -88,11 +89,35 @@ def _model_and_text(args: list[str], text_file: Path | None) -> tuple[str | None
     return (args[0] if len(args) == 2 else None), text
 
 
+def _model_and_pair(args: list[str], text_file: Path | None,
+                    pair: tuple[str, str]) -> tuple[str | None, tuple[str, str]]:
+    """The MODEL and the ``--pair`` to view: with ``--pair`` the only argument is a MODEL.
+
+    Raises:
+        typer.BadParameter: ``--text`` too, more than one argument, or a side that is empty or blank.
+    """
+    if text_file is not None:
+        raise typer.BadParameter("--pair gives the texts to view; drop --text", param_hint="--pair")
+    if len(args) > 1:
+        raise typer.BadParameter(f"with --pair, give at most a MODEL, got {len(args)} arguments: {args!r}",
+                                 param_hint="--pair")
+    for side, text in zip(("SOURCE", "TARGET"), pair):
+        if not text.strip():
+            raise typer.BadParameter(f"the {side} is empty or blank; expected text on both sides of the pair",
+                                     param_hint="--pair")
+    return (args[0] if args else None), pair
+
+
 def view(
     args: Annotated[list[str] | None, typer.Argument(metavar="[MODEL] [TEXT | IMAGE...]", help=ARGUMENTS_HELP,
                                                      show_default=False)] = None,
     text_file: Annotated[Path | None, typer.Option("--text", help="Read the text (all of it, one text) from this "
                                                                   "UTF-8 file instead.")] = None,
+    pair: Annotated[tuple[str, str] | None, typer.Option(
+        "--pair", metavar="SOURCE TARGET", help="For a text encoder-decoder (BART, Marian, T5): view a source and its "
+                                                "target side by side instead of a text (the encoder reads the source, "
+                                                "the decoder the target); the only argument is then a MODEL.")
+                    ] = None,
     out: Annotated[Path, typer.Option("--out", help="The HTML file to write (replaced if it exists).")] = Path(
         "view.html"),
     serve: Annotated[bool, typer.Option("--serve", help="Serve the page on 127.0.0.1 until Ctrl-C.")] = False,
@@ -108,7 +133,9 @@ def view(
     """Write an interactive page: every layer x head as thumbnails, one head open with its pattern,
     what each token attends to and what attends to it, at piece or word level, with each head's
     statistics and role labels measured on the text. For an image model, the image under its patch
-    grid: hovering a patch shows the open head's attention from it as heat over the image. For an audio model
+    grid: hovering a patch shows the open head's attention from it as heat over the image. For a text encoder-decoder
+    given --pair SOURCE TARGET, the source and the target side by side: encoder heads over the source, the decoder's
+    self-attention heads over the target, cross-attention heads from target tokens to source tokens. For an audio model
     (Whisper), the encoder's frames as a strip of times beside the decoder's tokens: hovering a token (cross-attention)
     or a frame (the encoder's self-attention) shows the open head's attention from it as heat over the frames.
 
@@ -127,14 +154,19 @@ def view(
     from headlab.models.images import takes_pixels
     from headlab.report.viewer import view_data, viewer_document
 
-    files = None if text_file is not None else _model_and_files(list(args or []))
-    model, viewed = _model_and_text(list(args or []), text_file) if files is None else files
+    files = None if text_file is not None or pair is not None else _model_and_files(list(args or []))
+    viewed: Any
+    if pair is not None:
+        model, viewed = _model_and_pair(list(args or []), text_file, pair)
+    else:
+        model, viewed = _model_and_text(list(args or []), text_file) if files is None else files
     selection = head_selection(layers, heads)
     output_file(out, example="view.html")
     console = Console()
     with staged_files(out.parent, shown=out) as work:
         # an architecture headlab cannot serve is refused here, with the reason
-        loaded = load_model(model, images=True, audio=True, given="text" if files is None else "images")
+        loaded = load_model(model, images=True, audio=True, given="text" if files is None else "images",
+                            pairs=pair is not None)
         pixels, audio = takes_pixels(loaded.model), takes_features(loaded.model)
         if pixels and files is None:
             fail(f"{loaded.source}: {loaded.architecture} takes images, not text: give image files or folders of "
@@ -160,6 +192,7 @@ def view(
 
     item = data.items[0]
     count, unit = ((item.frames.n, "frames") if item.frames is not None
+                   else (item.pieces.n + item.target.n, "pieces of source and target") if item.target is not None
                    else (item.pieces.n, "positions" if pixels else "pieces"))
     table = Table(title=f"Roles of {len(data.heads)} heads of {escape(data.name)} on {count} {unit}")
     table.add_column("role")

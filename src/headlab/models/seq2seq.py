@@ -6,18 +6,34 @@ the right behind ``config.decoder_start_token_id`` (what BART does by itself, an
 source is not token ids (Whisper's features) gets the start token alone. Given ``(source, target)`` text pairs
 (``HeadedModel.inputs``), the decoder reads the target, shifted the same way.
 
+Each site reads one or two sides of a pair (``site_sides``): the encoder's self-attention the source, the decoder's
+the target, cross-attention target queries over source keys.
+
 Axis legend: ids and masks ``(batch, pos)``; the decoder's ``(batch, target_pos)``.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
+if TYPE_CHECKING:
+    from headlab.models.site import AttentionSite
+
 Pair = tuple[str, str]  # (source, target)
+SOURCE, TARGET = "source", "target"  # the sides of a pair; a text model's one side is its SOURCE
+
+
+def site_sides(site: AttentionSite) -> tuple[str, str]:
+    """The sides ``(queries, keys)`` a site of an encoder-decoder reads in a forward on pairs: cross-attention
+    ``(TARGET, SOURCE)``, the decoder's self-attention (the causal one) ``(TARGET, TARGET)``, the encoder's
+    ``(SOURCE, SOURCE)``."""
+    if site.cross:
+        return TARGET, SOURCE
+    return (TARGET, TARGET) if site.causal else (SOURCE, SOURCE)
 
 
 def takes_decoder_ids(model: nn.Module) -> bool:

@@ -21,15 +21,14 @@ head's strongest incoming and outgoing edges (``circuit.circuit_view``) for its 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from headlab.analysis.flow import FLOW_MAX_LENGTH, attention_flow, rollout
-from headlab.analysis.roles import label_heads
-from headlab.analysis.surface import FIXED_WHEN_CAUSAL, STATISTICS, SurfaceStats, is_causal
-from headlab.analysis.taxonomy import TaxonomyStats, classify
+from headlab.analysis.surface import SurfaceStats, is_causal
+from headlab.analysis.taxonomy import TaxonomyStats
 from headlab.capture import CaptureBatch, LayerCapture, capture, pattern_to_words, tokenize_corpus
 from headlab.circuits.graph import EdgeScores
 from headlab.heads.selection import HeadSelection
@@ -37,21 +36,21 @@ from headlab.models import HeadedModel, headed
 from headlab.models.audio import takes_features
 from headlab.models.handle import truncation_message
 from headlab.models.images import takes_pixels
+from headlab.models.seq2seq import is_pairs
 from headlab.report.provenance import model_name
 from headlab.report.viewer.audio import audio_view_data
 from headlab.report.viewer.circuit import TOP_EDGES, circuit_view
-from headlab.report.viewer.encoding import quantize, thumbnails
 from headlab.report.viewer.images import image_view_data
-from headlab.report.viewer.payload import MAX_ENTRIES, HeadInfo, Level, ViewerData, ViewerItem
+from headlab.report.viewer.levels import head_infos, text_level
+from headlab.report.viewer.pairs import pair_view_data
+from headlab.report.viewer.payload import MAX_ENTRIES, Level, ViewerData, ViewerItem
 
 __all__ = ["view_data"]
-
-_TAXONOMY = ("special", "band", "block", "top_columns")
 
 
 def view_data(
     model: HeadedModel | nn.Module,
-    texts: str | Sequence[str],
+    texts: str | Sequence[str] | Sequence[tuple[str, str]],
     *,
     heads: HeadSelection = None,
     corpus_rows: Sequence[Mapping[str, Any]] | None = None,
@@ -67,7 +66,9 @@ def view_data(
     Args:
         model: a ``HeadedModel`` (``headlab.load``) with a fast tokenizer, needed for offsets (an image model: its
             image processor).
-        texts: one text or several (the viewer switches between them); for an image model (``main_input_name ==
+        texts: one text or several (the viewer switches between them); for a text encoder-decoder also a
+            ``(source, target)`` pair or a list of them (``pairs.pair_view_data``: source and target side by side, no
+            edges, no rollout or flow); for an image model (``main_input_name ==
             "pixel_values"``), images: ``images.image_view_data`` shows them (no edges then); for an audio model
             (``main_input_name == "input_features"``: Whisper), recordings: ``audio.audio_view_data`` shows them (no
             edges, no rollout or flow).
@@ -96,9 +97,15 @@ def view_data(
         TypeError: the model has no fast tokenizer.
     """
     pixels, audio = takes_pixels(headed(model).model), takes_features(headed(model).model)
-    if (pixels or audio) and (edges is not None or edge_texts is not None):
-        raise ValueError(f"{headed(model).architecture} takes {'images' if pixels else 'audio'}: its viewer has no "
-                         "circuit panel (edges=, edge_texts= are for text models)")
+    pairs = is_pairs(texts)
+    if (pixels or audio or pairs) and (edges is not None or edge_texts is not None):
+        what = "(source, target) pairs" if pairs else "images" if pixels else "audio"
+        raise ValueError(f"{headed(model).architecture} on {what}: its viewer has no circuit panel (edges=, "
+                         "edge_texts= are for texts)")
+    if pairs:
+        return pair_view_data(model, cast(Sequence[tuple[str, str]], texts), heads=heads, corpus_rows=corpus_rows,
+                              max_entries=max_entries, progress=progress)
+    texts = cast("str | Sequence[str]", texts)  # not pairs
     if pixels:
         return image_view_data(model, texts, heads=heads, corpus_rows=corpus_rows, max_entries=max_entries,
                                flow_max_length=flow_max_length, progress=progress)
@@ -142,20 +149,7 @@ def view_data(
                   if layer < depth}
     run = capture(model, corpus=texts, heads=every_head, take=("pattern",),
                   consumers=[collector, surface, taxonomy], progress=progress)
-    surface_result, taxonomy_result = surface.result(), taxonomy.result()
-    roles, classes = label_heads(surface_result), classify(taxonomy_result)
-    # Statistics that cannot tell heads apart in a model of this kind (next-token for a causal one) are left out.
-    fixed = set(FIXED_WHEN_CAUSAL) if causal else set()
-    by_head = {(int(r["layer"]), int(r["head"])): {k: v for k, v in r.items() if k not in fixed}
-               for r in corpus_rows or ()}
-    info = []
-    for layer, head in shown:
-        stats = {name: surface_result.value(name, layer, head) for name in STATISTICS if name not in fixed}
-        stats |= {name: taxonomy_result.value(name, layer, head) for name in _TAXONOMY}
-        info.append(HeadInfo(layer=layer, head=head, roles=roles.get((layer, head), ()),
-                             pattern_class=classes.get((layer, head), ""),
-                             stats={k: v for k, v in stats.items() if v == v},  # NaN: not measurable here
-                             corpus=by_head.get((layer, head))))
+    info = head_infos(shown, surface, taxonomy, causal=causal, corpus_rows=corpus_rows)
     items = [ViewerItem(text=texts[k], full_length=tokenized.full_lengths[k], truncated=k in run.truncated,
                         pieces=collector.levels[k][0], words=collector.levels[k][1]) for k in range(len(texts))]
     cut = [k for k, it in enumerate(items) if it.truncated]
@@ -191,12 +185,12 @@ class _Collector:
             paths = {"rollout": rollout(means)}
             if n <= self.flow_max_length:
                 paths["flow"] = attention_flow(means, max_length=self.flow_max_length)
-            pieces = _level("pieces", stack, text, tokens, offsets, special, list(range(n)), paths)
+            pieces = text_level("pieces", stack, text, tokens, offsets, special, list(range(n)), paths)
             item_units = units[row, :n].cpu()
             words = None
             if int(n_units[row]) < n:  # some word has several pieces
                 pooled = {k: pattern_to_words(v, item_units) for k, v in paths.items()}
-                words = _level("words", pattern_to_words(stack.double(), item_units).float(), text, tokens, offsets,
+                words = text_level("words", pattern_to_words(stack.double(), item_units).float(), text, tokens, offsets,
                                special, item_units.tolist(), pooled)
             self.levels[index] = (pieces, words)
 
@@ -205,43 +199,3 @@ def _pattern(taken: LayerCapture) -> torch.Tensor:
     """A captured layer's patterns: the viewer captures them (take=("pattern",))."""
     assert taken.pattern is not None
     return taken.pattern
-
-
-def _level(name: str, patterns: torch.Tensor, text: str, tokens: list[str], offsets: list[list[int]],
-           special: list[bool], units: list[int], paths: dict[str, torch.Tensor]) -> Level:
-    """Labels, gaps and encodings of one item at one level; ``units[p]`` is piece p's position at this level."""
-    n = max(units) + 1
-    spans: list[list[int] | None] = [None] * n
-    is_special = [True] * n
-    counts = [0] * n
-    for (start, end), sp, unit in zip(offsets, special, units):
-        counts[unit] += 1
-        if sp:
-            continue
-        is_special[unit] = False
-        piece = text[start:end]
-        if piece.strip():  # a byte-level BPE piece spans the space before it: leave the space to the gap
-            start, end = start + len(piece) - len(piece.lstrip()), end - len(piece) + len(piece.rstrip())
-        held = spans[unit]
-        spans[unit] = [start, end] if held is None else [min(held[0], start), max(held[1], end)]
-    own_tokens: list[list[str]] = [[] for _ in range(n)]
-    for token, unit in zip(tokens, units):
-        own_tokens[unit].append(token)
-    labels, gaps, cursor = [], [], 0
-    for unit in range(n):
-        span = spans[unit]
-        if span is None:  # a special token: no characters of its own
-            labels.append("".join(own_tokens[unit]))
-            gaps.append("")
-            continue
-        start, end = span
-        gaps.append(text[cursor:start] if start >= cursor else "")
-        # a piece inside characters already shown (bytes of one character) repeats them; a piece
-        # without characters shows its token string, so that no position is invisible
-        labels.append(text[max(start, cursor):end] if end > cursor else text[start:end] or "".join(own_tokens[unit]))
-        cursor = max(cursor, end)
-    size, thumbs = thumbnails(patterns)
-    return Level(name=name, labels=labels, gaps=gaps, tail=text[cursor:], special=is_special, pieces=counts,
-                 patterns=[quantize(p) for p in patterns], thumb_size=size, thumbs=thumbs,
-                 rollout=[quantize(p) for p in paths["rollout"]],
-                 flow=[quantize(p) for p in paths["flow"]] if "flow" in paths else None)

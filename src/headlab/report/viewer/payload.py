@@ -9,10 +9,11 @@ Axis legend:
 
 A pattern is square, over the item's positions both ways, unless ``ViewerData.axes`` names each head's axes: then
 its rows are the positions of its query axis and its columns those of its key axis (``"tokens"``: the ``pieces``
-level, ``"frames"``: the item's ``FrameStrip``), as an audio encoder-decoder's sites need (cross-attention: tokens ×
-frames).
+level, ``"frames"``: the item's ``FrameStrip``, ``"target"``: the item's ``target`` strip), as an encoder-decoder's
+sites need (an audio one's cross-attention: tokens × frames; a text one's on a pair: target × tokens, the source).
 
-``data.view_data`` makes it for text, ``images.image_view_data`` for images, ``audio.audio_view_data`` for recordings,
+``data.view_data`` makes it for text, ``pairs.pair_view_data`` for (source, target) pairs,
+``images.image_view_data`` for images, ``audio.audio_view_data`` for recordings,
 ``cached.cache_view_data`` from a cache.
 """
 
@@ -160,6 +161,8 @@ class ViewerItem:
         words: the word-level view, or None when every word is a single piece (and for an image or a recording).
         image: an image's picture and patch grid; None for a text.
         frames: a recording's encoder frames; None for a text or an image.
+        target: a (source, target) pair's target as its decoder reads it (the start token, then the target less its
+            last piece), a ``Level`` without patterns (``text`` and ``pieces`` are the source's); None otherwise.
     """
 
     text: str
@@ -169,12 +172,14 @@ class ViewerItem:
     words: Level | None
     image: ImagePanel | None = None
     frames: FrameStrip | None = None
+    target: Level | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "fullLength": self.full_length, "truncated": self.truncated,
                 "pieces": self.pieces.to_dict(), "words": None if self.words is None else self.words.to_dict(),
                 "image": None if self.image is None else self.image.to_dict(),
-                "frames": None if self.frames is None else self.frames.to_dict()}
+                "frames": None if self.frames is None else self.frames.to_dict(),
+                "target": None if self.target is None else self.target.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -193,8 +198,9 @@ class ViewerData:
         max_length: the truncation length in pieces, or None.
         flow_max_length: the longest item (in pieces) whose attention flow is computed.
         circuit: each shown head's strongest edges (``circuit.CircuitView``), or None: no circuit panel.
-        axes: per shown head (``heads`` order), its pattern's ``(query axis, key axis)``, each ``"tokens"`` or
-            ``"frames"`` (the module docstring); None: every pattern is over the item's positions both ways.
+        axes: per shown head (``heads`` order), its pattern's ``(query axis, key axis)``, each ``"tokens"``,
+            ``"frames"`` or ``"target"`` (the module docstring); None: every pattern is over the item's positions both
+            ways.
     """
 
     name: str
@@ -240,10 +246,13 @@ class ViewerData:
 
     @property
     def contents(self) -> str:
-        """What the items are, counted: ``"2 texts (23 word pieces)"``, ``"1 image (17 positions)"``, ``"1 recording
-        (1500 frames)"``."""
+        """What the items are, counted: ``"2 texts (23 word pieces)"``, ``"1 pair (19 word pieces)"``, ``"1 image (17
+        positions)"``, ``"1 recording (1500 frames)"``."""
         if all(item.frames is not None for item in self.items):
             n, what, unit = sum(item.frames.n for item in self.items if item.frames), "recording", "frames"
+        elif all(item.target is not None for item in self.items):
+            n = sum(item.pieces.n + item.target.n for item in self.items if item.target)
+            what, unit = "pair", "word pieces"
         else:
             images = all(item.image is not None for item in self.items)
             n = sum(item.pieces.n for item in self.items)

@@ -35,7 +35,8 @@
     if (this.view === "rollout" && !rolloutOk) this.view = "pattern";
     this.viewButtons.rollout.disabled = !rolloutOk;
     this.viewButtons.flow.disabled = !flowOk;
-    this.viewHint.textContent = item.frames ? "(rollout and flow: not across an encoder-decoder's two sequences)" :
+    this.viewHint.textContent = item.frames || item.target ?
+      "(rollout and flow: not across an encoder-decoder's two sequences)" :
       !rolloutOk ? "(rollout and flow: every head of layers 0\u2013" + this.layerOf() + " is needed)" :
       flowOk ? "" : "(flow: " + (item.image ? "images" : "texts") + " of at most " + limit +
       (item.image ? " positions" : " word pieces") + "; this one has " + item.pieces.n + ")";

@@ -10,8 +10,9 @@
  * flowMaxLength pieces, attention flow.
  *
  * A pattern is over the item's positions both ways, unless the payload's axes name the open head's query and key
- * axes: "tokens" (the level's labels) or "frames" (an audio item's frame strip, audio.js). The focus is a position
- * on one axis (focusAxis); what it reaches is read from the matrix shown (focusWeights, tokens.js).
+ * axes: "tokens" (the level's labels), "frames" (an audio item's frame strip, audio.js) or "target" (a pair's
+ * target, shown below its source: tokens.js). The focus is a position on one axis (focusAxis); what it reaches is
+ * read from the matrix shown (focusWeights, tokens.js).
  *
  * Test hooks: window.headlabViewers lists the viewers; each root carries data-ready, data-layer,
  * data-head, data-level, data-item, data-view (pattern, rollout or flow) and data-focus; after a
@@ -61,7 +62,8 @@
   };
 
   Viewer.prototype.axisLabels = function (axis) {
-    return axis === "frames" ? this.data.items[this.item].frames.labels : this.levelData().labels;
+    var item = this.data.items[this.item];
+    return axis === "frames" ? item.frames.labels : axis === "target" ? item.target.labels : this.levelData().labels;
   };
 
   // the encoded matrix the open view shows: the head's pattern, or rollout / flow through its layer
@@ -115,7 +117,8 @@
     var controls = el("div", "hv-controls");
     if (d.items.length > 1) {
       var pick = el("label", "hv-control");
-      pick.appendChild(el("span", null, d.items[0].image ? "Image " : d.items[0].frames ? "Recording " : "Text "));
+      pick.appendChild(el("span", null, d.items[0].image ? "Image " : d.items[0].frames ? "Recording " :
+        d.items[0].target ? "Pair " : "Text "));
       this.itemSelect = el("select");
       d.items.forEach(function (it, i) {
         var o = el("option", null, (i + 1) + ". " + (it.text.length > 48 ? it.text.slice(0, 47) + "\u2026" : it.text));
@@ -129,8 +132,8 @@
     var seg = el("div", "hv-seg");
     seg.setAttribute("role", "group");
     seg.setAttribute("aria-label", "level");
-    // an image and a recording have no words
-    if (d.items.every(function (it) { return it.image || it.frames; })) seg.style.display = "none";
+    // an image, a recording and a pair (its heads read two texts) have no words
+    if (d.items.every(function (it) { return it.image || it.frames || it.target; })) seg.style.display = "none";
     this.levelButtons = {};
     ["pieces", "words"].forEach(function (name) {
       var b = el("button", null, name === "pieces" ? "word pieces" : "words");
@@ -249,9 +252,15 @@
     legend.appendChild(el("span", null, "it attends to the hovered token"));
     legend.appendChild(el("span", "hv-muted", "(darkest = strongest; click a token to pin it)"));
     headBox.appendChild(legend);
+    var pair = el("div", "hv-pair"), sourceBox = el("div");  // a pair's source and target side by side
+    this.sourceLabel = el("div", "hv-side", "Source (what the encoder reads)");
+    sourceBox.appendChild(this.sourceLabel);
     this.text = el("div", "hv-text");
     this.text.addEventListener("mouseleave", function () { if (!self.pinned) self.clearFocus(false); });
-    headBox.appendChild(this.text);
+    sourceBox.appendChild(this.text);
+    pair.appendChild(sourceBox);
+    this.buildTarget(pair);  // tokens.js: a pair's target, beside its source
+    headBox.appendChild(pair);
     this.focusLine = el("div", "hv-focus");
     headBox.appendChild(this.focusLine);
     right.appendChild(headBox);
@@ -300,7 +309,8 @@
     this.levelButtons.words.disabled = !item.words;
     this.levelButtons.words.title = item.words ? "words: attention to a word sums its pieces, from a word averages them" :
       "every word of this text is a single piece";
-    this.levelHint.textContent = item.words || item.image || item.frames ? "" : "(every word here is one piece)";
+    this.levelHint.textContent = item.words || item.image || item.frames || item.target ? "" :
+      "(every word here is one piece)";
     if (!item.words) this.level = "pieces";
     this.renderViews(item);
     Object.keys(this.levelButtons).forEach(function (k) {
@@ -319,6 +329,7 @@
     this.renderStats(lh, info);
     if (this.circuitBody) this.renderCircuit(lh);
     this.renderText();
+    this.renderTarget();
     this.renderImage();
     this.renderFrames();
     return Promise.all([this.pattern(), this.thumbs()]).then(function (got) {
