@@ -20,7 +20,8 @@ def test_json_rows_and_files(tmp_path):
     assert len(document["heads"]) == 24 and document["summary"]["items"] == 3
     assert (out / "heads.csv").exists() and (out / "mds.png").exists() and not (out / "pruning.png").exists()
     assert (out / "sinks.png").exists() and not (out / "streaming.png").exists()
-    assert document["summary"]["skipped"]["retrieval and streaming heads"].startswith("not asked for")
+    said = document["summary"]["skipped"]["retrieval and streaming heads"]
+    assert said.startswith("off: pass --streaming") and "the report runs them in its own section" in said
 
 
 def test_table_output(tmp_path):
@@ -61,6 +62,28 @@ def test_a_saved_tiny_gpt2_checkpoint_directory(tmp_path):
     said = " ".join(tables.output.split())
     assert "Retrieval heads (Wu et al. 2024): top 8 of 8" in said and "Streaming heads: 4 sink tokens" in said
     assert "key/value cache" in said and "on the first 4 positions" in said
+
+
+def test_streaming_runs_the_selected_heads_and_max_length_cuts_items_and_sets_the_length(tmp_path):
+    from tests.support.tiny import save_causal_checkpoint
+
+    checkpoint = save_causal_checkpoint(tmp_path / "tiny-gpt2", n_positions=48)
+    corpus = tmp_path / "corpus.txt"
+    words = "the cat sat on a big red mat and the dog ran".split()
+    corpus.write_text("".join(" ".join(words[i % 5: i % 5 + 3 + i % 7]) + "\n" for i in range(40)))
+    result = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out", str(tmp_path / "o"),
+                                      "--quick", "--no-syntax", "--no-importance", "--streaming", "--layers", "1",
+                                      "--heads", "0,1", "--max-length", "32", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    context = document["context"]
+    assert [(r["layer"], r["head"]) for r in context["retrieval"]["rows"]] == [(1, 0), (1, 1)]
+    assert [(r["layer"], r["head"]) for r in context["streaming"]["rows"]] == [(1, 0), (1, 1)]
+    assert context["streaming"]["length"] == 32 and context["haystack_length"] == 32 - 1 - 2 * 8
+    assert document["summary"]["truncated"] == 0 and len(document["heads"]) == 2  # items of at most 13 words
+    short = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out", str(tmp_path / "p"),
+                                     "--quick", "--no-syntax", "--no-importance", "--streaming", "--max-length", "8"])
+    assert short.exit_code == 2 and "cannot hold a needle of 8 tokens" in short.output, short.output
 
 
 def test_an_architecture_headlab_cannot_serve_is_one_line_with_the_reason(tmp_path):

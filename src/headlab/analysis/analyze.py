@@ -27,7 +27,7 @@ from torch import nn
 
 from headlab.analysis.audio import analyze_audio
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION, AnalysisAccumulators, PassAccumulators
-from headlab.analysis.context_heads import context_heads
+from headlab.analysis.context_heads import FULL, QUICK, context_heads
 from headlab.analysis.images import analyze_images
 from headlab.analysis.importance import (
     LM_MAX_LENGTH,
@@ -42,6 +42,7 @@ from headlab.analysis.importance import (
 from headlab.analysis.norms import out_projections
 from headlab.analysis.plots import plot_heatmaps
 from headlab.analysis.result import AnalysisResult
+from headlab.analysis.retrieval import haystack_for
 from headlab.analysis.roles import duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.sentences import (
     FIDELITY_METRIC,
@@ -113,6 +114,7 @@ def analyze(
     importance: bool = True,
     syntax: bool = True,
     streaming: bool = False,
+    max_length: int | None = None,
     engine: str = "local",
     address: str | None = None,
     workers: int | None = None,
@@ -136,8 +138,13 @@ def analyze(
         importance: run importance and the pruning curve (the slowest part).
         syntax: run the dependency-syntax part when spaCy and its pipeline are installed.
         streaming: also run retrieval scores (causal language models) and the streaming-head
-            simulation on every head of the model (``headlab.analysis.context_heads``; their own passes,
-            one forward per head and window: minutes for MiniLM, hours for a model of a thousand heads).
+            simulation on the selected heads (``heads``; ``headlab.analysis.context_heads``: their own passes,
+            one forward per selected head and window: minutes for every head of MiniLM, hours for a model of a
+            thousand heads).
+        max_length: most pieces per corpus item (longer ones are cut, with the one ``TruncationWarning`` sentence)
+            and, with ``streaming``, the length of the streaming chunks and of the needle-style copy cases; each
+            shrunk to the model's position table. None: the model's limit for the corpus, the quick/full sizes for
+            the context passes.
         engine: where the capture pass runs: ``"local"`` (this process) or ``"ray"`` (the corpus in
             shards on Ray workers that each load the model from its source; docs/scaling.md). The
             probes, retrieval and streaming heads, importance and pruning run in this process either way.
@@ -158,6 +165,8 @@ def analyze(
         headlab.capture.distributed.ShardError: a shard failed on a Ray worker (named).
     """
     check_engine(engine, address=address, workers=workers)
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"max_length={max_length!r}: expected an int ≥ 1 (pieces per item)")
     model = headed(model)
     media = "images" if takes_pixels(model.model) else "audio" if takes_features(model.model) else None
     if media is not None:  # no bundled corpus, one process: the media's own analysis
@@ -168,7 +177,14 @@ def analyze(
         if engine != "local":
             raise ValueError(f"engine={engine!r}: the Ray engine shards text corpora; an {kind} model runs with "
                              "engine='local'")
+        if max_length is not None:
+            raise ValueError(f"max_length={max_length}: pieces of text; an {kind} model's inputs are cut by its "
+                             "processor")
         return analysis(model, corpus, heads=heads, quick=quick, importance=importance, progress=progress)
+    if streaming and max_length is not None and model.tokenizer is not None and all(s.causal for s in model.sites):
+        # a length that cannot hold a needle and its copy: refused before the capture pass, not after it
+        haystack_for(model.tokenizer, length=min(max_length, model.max_length or max_length),
+                     needle_length=(QUICK if quick else FULL)["needle_length"])
     loaded = load_corpus(corpus)
     if loaded.targets is not None:
         check_pairs(model)
@@ -205,12 +221,12 @@ def analyze(
         from headlab.capture.distributed import sharded_capture
 
         sharded = sharded_capture(model, list(texts), consumers=accumulators, heads=heads, take=accumulators.take,
-                                  workers=workers, address=address, progress=progress)
+                                  workers=workers, address=address, max_length=max_length, progress=progress)
         run, consumers = sharded.capture, sharded.consumers
     else:
         consumers = accumulators()
         run = capture(model, corpus=items, heads=heads, take=accumulators.take, consumers=consumers,
-                      progress=progress)
+                      max_length=max_length, progress=progress)
     parts: PassAccumulators = consumers  # either engine: the factory's accumulators, by name
     surface, similarity = parts.surface.result(), parts.similarity.result()
     # none when every layer analysed is cross-attention (pairs): the classes read one text's positions
@@ -247,7 +263,8 @@ def analyze(
     if mixed:
         skipped["retrieval and streaming heads"] = "both need a decoder-only causal language model"
     elif not streaming:
-        skipped["retrieval and streaming heads"] = "not asked for (streaming=True, --streaming)"
+        skipped["retrieval and streaming heads"] = ("off: pass --streaming (analyze(..., streaming=True)) to run them; "
+                                                    "the report runs them in its own section")
     elif model.tokenizer is None:
         skipped["retrieval and streaming heads"] = "the model has no tokenizer; both run on corpus text"
     elif causal and not has_logits(model):
@@ -255,7 +272,7 @@ def analyze(
                                                     "both measure the next-token loss")
     else:
         try:
-            result.context = context_heads(model, texts, quick=quick)
+            result.context = context_heads(model, texts, quick=quick, heads=heads, length=max_length)
         except ShortCorpus as err:  # a few lines of corpus: the other parts still run
             skipped["retrieval and streaming heads"] = f"the corpus is too short: {err}"
         if result.context is not None and result.context.reason is not None:

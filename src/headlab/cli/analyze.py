@@ -49,8 +49,14 @@ def analyze(
     syntax: Annotated[bool, typer.Option("--syntax/--no-syntax", help="Dependency syntax (needs spaCy).")] = True,
     streaming: Annotated[bool, typer.Option("--streaming/--no-streaming", help="Also retrieval heads (causal "
                                                                                "language models) and the streaming-"
-                                                                               "head simulation, every head: one "
-                                                                               "forward per head and window.")] = False,
+                                                                               "head simulation of the selected heads "
+                                                                               "(--layers/--heads): one forward per "
+                                                                               "selected head and window.")] = False,
+    max_length: Annotated[int | None, typer.Option("--max-length", min=1, help="Most pieces per corpus item (longer "
+                                                                               "ones are cut, with a warning); with "
+                                                                               "--streaming also the length of its "
+                                                                               "chunks and copy cases. Default: the "
+                                                                               "model's limit.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="Where the capture pass runs: local (this process) or "
                                                          "ray (the corpus in shards on Ray workers; docs/scaling.md; "
                                                          "needs the extra ray: pip install headlab\\[ray]).")
@@ -137,7 +143,8 @@ def analyze(
                      f"with {'--text FILE' if wanted is None else wanted + ' FOLDER'}")
         try:
             result = run_analysis(loaded, corpus, heads=selection, quick=quick, importance=importance,
-                                  syntax=syntax, streaming=streaming, engine=engine, address=address,
+                                  syntax=syntax, streaming=streaming, max_length=max_length, engine=engine,
+                                  address=address,
                                   workers=None if n_workers is None else n_workers[0], progress=not as_json)
         except INPUT_ERRORS as err:
             fail(str(err))
