@@ -71,7 +71,12 @@ def test_only_the_asked_heads_are_kept(pair):
     _, attached = pair
     ids, _mask = batch(padding="none")
     cache = run_with_cache(attached, ids, take=("pattern", "z"), heads=[(1, 3), (0, 2), (1, 0)])
-    assert cache.keys() == ["blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.1.attn.pattern", "blocks.1.attn.z"]
+    # only what can be read: layers kept in part are listed head by head (their dotted names raise)
+    assert cache.keys() == [("pattern", 0, 2), ("z", 0, 2), ("pattern", 1, 0), ("pattern", 1, 3), ("z", 1, 0),
+                            ("z", 1, 3)]
+    assert all(cache[key].shape[0] == ids.shape[0] for key in cache)
+    every = run_with_cache(attached, ids, take="z", heads={1: None})
+    assert every.keys() == ["blocks.1.attn.z"] and len(every) == 1
     assert cache.heads("z", 1) == [0, 3] and cache["z", 1, 3].shape[0] == ids.shape[0]
     full = run_with_cache(attached, ids, take="z")
     torch.testing.assert_close(cache["z", 1, 3], full["z", 1][:, 3])
@@ -83,7 +88,10 @@ def test_only_the_asked_heads_are_kept(pair):
         cache["q", 0]
     with pytest.raises(KeyError, match="is not a cache name"):
         cache["blocks.0.mlp"]
-    assert ("z", 1, 3) in cache and "blocks.1.attn.q" not in cache and len(cache) == 4
+    assert ("z", 1, 3) in cache and "blocks.1.attn.q" not in cache and "blocks.1.attn.z" not in cache
+    assert len(cache) == 6
+    with pytest.raises(KeyError, match=r"the layout is \(batch, head, pos, …\), not its \(batch, pos, head, …\)"):
+        cache["hook_z"]
 
 
 def test_text_inputs_and_tokens():

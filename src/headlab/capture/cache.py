@@ -12,7 +12,9 @@ the heads selected are computed and kept; the fused kernel serves the rest of th
 
 Axis legend: pattern ``(batch, head, query_pos, key_pos)``; z ``(batch, head, query_pos,
 d_head_v)``; result ``(batch, head, query_pos, d_model)``; q ``(batch, head, query_pos, d_head)``;
-k, v ``(batch, head, key_pos, d_head | d_head_v)``. ``head`` runs over a layer's kept heads.
+k, v ``(batch, head, key_pos, d_head | d_head_v)``. ``head`` runs over a layer's kept heads. The names
+follow TransformerLens', the layout does not: its z, result, q, k and v are ``(batch, pos, head, d)``;
+``tensor.transpose(1, 2)`` gives that.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ class Cache:
             return tensor[:, heads.index(head)]
         if len(heads) != self.n_heads[layer]:
             raise KeyError(f"only heads {list(heads)} of layer {layer}'s {self.n_heads[layer]} were kept for "
-                           f"{name!r}: ask for one with cache[{name!r}, {layer}, head]")
+                           f"{name!r}: ask for one with cache[{name!r}, {layer}, head] (cache.keys() lists what can "
+                           "be read)")
         return tensor
 
     def __contains__(self, key: object) -> bool:
@@ -82,15 +85,23 @@ class Cache:
             return False
         return True
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[str | tuple[str, int, int]]:
         return iter(self.keys())
 
     def __len__(self) -> int:
-        return len(self.store)
+        return len(self.keys())
 
-    def keys(self) -> list[str]:
-        """The dotted names kept, layer by layer."""
-        return [f"{self._address(layer)}.{name}" for name, layer in sorted(self.store, key=lambda k: (k[1], k[0]))]
+    def keys(self) -> list[str | tuple[str, int, int]]:
+        """What can be read, layer by layer: the dotted name of a layer whose every head was kept, and ``(name,
+        layer, head)`` for each kept head of a layer kept in part (its dotted name would raise)."""
+        out: list[str | tuple[str, int, int]] = []
+        for name, layer in sorted(self.store, key=lambda k: (k[1], k[0])):
+            heads = self.store[(name, layer)][0]
+            if len(heads) == self.n_heads[layer]:
+                out.append(f"{self._address(layer)}.{name}")
+            else:
+                out += [(name, layer, head) for head in heads]
+        return out
 
     def _address(self, layer: int) -> str:
         return f"blocks.{layer}.attn" if self.names is None else self.names[layer]
@@ -117,7 +128,8 @@ class Cache:
             if match is None:
                 example = self._address(0)
                 raise KeyError(f"{key!r} is not a cache name; expected '{example}.<name>' (a layer's address), "
-                               "'blocks.<layer>.attn.<name>' or cache[name, layer(, head)]")
+                               "'blocks.<layer>.attn.<name>' or cache[name, layer(, head)] (TransformerLens' names; "
+                               "the layout is (batch, head, pos, …), not its (batch, pos, head, …))")
             return match.group(2), int(match.group(1)), None
         if isinstance(key, tuple) and len(key) in (2, 3) and isinstance(key[0], str):
             return key[0], int(key[1]), (int(key[2]) if len(key) == 3 else None)
