@@ -71,6 +71,25 @@ def test_text_from_a_file_and_a_head_selection(checkpoint: Path, tmp_path: Path)
     assert payload["items"][0]["text"] == "a big red dog\nran on the mat\n"  # the whole file is one text
 
 
+def test_json_prints_the_positions_and_each_heads_pattern_and_writes_no_page(
+        checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default --out (view.html) would land here
+    result = runner.invoke(app, ["view", str(checkpoint), "the cat sat", "--layers", "1", "--heads", "0,2", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [(h["layer"], h["head"], h["axes"]) for h in document["heads"]] == [(1, 0, ["tokens", "tokens"]),
+                                                                              (1, 2, ["tokens", "tokens"])]
+    [item] = document["items"]
+    tokens = item["positions"]["tokens"]
+    assert item["text"] == "the cat sat" and tokens[0] == "[CLS]" and len(item["patterns"]) == 2
+    for pattern in item["patterns"]:  # every row a distribution over the tokens, as the page draws it
+        assert len(pattern) == len(tokens) and all(len(row) == len(tokens) for row in pattern)
+        assert all(abs(sum(row) - 1) < len(tokens) / 255 for row in pattern)
+    assert not list(tmp_path.iterdir())
+    refused = runner.invoke(app, ["view", str(checkpoint), "the cat", "--json", "--serve"])
+    assert refused.exit_code == 2 and "--json prints the data and writes no page" in refused.output
+
+
 def test_truncation_is_printed(checkpoint: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["view", str(checkpoint), " ".join(["cat"] * 80), "--out", str(tmp_path / "v.html")])
     assert result.exit_code == 0, result.output

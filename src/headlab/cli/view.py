@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -129,6 +131,9 @@ def view(
         "--flow-max-length", min=0, help="Longest text, in pieces, whose attention flow is solved for the flow "
                                          "toggle (cost grows like pieces⁴; default: FLOW_MAX_LENGTH, docs/analysis.md; "
                                          "0: none).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print what the page would show as JSON on stdout (each "
+                                                         "item's positions, each shown head's pattern, statistics "
+                                                         "and roles) instead of writing the page.")] = False,
 ) -> None:
     """Write an interactive page: every layer x head as thumbnails, one head open with its pattern,
     what each token attends to and what attends to it, at piece or word level, with each head's
@@ -161,9 +166,13 @@ def view(
     else:
         model, viewed = _model_and_text(list(args or []), text_file) if files is None else files
     selection = head_selection(layers, heads)
-    output_file(out, example="view.html")
-    console = Console()
-    with staged_files(out.parent, shown=out) as work:
+    if as_json and serve:
+        raise typer.BadParameter("--json prints the data and writes no page; --serve serves the page: give one",
+                                 param_hint="--serve")
+    if not as_json:
+        output_file(out, example="view.html")
+    console = Console(stderr=as_json)
+    with nullcontext() if as_json else staged_files(out.parent, shown=out) as work:  # --json writes no file
         # an architecture headlab cannot serve is refused here, with the reason
         loaded = load_model(model, images=True, audio=True, given="text" if files is None else "images",
                             pairs=pair is not None)
@@ -188,6 +197,9 @@ def view(
         for warning in caught:  # said as every command says it; the page shows it among its notes
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         warned = {str(warning.message) for warning in caught}
+        if as_json:
+            typer.echo(json.dumps(data.readable()))
+            return
         (work / out.name).write_text(viewer_document(data), encoding="utf-8")
 
     item = data.items[0]

@@ -244,6 +244,32 @@ class ViewerData:
                 "circuit": None if self.circuit is None else self.circuit.to_dict(),
                 "axes": None if self.axes is None else [list(pair) for pair in self.axes]}
 
+    def readable(self) -> dict[str, Any]:
+        """What the page shows, for a program (``headlab view --json``): each item's positions by axis and each shown
+        head's pattern over its axes as weights (the page's: within 1/510 of each row's largest, ``encoding``),
+        with its statistics and roles.
+
+        Returns:
+            ``{"model", "source", "architecture", "heads": [{"layer", "head", "axes", "roles", "class", "stats"}],
+            "items": [{"text", "positions": {axis: labels}, "patterns": [(queries, keys) weights per head]}]}``;
+            the axes ``"tokens"`` (a text's pieces, an image's positions, a decoder's tokens), ``"frames"`` (a
+            recording's), ``"target"`` (a pair's target).
+        """
+        axes = self.axes or [("tokens", "tokens")] * len(self.heads)
+        heads = [{"layer": i.layer, "head": i.head, "axes": list(pair), "roles": list(i.roles),
+                  "class": i.pattern_class, "stats": dict(i.stats)} for i, pair in zip(self.info, axes)]
+        items = []
+        for item in self.items:
+            positions = {"tokens": list(item.pieces.labels)}
+            if item.frames is not None:
+                positions["frames"] = list(item.frames.labels)
+            if item.target is not None:
+                positions["target"] = list(item.target.labels)
+            patterns = [[[round(float(w), 6) for w in row] for row in p.values()] for p in item.pieces.patterns]
+            items.append({"text": item.text, "positions": positions, "patterns": patterns})
+        return {"model": self.name, "source": self.source, "architecture": self.architecture, "heads": heads,
+                "items": items}
+
     @property
     def contents(self) -> str:
         """What the items are, counted: ``"2 texts (23 word pieces)"``, ``"1 pair (19 word pieces)"``, ``"1 image (17
