@@ -46,6 +46,9 @@ def test_minilm_rows_files_and_summary_agree(tmp_path):
     assert rows[17]["weighted_sink"] == vw.value("weighted_sink", 1, 5)
     assert rows[17]["sink_raw_share"] == sinks.table.value("raw_share", 1, 5)
     assert float((vw["raw_first"] - vw["weighted_first"]).mean()) > 0.1  # [CLS] carries little (Kobayashi et al.)
+    # one definition of a sink head: the role label is SinkShare's, on the corpus
+    assert sorted(k for k, v in result.roles.items() if "sink" in v) == sorted(sinks.sink_heads())
+    assert sum(r["sink_head"] == 1 for r in rows) == sum("sink" in r["roles"].split() for r in rows)
     gradient = result.importance["gradient"].table
     assert gradient.heads == [(layer, h) for layer in range(6) for h in range(12)]
     assert [r["importance_gradient"] for r in rows] == [gradient.value("score", r["layer"], r["head"]) for r in rows]

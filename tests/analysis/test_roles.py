@@ -18,7 +18,7 @@ def test_labels_of_hand_built_heads():
     stats.update(make_batch([sentence(n)], {3: p}))
     labels = label_heads(stats.result())
     assert labels == {
-        (3, 0): ("previous_token",), (3, 1): ("next_token",), (3, 2): ("self",), (3, 3): ("sink",),
+        (3, 0): ("previous_token",), (3, 1): ("next_token",), (3, 2): ("self",), (3, 3): ("special",),
         (3, 4): ("broad",), (3, 5): ("punctuation",),
     }
 
@@ -30,7 +30,7 @@ def test_several_labels_or_none():
     stats = SurfaceStats()
     stats.update(make_batch([sentence(n)], {0: torch.stack([both, half])[None]}))
     labels = label_heads(stats.result())
-    assert labels[(0, 0)] == ("sink",)
+    assert labels[(0, 0)] == ("special",)
     assert labels[(0, 1)] == ()
 
 

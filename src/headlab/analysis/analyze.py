@@ -238,6 +238,9 @@ def analyze(
         value_weighted=None if parts.value_weighted is None else parts.value_weighted.result(),
         sinks=None if parts.sinks is None else parts.sinks.result(), causal=causal, skipped=skipped,
     )
+    if result.sinks is not None:  # one definition of a sink head (SinkShare's, on the corpus): its role label
+        for key in result.sinks.sink_heads():
+            result.roles[key] = (*result.roles.get(key, ()), "sink")
     if parts.syntax is not None:
         try:
             result.syntax = parts.syntax.result(min_count=5 if quick else 20)

@@ -27,7 +27,7 @@ from headlab.models import HeadedModel, headed
 from headlab.models.handle import given_tokenizer
 
 __all__ = [
-    "BROAD", "DUPLICATE_TOKEN", "INDUCTION", "NEXT_TOKEN", "PREVIOUS_TOKEN", "PUNCTUATION", "SELF", "SINK",
+    "BROAD", "DUPLICATE_TOKEN", "INDUCTION", "NEXT_TOKEN", "PREVIOUS_TOKEN", "PUNCTUATION", "SELF", "SINK", "SPECIAL",
     "ProbeScores", "duplicate_token_score", "duplicate_token_scores", "induction_score", "induction_scores",
     "label_heads", "previous_token_score", "probe_patterns", "repeated_tokens", "role_labels",
 ]
@@ -35,7 +35,8 @@ __all__ = [
 PREVIOUS_TOKEN = 0.5  # to_prev > this: a previous-token head
 NEXT_TOKEN = 0.5  # to_next > this: a next-token head
 SELF = 0.5  # to_self > this: a self head
-SINK = 0.5  # to_cls + to_sep > this: a special-token sink ([CLS]/[SEP], BOS/EOS)
+SPECIAL = 0.5  # to_cls + to_sep > this: a special-token head ([CLS]/[SEP], BOS/EOS: Clark et al.'s no-op heads)
+SINK = 0.5  # a share on the sink tokens above this: a sink head (the first positions; an image's [CLS] and registers)
 PUNCTUATION = 0.3  # to_punct > this: a punctuation head (punctuation is ~10% of pieces)
 BROAD = 0.9  # entropy ≥ this × uniform entropy: a broad head (attends nearly uniformly)
 INDUCTION = 0.3  # induction score > this: an induction head
@@ -58,8 +59,8 @@ def role_labels(result: HeadTable, layer: int, head: int) -> tuple[str, ...]:
         labels.append("next_token")
     if stat("to_self") > SELF:
         labels.append("self")
-    if stat("to_cls") + stat("to_sep") > SINK:
-        labels.append("sink")
+    if stat("to_cls") + stat("to_sep") > SPECIAL:
+        labels.append("special")
     if stat("to_punct") > PUNCTUATION:
         labels.append("punctuation")
     if stat("entropy") >= BROAD * stat("uniform_entropy"):

@@ -53,8 +53,8 @@ def analysis_sentences(*, surface: HeadTable, roles: Mapping[tuple[int, int], tu
     shares = class_shares(dict(classes))
     top = sorted(shares.items(), key=lambda kv: -kv[1])
     out = [f"Of the {len(surface)} heads analysed, " + ", ".join(f"{share:.0%} are {name}" for name, share in top)
-           + f" (pattern classes, docs/analysis.md); {sum('sink' in v for v in roles.values())} are "
-           "special-token sinks, sending over half their attention to the special tokens."]
+           + f" (pattern classes, docs/analysis.md); {sum('special' in v for v in roles.values())} send over half "
+           "their attention to the special tokens ([CLS]/[SEP], BOS/EOS)."]
     prev = surface.top("to_prev", 1)[0]
     neighbours = (f"Head {head_label(*prev)} sends {surface.value('to_prev', *prev):.0%} of its attention to the "
                   "previous token")

@@ -36,6 +36,7 @@ from headlab import display
 from headlab.analysis.norms import ValueProjections, out_projections, value_reductions
 from headlab.analysis.per_head import HeadSums
 from headlab.analysis.reductions import StackReductions, launch_bound, reductions
+from headlab.analysis.roles import SINK
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
 from headlab.models import HeadedModel
@@ -47,7 +48,7 @@ __all__ = [
 
 CAUSAL_SINK_TOKENS = 4  # Xiao et al. 2023 keep the first 4 tokens as sinks
 ENCODER_SINK_TOKENS = 1  # an encoder's first token is [CLS]
-SINK_HEAD_SHARE = 0.5  # a sink head sends at least half of a query's attention to the sink tokens
+SINK_HEAD_SHARE = SINK  # a sink head sends at least half of a query's attention to the sink tokens (the one rule)
 DEFAULT_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # bins double in width
 
 

@@ -66,7 +66,10 @@
     }
     this.matTitle.textContent = "Pattern";
     this.matHelp.textContent = "Rows: the attending token (query); columns: the token attended to (key).";
-    info.roles.forEach(function (r) { self.badges.appendChild(el("span", "hv-badge hv-role", r.replace(/_/g, " "))); });
+    var onTexts = info.corpus ? "on these texts: " : "";  // the corpus's labels lead where the page has them
+    info.roles.forEach(function (r) {
+      self.badges.appendChild(el("span", "hv-badge hv-role", onTexts + r.replace(/_/g, " ")));
+    });
     // a head measured on the texts has a pattern class; one of a cache was not measured, so it has no label either way
     if (!info.roles.length && info["class"]) this.badges.appendChild(el("span", "hv-badge hv-none", "no role label"));
     if (info["class"]) this.badges.appendChild(el("span", "hv-badge hv-class", "pattern: " + info["class"]));

@@ -212,10 +212,12 @@
         b.dataset.layer = String(layer);
         b.dataset.head = String(head);
         b.dataset.index = String(idx);
-        b.title = "layer " + layer + ", head " + head + (info.roles.length ? " \u2013 " + info.roles.join(", ") : "") +
-          (info["class"] ? " \u2013 " + info["class"] : "");
+        // one source for the labels: the corpus's where the page has them, else the viewed texts' (said so)
+        var roles = info.corpus ? (info.corpus.roles || "").split(" ").filter(Boolean) : info.roles;
+        b.title = "layer " + layer + ", head " + head + (roles.length ? " \u2013 " + (info.corpus ? "on the corpus: " :
+          "on these texts: ") + roles.join(", ") : "") + (info["class"] ? " \u2013 " + info["class"] : "");
         b.appendChild(el("canvas"));
-        b.appendChild(el("span", "hv-thumb-role", shortRoles(info.roles)));
+        b.appendChild(el("span", "hv-thumb-role", shortRoles(roles)));
         (function (i) { b.addEventListener("click", function () { self.select(i); }); })(idx);
         grid.appendChild(b);
         this.thumbButtons[idx] = b;

@@ -9,7 +9,7 @@
   HV.BLUE = [37, 99, 235];  // "the hovered token attends to it"
   HV.ORANGE = [234, 88, 12];  // "it attends to the hovered token"
 
-  var SHORT_ROLES = { previous_token: "prev", next_token: "next", punctuation: "punct", sink: "sink", broad: "broad",
+  var SHORT_ROLES = { previous_token: "prev", next_token: "next", punctuation: "punct", sink: "sink", special: "spec", broad: "broad",
     self: "self", induction_head: "induct", duplicate_token_head: "dup" };
 
   function shortRoles(roles) {
