@@ -40,7 +40,8 @@ def test_minilm_rows_files_and_summary_agree(tmp_path):
     assert sum(summary["class_shares"].values()) == pytest.approx(1.0)
     assert sum(summary["role_counts"].values()) == sum(len(v) for v in result.roles.values())
     assert "causal probes" in result.skipped and result.probes == {}
-    assert result.skipped["retrieval and streaming heads"].startswith("off: pass --streaming") and result.context is None
+    assert result.skipped["retrieval and streaming heads"].startswith("off: pass --streaming")
+    assert result.context is None
     vw, sinks = result.value_weighted, result.sinks  # from the one capture pass: [CLS] is the sink
     assert vw.heads == sinks.heads == result.surface.heads and sinks.n_sink == 1
     assert rows[17]["weighted_sink"] == vw.value("weighted_sink", 1, 5)
