@@ -91,9 +91,9 @@ def test_every_area_runs_on_the_kit_in_bfloat16_as_the_cuda_plan_does(
         result = run_plan(dataclasses.replace(tiny_plan, dtype="bfloat16"), quick=True, progress=False, model=kit)
     finally:
         torch.set_num_threads(threads)
-    assert result.failed() == [] and result.plan.dtype == "bfloat16" and len(result.areas) == 10
+    assert result.failed() == [] and result.plan.dtype == "bfloat16" and len(result.areas) == 11
     assert all(area.rows for area in result.areas), [a.name for a in result.areas if not a.rows]
-    assert f"{kit} (6 layers × 12 heads)" in " ".join(area.description for area in result.areas)
+    assert f"{kit.name} (6 layers × 12 heads)" in " ".join(area.description for area in result.areas)
 
 
 def test_a_model_that_does_not_load_is_refused_before_anything_is_timed(

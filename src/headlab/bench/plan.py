@@ -4,8 +4,10 @@ CPU runs float32 at 128, 1k and 2k positions; CUDA runs bfloat16 and adds 4k pos
 (the GPU goal is stated there). Batches shrink as positions grow so that every case is a
 few thousand tokens; the tiny causal model of the models area runs ``causal_shape``.
 The circuits area runs the default model at ``circuit_tokens`` and times exact edge patching on a
-seeded sample of ``circuit_edges`` edges. ``--quick`` keeps every benchmark but drops the longest
-positions, halves the batches and takes fewer rounds and a slice of the corpus.
+seeded sample of ``circuit_edges`` edges. The large-model area builds a random Llama of ``large_model``'s
+layers and width (``headlab.bench.large``: 1B-class shapes in the full run) and runs it on ``large_shape``.
+``--quick`` keeps every benchmark but drops the longest positions, halves the batches and takes fewer
+rounds and a slice of the corpus (and a much smaller large model).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class Plan:
         circuit_edges: edges of the seeded sample that the circuits area scores by exact edge patching (its
             time over every edge is extrapolated from them); None for every edge.
         memory_rounds: rounds of peak-memory measurements (each call measured once per round).
+        large_model: ``(layers, d_model)`` of the large-model area's random Llama (its heads, key/value heads and
+            intermediate size follow from d_model: ``headlab.bench.large.large_config``).
+        large_shape: ``(batch, positions)`` of that model's forwards.
     """
 
     device: str
@@ -75,6 +80,8 @@ class Plan:
     circuit_tokens: int = 128  # defaults: runs stored before the circuits area lack these
     circuit_edges: int | None = 200
     memory_rounds: int = 3
+    large_model: tuple[int, int] = (2, 512)  # defaults: runs stored before the large-model area lack these
+    large_shape: tuple[int, int] = (1, 32)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -92,8 +99,9 @@ class Plan:
         data["layer_shapes"] = tuple(tuple(s) for s in data["layer_shapes"])
         data["gqa_kv_heads"] = tuple(data["gqa_kv_heads"])
         data["gqa_shape"] = tuple(data["gqa_shape"])
-        if "causal_shape" in data:  # runs stored before the models area lack it
-            data["causal_shape"] = tuple(data["causal_shape"])
+        for name in ("causal_shape", "large_model", "large_shape"):  # runs stored before their areas lack them
+            if name in data:
+                data[name] = tuple(data[name])
         return cls(**data)
 
 
@@ -121,6 +129,7 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             importance_pairs=16 if quick else None, matmul_size=1024 if quick else 2048, copy_mib=64 if quick else 256,
             causal_shape=(2, 512) if quick else (4, 512),
             circuit_tokens=128, circuit_edges=200 if quick else 400, memory_rounds=1 if quick else 3,
+            large_model=(4, 512) if quick else (16, 2048), large_shape=(1, 128) if quick else (1, 512),
         )
     if device == "cuda":
         return Plan(
@@ -133,5 +142,6 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             importance_pairs=None, matmul_size=8192, copy_mib=1024,
             ceiling_goal_positions=4096, ceiling_goal=0.5, causal_shape=(8, 2048),
             circuit_tokens=128, circuit_edges=200 if quick else 1000, memory_rounds=2 if quick else 3,
+            large_model=(4, 512) if quick else (16, 2048), large_shape=(1, 512) if quick else (4, 2048),
         )
     raise ValueError(f"device={device!r}; expected 'cpu' or 'cuda'")

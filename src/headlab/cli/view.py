@@ -197,7 +197,7 @@ def view(
         for warning in caught:  # said as every command says it; the page shows it among its notes
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         warned = {str(warning.message) for warning in caught}
-        if as_json:
+        if work is None:  # --json
             typer.echo(json.dumps(data.readable()))
             return
         (work / out.name).write_text(viewer_document(data), encoding="utf-8")
