@@ -35,6 +35,7 @@ def test_table_output(tmp_path):
     assert result.exit_code == 0, result.output
     assert "attribution effect" in result.output and "activation effect" not in result.output
     assert "2 forwards, 1 backwards" in result.output and "Spearman" not in result.output
+    assert "(one run; headlab bench compares the methods' speed, interleaved)" in " ".join(result.output.split())
 
 
 @pytest.fixture(scope="module")

@@ -125,7 +125,8 @@ def patch(
                           *[f"{r.grid.value('effect', layer, head, p):+.3f}" for r in results if r.grid is not None])
     console.print(table)
     for r in results:
-        console.print(f"{r.method}: {r.forwards} forwards, {r.backwards} backwards, {r.seconds:.2f} s")
+        console.print(f"{r.method}: {r.forwards} forwards, {r.backwards} backwards, {r.seconds:.2f} s this run "
+                      "(one run; headlab bench compares the methods' speed, interleaved)")
     if "spearman" in document:
         console.print(f"Spearman(exact, attribution) = {document['spearman']:.3f}")
     console.print(f"wrote {escape(str(out / 'patching.json'))}, {escape(str(out / 'patching.png'))}")
