@@ -27,7 +27,7 @@ from torch import nn
 
 from headlab.analysis.audio import analyze_audio
 from headlab.analysis.capture_pass import SIMILARITY_ROW_FRACTION, AnalysisAccumulators, PassAccumulators
-from headlab.analysis.context_heads import FULL, QUICK, context_heads
+from headlab.analysis.context_heads import context_heads, copy_haystack
 from headlab.analysis.images import analyze_images
 from headlab.analysis.importance import (
     LM_MAX_LENGTH,
@@ -42,7 +42,6 @@ from headlab.analysis.importance import (
 from headlab.analysis.norms import out_projections
 from headlab.analysis.plots import plot_heatmaps
 from headlab.analysis.result import AnalysisResult
-from headlab.analysis.retrieval import haystack_for
 from headlab.analysis.roles import duplicate_token_scores, induction_scores, label_heads
 from headlab.analysis.sentences import (
     FIDELITY_METRIC,
@@ -183,8 +182,7 @@ def analyze(
         return analysis(model, corpus, heads=heads, quick=quick, importance=importance, progress=progress)
     if streaming and max_length is not None and model.tokenizer is not None and all(s.causal for s in model.sites):
         # a length that cannot hold a needle and its copy: refused before the capture pass, not after it
-        haystack_for(model.tokenizer, length=min(max_length, model.max_length or max_length),
-                     needle_length=(QUICK if quick else FULL)["needle_length"])
+        copy_haystack(model, max_length, quick=quick)
     loaded = load_corpus(corpus)
     if loaded.targets is not None:
         check_pairs(model)

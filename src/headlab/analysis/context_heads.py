@@ -26,7 +26,7 @@ from torch import nn
 from headlab.heads import HeadSelection
 from headlab.models import HeadedModel, headed
 
-__all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "plot_streaming"]
+__all__ = ["FULL", "QUICK", "ContextHeads", "context_heads", "copy_haystack", "plot_streaming"]
 
 
 class _Sizes(TypedDict):
@@ -91,7 +91,7 @@ def context_heads(model: HeadedModel | nn.Module, corpus: Any = None, *, heads: 
             hold a needle and its copy.
         ShortCorpus: a corpus without room for a needle and its haystack or for the streaming chunks.
     """
-    from headlab.analysis.retrieval import haystack_for, retrieval_scores
+    from headlab.analysis.retrieval import retrieval_scores
     from headlab.analysis.streaming import streaming_simulation
     from headlab.models.stream import has_logits
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
@@ -102,20 +102,35 @@ def context_heads(model: HeadedModel | nn.Module, corpus: Any = None, *, heads: 
     chunk = min(settings["length"] if length is None else length, limit)
     windows = [w for w in settings["windows"] if w < chunk] or [max(1, chunk // 4)]
     needle = settings["needle_length"]
-    haystack = min(settings["haystack_length"], limit - 1 - 2 * needle)
+    haystack = copy_haystack(model, None, quick=quick)
     retrieval, reason = None, None
     if not model.causal:
         reason = "it attends both ways"
     elif not has_logits(model):
         reason = "it is causal but has no language-model head, so its predictions cannot be read"
     else:
-        if length is not None:  # the same total the streaming chunks get
-            haystack = haystack_for(model.tokenizer, length=chunk, needle_length=needle)
+        haystack = copy_haystack(model, length, quick=quick)  # the same total the streaming chunks get
         retrieval = retrieval_scores(model, corpus=corpus, heads=heads, needles=settings["needles"],
                                      needle_length=needle, haystack_length=haystack, seed=seed)
     streaming = streaming_simulation(model, corpus=corpus, heads=heads, windows=windows, sinks=settings["sinks"],
                                      length=chunk, texts=settings["texts"])
     return ContextHeads(retrieval, reason, needle, haystack, streaming)
+
+
+def copy_haystack(model: HeadedModel, length: int | None, *, quick: bool = False) -> int:
+    """The haystack of ``context_heads``' copy cases: for a ``length``, what leaves room for a needle and its copy in
+    that many tokens shrunk to the model's position table (``haystack_for``); else the sizes' own, shrunk to it.
+
+    Raises:
+        ValueError: a length that cannot hold a needle and its copy (what ``analyze`` checks before its capture).
+    """
+    from headlab.analysis.retrieval import haystack_for
+
+    settings = QUICK if quick else FULL
+    limit, needle = model.max_length or 10**9, settings["needle_length"]
+    if length is None:
+        return min(settings["haystack_length"], limit - 1 - 2 * needle)
+    return haystack_for(model.tokenizer, length=min(length, limit), needle_length=needle)
 
 
 def plot_streaming(result: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:

@@ -132,9 +132,10 @@ def attention(
         site = site.next()
     saved = getattr(module, SAVED_HEADS_ATTRIBUTE, None) if site is None else None  # a pruned model loading
     bias = kwargs.get("position_bias")  # (batch | 1, n_heads, query_pos, key_pos): T5's relative position bias
-    heads = site.head_ids if site is not None else None if saved is None else saved[0]  # of the original heads
-    if bias is not None and heads is not None and bias.shape[1] != query.shape[1]:  # heads pruned: the kept ones'
-        kwargs["position_bias"] = bias = select_heads(bias, heads)
+    if bias is not None and bias.shape[1] != query.shape[1]:  # heads pruned: the kept ones' (of the original heads)
+        heads = site.head_ids if site is not None else None if saved is None else saved[0]
+        if heads is not None:
+            kwargs["position_bias"] = bias = select_heads(bias, heads)
     softcap = kwargs.get("softcap")
     wants_weights = _weights_requested(kwargs)
     if site is None:

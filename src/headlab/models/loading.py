@@ -189,7 +189,7 @@ def _load_saved(directory: Path, model_class: Any, config: Any, dtype: torch.dty
     initialising the unpruned weights: built with its parameters on the meta device, each given the shape its weights
     file holds and each attention module its recorded counts, every tensor assigned strictly, then attached (the
     probe runs on the loaded weights) with the recorded heads and interventions set back."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     record = read_record(directory)
@@ -198,12 +198,10 @@ def _load_saved(directory: Path, model_class: Any, config: Any, dtype: torch.dty
         model = model_class.from_config(config, dtype=dtype, attn_implementation=IMPLEMENTATION)
     restore_counts(model, record)
     try:
-        with safe_open(str(weights), framework="pt") as file:
-            shapes = {name: tuple(file.get_slice(name).get_shape()) for name in file.keys()}  # noqa: SIM118
         state = load_file(str(weights))
     except (OSError, SafetensorError) as err:
         raise ValueError(f"{weights}: not readable ({type(err).__name__}: {err})") from err
-    _shaped_as(model, shapes, dtype)
+    _shaped_as(model, {name: tuple(tensor.shape) for name, tensor in state.items()}, dtype)
     state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in state.items()}
     state |= _tied(model, state)
     try:
