@@ -89,6 +89,15 @@ def shape(value: Any) -> str:
     return "(" + ", ".join(str(int(d)) for d in dims) + ")"
 
 
+def format_bytes(n: float) -> str:
+    """``"812 KiB"``, ``"12.3 MiB"`` or ``"1.23 GiB"``."""
+    if n < 2**20:
+        return f"{n / 2**10:.0f} KiB"
+    if n < 2**30:
+        return f"{n / 2**20:.3g} MiB"
+    return f"{n / 2**30:.3g} GiB"
+
+
 def abbreviate(items: Sequence[object], *, head: int = 8, tail: int = 2, sep: str = " ") -> str:
     """The first ``head`` and last ``tail`` items joined by ``sep``, ``…`` between them when some are left out."""
     texts = [str(item) for item in items]

@@ -129,7 +129,7 @@ def test_streaming_sentences_follow_the_numbers():
                        "the loss is the a loss (3.250 for the unrestricted model).")
     assert said[1] == ("At W = 4, 3 of 4 heads change the loss by at most the budget of 0.02 on their own; converting "
                        "the cheapest 3 of them together changes it by +0.0123 (measured), freeing 1 of 2 key/value "
-                       "heads, which saves 38% of the key/value cache of a 32-token text (3.0 KiB of 8.0 KiB), 50% as "
+                       "heads, which saves 38% of the key/value cache of a 32-token text (3 KiB of 8 KiB), 50% as "
                        "texts grow long.")
     assert said[2] == ("At W = 16, 1 of 4 heads change the loss by at most the budget of 0.02 on their own, and none "
                        "can be converted: nothing is saved.")

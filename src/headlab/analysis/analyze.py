@@ -55,7 +55,7 @@ from headlab.analysis.surface import POSITIONAL, is_causal
 from headlab.analysis.taxonomy import classify
 from headlab.capture import capture, load_corpus
 from headlab.capture.corpus import ShortCorpus
-from headlab.capture.run import check_pairs
+from headlab.capture.run import blocks_needed, check_pairs
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel, headed
 from headlab.models.audio import takes_features
@@ -114,6 +114,7 @@ def analyze(
     syntax: bool = True,
     streaming: bool = False,
     max_length: int | None = None,
+    max_pattern_memory: int | None = None,
     engine: str = "local",
     address: str | None = None,
     workers: int | None = None,
@@ -144,6 +145,10 @@ def analyze(
             and, with ``streaming``, the length of the streaming chunks and of the needle-style copy cases; each
             shrunk to the model's position table. None: the model's limit for the corpus, the quick/full sizes for
             the context passes.
+        max_pattern_memory: the most bytes of patterns a batch of the capture pass may hold at once; where a batch's
+            whole patterns would take more, they go to the statistics in row blocks (``headlab.capture.blocks``):
+            memory linear in the length, and the pattern classes and syntax (which need whole patterns) skipped with
+            the reason. None: a share of the device's free memory (``capture``).
         engine: where the capture pass runs: ``"local"`` (this process) or ``"ray"`` (the corpus in
             shards on Ray workers that each load the model from its source; docs/scaling.md). The
             probes, retrieval and streaming heads, importance and pruning run in this process either way.
@@ -195,8 +200,13 @@ def analyze(
     texts = loaded.texts[: len(items)]  # the texts themselves, or the pairs' sources
     causal = is_causal(model)
     skipped: dict[str, str] = {} if loaded.targets is None else _skipped_on_pairs(model, heads)
+    blocks = None if loaded.targets is not None else blocks_needed(
+        model, list(items), heads=heads, max_length=max_length, max_pattern_memory=max_pattern_memory)
+    if blocks is not None:
+        why = f"{blocks}: the patterns go to the statistics in row blocks, and these need them whole"
+        skipped |= {"pattern classes": why, "syntax": why}
     parses = None
-    if syntax:
+    if blocks is None and syntax:
         try:
             from headlab.analysis.parses import load_pipeline, parse_texts
 
@@ -204,7 +214,7 @@ def analyze(
             parses = parse_texts(texts)
         except ImportError as err:
             skipped["syntax"] = str(err)
-    else:
+    elif blocks is None:
         skipped["syntax"] = "not asked for"
     projections = None
     try:
@@ -214,21 +224,22 @@ def analyze(
     # Similarity from a sample of each batch's query rows: all head pairs on every row cost many times the
     # forward pass (benchmarks/RESULTS.md), and the mean distance needs far fewer rows.
     accumulators = AnalysisAccumulators(causal=causal, parses=parses, row_fraction=SIMILARITY_ROW_FRACTION,
-                                        W_O=projections)
+                                        W_O=projections, blocks=blocks is not None)
     if engine == "ray":
         from headlab.capture.distributed import sharded_capture
 
         sharded = sharded_capture(model, list(texts), consumers=accumulators, heads=heads, take=accumulators.take,
-                                  workers=workers, address=address, max_length=max_length, progress=progress)
+                                  workers=workers, address=address, max_length=max_length, progress=progress,
+                                  max_pattern_memory=max_pattern_memory)
         run, consumers = sharded.capture, sharded.consumers
     else:
         consumers = accumulators()
         run = capture(model, corpus=items, heads=heads, take=accumulators.take, consumers=consumers,
-                      max_length=max_length, progress=progress)
+                      max_length=max_length, progress=progress, max_pattern_memory=max_pattern_memory)
     parts: PassAccumulators = consumers  # either engine: the factory's accumulators, by name
     surface, similarity = parts.surface.result(), parts.similarity.result()
     # none when every layer analysed is cross-attention (pairs): the classes read one text's positions
-    taxonomy = parts.taxonomy.result() if parts.taxonomy.sums else None
+    taxonomy = parts.taxonomy.result() if parts.taxonomy is not None and parts.taxonomy.sums else None
     result = AnalysisResult(
         capture=run, surface=surface, roles=label_heads(surface), taxonomy=taxonomy,
         classes={} if taxonomy is None else classify(taxonomy),

@@ -43,7 +43,7 @@ class PassAccumulators:
 
     Attributes:
         surface: ``SurfaceStats``.
-        taxonomy: ``TaxonomyStats``.
+        taxonomy: ``TaxonomyStats``, or None (patterns in row blocks, which it cannot read).
         similarity: ``HeadSimilarity``.
         value_weighted: ``ValueWeighted`` (with W_O), else None.
         sinks: ``SinkShare`` (with W_O), else None.
@@ -51,7 +51,7 @@ class PassAccumulators:
     """
 
     surface: SurfaceStats
-    taxonomy: TaxonomyStats
+    taxonomy: TaxonomyStats | None
     similarity: HeadSimilarity
     value_weighted: ValueWeighted | None = None
     sinks: SinkShare | None = None
@@ -100,22 +100,26 @@ class AnalysisAccumulators:
         W_O: ``{layer: (n_heads, d_head_v, d_model)}`` (``headlab.analysis.norms.out_projections``) to add
             value-weighted attention and the sink share by position; None: neither. Kept (and shipped
             to Ray workers) as their ``ValueProjections``: the same norms, d_head_v wide, shared by both.
+        blocks: the patterns will come in row blocks (``headlab.capture.blocks``): the parts that need whole
+            patterns (the taxonomy; syntax, whose parses are then refused) are not made.
 
     Attributes:
         take: what the capture pass must take for these accumulators: ``("pattern", "v")`` with W_O,
             else ``("pattern",)``.
 
     Calling it:
-        ``accumulators(shard=None)`` → ``PassAccumulators``: surface, taxonomy and similarity always,
-        value_weighted and sinks with W_O, syntax with parses. For a ``Shard`` the similarity sample
+        ``accumulators(shard=None)`` → ``PassAccumulators``: surface and similarity always, the taxonomy but in
+        row blocks, value_weighted and sinks with W_O, syntax with parses. For a ``Shard`` the similarity sample
         starts at the shard's first batch (the rows one process draws for those batches) and syntax
         holds the shard's parses under the shard's local corpus indices.
     """
 
     def __init__(self, *, causal: bool, parses: list[Any] | None = None,
                  row_fraction: float | None = SIMILARITY_ROW_FRACTION,
-                 W_O: dict[int, Any] | None = None) -> None:
-        self.causal, self.parses, self.row_fraction = causal, parses, row_fraction
+                 W_O: dict[int, Any] | None = None, blocks: bool = False) -> None:
+        if blocks and parses is not None:
+            raise ValueError("syntax needs whole patterns, and blocks=True hands them in row blocks: pass parses=None")
+        self.causal, self.parses, self.row_fraction, self.blocks = causal, parses, row_fraction, blocks
         self.projections = None if W_O is None else ValueProjections(W_O)  # d_model / d_head_v times smaller
         self.take = ("pattern",) if W_O is None else ("pattern", "v")
 
@@ -131,5 +135,6 @@ class AnalysisAccumulators:
             from headlab.analysis.syntax import SyntaxAccuracy
 
             syntax = SyntaxAccuracy(self.parses if shard is None else [self.parses[i] for i in shard.items])
-        return PassAccumulators(surface=SurfaceStats(causal=self.causal), taxonomy=TaxonomyStats(causal=self.causal),
+        taxonomy = None if self.blocks else TaxonomyStats(causal=self.causal)
+        return PassAccumulators(surface=SurfaceStats(causal=self.causal), taxonomy=taxonomy,
                                 similarity=similarity, value_weighted=weighted, sinks=sinks, syntax=syntax)

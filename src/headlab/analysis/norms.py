@@ -164,7 +164,7 @@ class ValueProjections:
         dtype = torch.promote_types(torch.promote_types(values[0].dtype, factors.dtype), torch.float32)
         # every head's (batch · key_pos, d_head_v) values, heads of every layer in a row: one copy
         per_head = torch.stack([v.transpose(0, 1) for v in values]).to(dtype)  # (l, h, b, k, d)
-        norms = _product_norms(per_head.view(len(taken) * n_heads, batch * n_keys, d_head), factors)
+        norms = _product_norms(per_head.view(len(taken) * n_heads, batch * n_keys, d_head), factors.to(dtype))
         return norms.view(len(taken), n_heads, batch, n_keys).transpose(1, 2)
 
 
@@ -295,6 +295,7 @@ class ValueWeighted(HeadSums):
     """
 
     FIX = "capture with take=('pattern', 'v')"
+    READS_ROW_BLOCKS = True  # sums over query rows; what is summed over keys alone, once per batch (its last rows)
 
     def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:
         super().__init__()
@@ -314,7 +315,9 @@ class ValueWeighted(HeadSums):
     def _update(self, batch: CaptureBatch) -> None:
         shared = value_reductions(batch, self.projections)
         real = shared.real[:, None, :, None]  # (batch, 1, query, 1)
+        # the keys' norms and counts: once per batch, with its last rows (a row block sees the keys its rows see)
         keys = torch.stack([shared.first, shared.special, shared.other], -1).double()  # (batch, key, 3)
+        keys = keys if batch.last_rows else torch.zeros_like(keys)
         n_keys = keys.sum((0, 1))  # (3,): first, special, other
         n_queries = shared.real.sum().double()
         for rows in reductions(batch).stacks:

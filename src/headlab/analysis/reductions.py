@@ -244,10 +244,13 @@ class BatchReductions:
         key_real: ``(batch, key_pos)`` bool, True at real key tokens (``real`` itself for self-attention).
         special: ``(batch, key_pos)`` bool, True at real special tokens ([CLS], [SEP], BOS …).
         groups: ``CaptureBatch.length_groups``: the runs of items each reduction reads as one block.
+        query_start: the position of the first query row in its text (``CaptureBatch.query_start``: a row block's
+            first row; 0 for a whole batch): the diagonals and the distance read positions from it.
     """
 
     def __init__(self, batch: CaptureBatch) -> None:
         self.batch = batch
+        self.query_start = batch.query_start
         self._keys = batch if batch.keys is None else batch.keys
         self.real = batch.attention_mask.bool()
         self.key_real = self.real if batch.keys is None else self._keys.attention_mask.bool()
@@ -387,12 +390,15 @@ class StackReductions:
         return self.masses[..., len(COLUMNS):]
 
     def diagonal(self, offset: int) -> Tensor:
-        """``(layer, batch, head, query_pos)``: ``p[..., i, i + offset]``, 0 where key ``i + offset`` does not exist."""
+        """``(layer, batch, head, query_pos)``: ``p[..., i, i + offset]`` (``i`` the query's position in its text), 0
+        where key ``i + offset`` does not exist."""
         if offset not in self._diagonals:
             out = torch.zeros(self.shape[:-1], dtype=self.dtype, device=self.device)
-            rows = slice(-offset, None) if offset < 0 else slice(0, out.shape[-1] - offset)
+            shifted = offset + self.keys.query_start  # row r of a row block is the query at query_start + r
+            first = max(0, -shifted)
             for pattern, layers in self.parts:
-                out[layers, ..., rows] = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+                values = pattern.diagonal(offset=shifted, dim1=-2, dim2=-1)
+                out[layers, ..., first:first + values.shape[-1]] = values
             self._diagonals[offset] = out
         return self._diagonals[offset]
 
@@ -411,10 +417,13 @@ class StackReductions:
         """``(layer, batch, head, query_pos, 2)``: both row sums in one pass over each group's block, in blocks of
         whole (query, key) matrices whose temporaries stay in cache."""
 
+        first_row = self.keys.query_start  # row r is the query at position first_row + r
+
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
             n_q, n_k = block.shape[-2:]
             matrices = block.reshape(-1, n_q, n_k)
-            offsets = (torch.arange(n_q, device=block.device)[:, None] - torch.arange(n_k, device=block.device))
+            offsets = (torch.arange(first_row, first_row + n_q, device=block.device)[:, None]
+                       - torch.arange(n_k, device=block.device))
             offsets = offsets.abs().to(block.dtype)
             sums = block.new_empty(2, len(matrices), n_q)  # entropy, distance
             step = max(1, (_GPU_BLOCK if launch_bound(block.device) else _BLOCK) // max(1, n_q * n_k))

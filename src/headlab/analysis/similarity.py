@@ -113,6 +113,8 @@ class HeadSimilarity:
         ValueError: ``row_fraction`` is not a number in (0, 1].
     """
 
+    READS_ROW_BLOCKS = True  # the sample is drawn over the whole batch, each row block reads its sampled rows
+
     def __init__(self, *, row_fraction: float | None = None, seed: int = 0) -> None:
         if row_fraction is not None and (isinstance(row_fraction, bool) or not isinstance(row_fraction, (int, float))
                                          or not 0 < row_fraction <= 1):
@@ -138,16 +140,20 @@ class HeadSimilarity:
         if not heads:
             raise ValueError("the batch carries no captured layer")
         self._check_heads(heads)
-        item, query = batch.attention_mask.bool().nonzero(as_tuple=True)  # the real query rows, in row-major order
-        self.batches_seen += 1
-        n_real = len(item)
-        if n_real == 0:
-            return
+        if batch.query_start == 0:  # a batch's first rows (whole, or its first row block)
+            self.batches_seen += 1
+        whole = batch if batch.rows_of is None else batch.rows_of
+        item, query, n_real = whole.shared((HeadSimilarity, self.seed + self.batches_seen, self.row_fraction),
+                                           self._sample)
+        # the sample is drawn over the whole batch; a row block reads the sampled rows it holds
+        start, stop = batch.query_start, batch.query_start + batch.input_ids.shape[1]
+        here = (query >= start) & (query < stop)
+        item, query = item[here], query[here] - start
         n_read = n_real if self.row_fraction is None else math.ceil(self.row_fraction * n_real)
-        if n_read < n_real:
-            generator = torch.Generator().manual_seed(self.seed + self.batches_seen)
-            pick = torch.randperm(n_real, generator=generator)[:n_read].to(item.device)
-            item, query = item[pick], query[pick]
+        counted = float(n_real) if batch.last_rows else 0.0  # the batch's real rows, once
+        if len(item) == 0:  # no sampled row here
+            self._add(np.zeros((len(heads), len(heads))), np.full((len(heads), len(heads)), counted))
+            return
         # Only the rows used are read: each layer's (row, head, key_pos), then heads of every layer side by side.
         rows = torch.cat([p[item, :, query] for p in patterns], dim=1).transpose(0, 1).contiguous()  # (head, row, key)
         n, n_rows = rows.shape[0], rows.shape[1]
@@ -177,7 +183,19 @@ class HeadSimilarity:
             sums[i[at].numpy(), j[at].numpy()] = divergence.clamp_min(0.0).sqrt().sum(-1).cpu().numpy()
         sums += sums.T
         self.sampled += n_rows
-        self._add(sums * (n_real / n_rows), np.full((n, n), float(n_real)))  # the sample stands for every real row
+        self._add(sums * (n_real / n_read), np.full((n, n), counted))  # the sample stands for every real row
+
+    def _sample(self, batch: CaptureBatch) -> tuple[Tensor, Tensor, int]:
+        """``(item, query, n_real)``: the sampled real query rows of a whole batch (every one without
+        ``row_fraction``), drawn with seed + batches seen, and how many real rows it has."""
+        item, query = batch.attention_mask.bool().nonzero(as_tuple=True)  # the real query rows, in row-major order
+        n_real = len(item)
+        n_read = n_real if self.row_fraction is None else math.ceil(self.row_fraction * n_real)
+        if n_read < n_real:
+            generator = torch.Generator().manual_seed(self.seed + self.batches_seen)
+            pick = torch.randperm(n_real, generator=generator)[:n_read].to(item.device)
+            item, query = item[pick], query[pick]
+        return item, query, n_real
 
     def merge(self, other: HeadSimilarity) -> HeadSimilarity:
         """Fold another accumulator's sums into this one; returns self."""

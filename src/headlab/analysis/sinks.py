@@ -137,6 +137,8 @@ class SinkShare(HeadSums):
         ValueError: ``n_sink`` < 1, or edges that do not start at 0 and increase.
     """
 
+    READS_ROW_BLOCKS = True  # every share is a sum over query rows, binned by their positions
+
     def __init__(self, *, n_sink: int = CAUSAL_SINK_TOKENS, edges: Sequence[int] = DEFAULT_EDGES,
                  W_O: Mapping[int, Tensor] | ValueProjections | None = None) -> None:
         super().__init__()
@@ -176,7 +178,7 @@ class SinkShare(HeadSums):
         real = batch.attention_mask.bool()  # (batch, query_pos)
         n_q = real.shape[1]
         s = min(self.n_sink, (batch if batch.keys is None else batch.keys).input_ids.shape[1])  # the first keys
-        position = torch.arange(n_q, device=real.device)
+        position = torch.arange(batch.query_start, batch.query_start + n_q, device=real.device)  # in its text
         bins = torch.bucketize(position, torch.tensor(self.edges, device=real.device), right=True) - 1
         n_bins = len(self.edges)
         one_hot = torch.nn.functional.one_hot(bins, n_bins).double()  # (query, bin)

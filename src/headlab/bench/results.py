@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from headlab.bench.records import Area, Comparison, SuiteResult
+from headlab.display import format_bytes
 
 __all__ = ["DEVICES", "FORMAT", "WITHIN_NOISE", "format_bytes", "format_measure", "format_seconds", "inconclusive",
            "json_path", "noise", "noise_note", "read_results", "table_rows", "to_markdown", "write_results"]
@@ -35,15 +36,6 @@ def format_seconds(seconds: float) -> str:
     if seconds < 1.0:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds:.3g} s"
-
-
-def format_bytes(n: float) -> str:
-    """``"812 KiB"``, ``"12.3 MiB"`` or ``"1.23 GiB"``."""
-    if n < 2**20:
-        return f"{n / 2**10:.0f} KiB"
-    if n < 2**30:
-        return f"{n / 2**20:.3g} MiB"
-    return f"{n / 2**30:.3g} GiB"
 
 
 def format_measure(value: float, unit: str) -> str:

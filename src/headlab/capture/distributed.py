@@ -229,7 +229,7 @@ class RayEngine:
             consumers: ConsumerFactory, heads: HeadSelection = None, take: str | Sequence[str] = ("pattern",),
             batch_tokens: int | None = 4096, max_batch_size: int | None = 64, max_length: int | None = None,
             shards: int | None = None, workers: int | None = None, progress: bool = True,
-            what: str | Sequence[str] | None = None) -> ShardedCapture:
+            max_pattern_memory: int | None = None, what: str | Sequence[str] | None = None) -> ShardedCapture:
         """Capture ``corpus`` in shards on the workers and merge their accumulators.
 
         Args:
@@ -238,6 +238,7 @@ class RayEngine:
                 ``merge``, ``result``), as a list or as one structure that iterates over them and merges
                 itself (``PassAccumulators``); called on the workers, so it must pickle (cloudpickle).
             heads, take, batch_tokens, max_batch_size, max_length: as ``capture`` takes them.
+            max_pattern_memory: as ``capture`` takes it, per worker (None: a share of each worker's free memory).
             shards: most shards; None: ``SHARDS_PER_WORKER`` per worker of the engine (also when
                 ``workers`` uses fewer, so that the result does not depend on it).
             workers: use only this many of the engine's workers (to measure scaling, or to leave some
@@ -280,9 +281,9 @@ class RayEngine:
         cut = plan_shards(plan.lengths, shards=shards or SHARDS_PER_WORKER * len(self.actors),
                           batch_tokens=batch_tokens, max_batch_size=max_batch_size)
         options = {"heads": heads, "take": take, "batch_tokens": batch_tokens, "max_batch_size": max_batch_size,
-                   "max_length": plan.max_length}
+                   "max_length": plan.max_length, "max_pattern_memory": max_pattern_memory}
         packed_factory = [ray.put(pack(consumers))]  # shipped once; each worker fetches and unpacks it once per run
-        merged, first, reports, outputs, done = None, None, [], {}, 0
+        merged, first, reports, outputs, done, blocked = None, None, [], {}, 0, 0
         queue, running = list(range(len(cut)))[::-1], {}
 
         def submit(actor: Any) -> None:
@@ -303,6 +304,7 @@ class RayEngine:
                     out = outputs.pop(done)
                     reports.append(ShardReport(cut[done], out.worker, out.seconds, out.cpu_seconds, out.peak_rss_bytes))
                     first = out.capture if first is None else first  # every shard captures the same layers and sites
+                    blocked += out.capture.blocked
                     merged = _merge(merged, unpack(out.consumers))
                     done += 1
                 tokens = sum(cut[j].tokens for j in outputs) + sum(r.shard.tokens for r in reports)
@@ -311,7 +313,8 @@ class RayEngine:
         result = CaptureResult(
             items=len(corpus), tokens=sum(plan.lengths), padded_tokens=sum(s.padded_tokens for s in cut),
             batches=sum(s.batches for s in cut), truncated=list(plan.truncated), max_length=plan.max_length,
-            layers=first.layers, take=first.take, seconds=time.perf_counter() - start, corpus=corpus.to_dict())
+            layers=first.layers, take=first.take, seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
+            pattern_memory=first.pattern_memory, blocked=blocked)
         return ShardedCapture(consumers=merged, capture=result, shards=reports, workers=len(actors),
                               threads_per_worker=self.threads)
 

@@ -21,16 +21,25 @@ from torch import nn
 from headlab import display
 from headlab.capture.batch import CaptureBatch, LayerCapture, collate
 from headlab.capture.batching import padding_stats, plan_batches
+from headlab.capture.blocks import (
+    check_block_readers,
+    over_budget,
+    pattern_budget,
+    row_blocks,
+    whole_pattern_bytes,
+)
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.encoding import TokenizedCorpus, backend_tokenizer, tokenize_corpus
 from headlab.capture.taps import renamed_take, tapped
 from headlab.layer.selection import HeadSelection
+from headlab.layer.taps import Tap
 from headlab.models import HeadedModel, TapOutput, model_max_length
-from headlab.models.handle import TruncationWarning, given_tokenizer, truncation_message
+from headlab.models.handle import TruncationWarning, given_tokenizer, headed, truncation_message
 from headlab.models.interface import reuse_pattern_memory
 from headlab.models.seq2seq import SOURCE, site_sides, start_token, takes_decoder_ids
 
-__all__ = ["CaptureResult", "Consumer", "TruncationWarning", "capture", "check_pairs", "feed", "model_max_length"]
+__all__ = ["CaptureResult", "Consumer", "TruncationWarning", "blocks_needed", "capture", "check_pairs", "feed",
+           "model_max_length"]
 
 
 @runtime_checkable
@@ -55,6 +64,9 @@ class CaptureResult(display.Shown):
         layers: ``{layer: heads}`` captured.
         take: what was captured of each head.
         seconds: wall time, tokenization included.
+        pattern_memory: the most bytes of patterns a batch held at once (``max_pattern_memory``, or the automatic
+            choice from free memory); None where no pattern was taken.
+        blocked: batches whose patterns went to the consumers in row blocks (``headlab.capture.blocks``).
     """
 
     items: int
@@ -67,6 +79,8 @@ class CaptureResult(display.Shown):
     take: tuple[str, ...]
     seconds: float
     corpus: dict[str, Any] = field(default_factory=dict)
+    pattern_memory: int | None = None
+    blocked: int = 0
 
     @property
     def what(self) -> tuple[str, ...]:
@@ -88,7 +102,7 @@ class CaptureResult(display.Shown):
             "batches": self.batches, "truncated_items": self.n_truncated, "truncated": list(self.truncated),
             "max_length": self.max_length, "layers": {str(k): v for k, v in self.layers.items()},
             "take": list(self.take), "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
-            "corpus": dict(self.corpus),
+            "corpus": dict(self.corpus), "pattern_memory": self.pattern_memory, "blocked": self.blocked,
         }
 
     def _title(self) -> str:
@@ -101,7 +115,17 @@ class CaptureResult(display.Shown):
         rate = f", {self.tokens / self.seconds:,.0f} tokens/s" if self.seconds > 0 else ""
         return [("taken", f"{', '.join(self.take)} of {heads} heads in layers {display.runs(self.layers) or 'none'}"),
                 ("computed", f"{self.padded_tokens:,} tokens with padding{padding}"),
-                ("truncated", f"{self.n_truncated} items{limit}"), ("time", f"{self.seconds:.2f} s{rate}")]
+                ("truncated", f"{self.n_truncated} items{limit}"), *self._patterns(),
+                ("time", f"{self.seconds:.2f} s{rate}")]
+
+    def _patterns(self) -> list[tuple[str, object]]:
+        """How the patterns were held: whole, or in row blocks within the budget."""
+        if self.pattern_memory is None:
+            return []
+        budget = display.format_bytes(self.pattern_memory)
+        if not self.blocked:
+            return [("patterns", f"whole (every batch within {budget})")]
+        return [("patterns", f"{self.blocked:,} of {self.batches:,} batches in row blocks of at most {budget}")]
 
 
 def capture(
@@ -116,6 +140,7 @@ def capture(
     max_batch_size: int | None = 64,
     max_length: int | None = None,
     progress: bool = True,
+    max_pattern_memory: int | None = None,
     what: str | Sequence[str] | None = None,
 ) -> CaptureResult:
     """Run ``model`` over ``corpus`` and give every consumer each batch's selected heads.
@@ -142,6 +167,9 @@ def capture(
         max_length: most pieces per item (longer items are cut, with a ``TruncationWarning``
             and listed in the result; pairs: each side); None for the model's limit (``model_max_length``).
         progress: show a progress bar over batches with tokens per second.
+        max_pattern_memory: the most bytes of patterns a batch may hold at once; a batch whose whole patterns
+            would take more hands them to the consumers in row blocks (``headlab.capture.blocks``; every consumer
+            must read blocks). None: a share of the device's free memory (``PATTERN_MEMORY_SHARE``).
         what: deprecated name of ``take``.
 
     Returns:
@@ -176,18 +204,47 @@ def capture(
     if targets is not None:  # each layer reads its own sides of the pairs
         step = _pair_steps(handle, tokenized, targets, device)
         sides = {layer: site_sides(handle.sites[layer]) for layer in selection}
+    budget = pattern_budget(max_pattern_memory, device) if "pattern" in take else None
+    why = None if budget is None else over_budget([[lengths[i] for i in b] for b in batches], selection,
+                                                  handle.dtype.itemsize, budget)
+    if why is not None and targets is not None:
+        raise ValueError(f"{why}; row blocks are for texts, not (source, target) pairs: raise max_pattern_memory or "
+                         "lower max_length or batch_tokens")
+    if why is not None:
+        check_block_readers(consumers, why=why)
 
     # a generator expression keeps no batch once it is handed over: each is freed when its turn ends
-    feed(handle, selection, take, consumers, (step(indices) for indices in batches), total=len(batches),
-         progress=progress, start=start, sides=sides)
+    blocked = feed(handle, selection, take, consumers, (step(indices) for indices in batches), total=len(batches),
+                   progress=progress, start=start, sides=sides, pattern_memory=budget)
     both = [tokenized] if targets is None else [tokenized, targets]
     padded = sum(padding_stats(side.lengths, batches).padded_tokens for side in both)
     return CaptureResult(
         items=len(tokenized), tokens=sum(side.n_tokens for side in both),
         padded_tokens=padded, batches=len(batches),
         truncated=truncated, max_length=max_length, layers=selection, take=take,
-        seconds=time.perf_counter() - start, corpus=corpus.to_dict(),
+        seconds=time.perf_counter() - start, corpus=corpus.to_dict(), pattern_memory=budget, blocked=blocked,
     )
+
+
+def blocks_needed(model: HeadedModel | nn.Module, corpus: Any = None, *, heads: HeadSelection = None,
+                  max_length: int | None = None, max_pattern_memory: int | None = None,
+                  batch_tokens: int | None = 4096, max_batch_size: int | None = 64) -> str | None:
+    """Why a capture of ``corpus`` with these options would hand its patterns in row blocks (its largest batch's
+    whole patterns over the budget, in words), or None where every batch's fit: what ``capture`` works out before
+    its first forward, for a caller that chooses its consumers by it (``headlab.analysis.analyze``).
+
+    Arguments as ``capture`` takes them (texts only).
+    """
+    handle = headed(model)
+    if handle.tokenizer is None:
+        return None
+    texts = load_corpus(corpus).texts
+    selection = handle.heads(heads, inputs={"input_ids": None})
+    max_length = handle.max_length if max_length is None else max_length
+    lengths = tokenize_corpus(handle.tokenizer, texts, max_length=max_length).lengths
+    batches = plan_batches(lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
+    return over_budget([[lengths[i] for i in b] for b in batches], selection, handle.dtype.itemsize,
+                       pattern_budget(max_pattern_memory, handle.device))
 
 
 def check_pairs(handle: HeadedModel) -> None:
@@ -260,7 +317,7 @@ def check_batch_size(batch_size: object, what: str) -> int:
 
 def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, ...], consumers: Sequence[Consumer],
          steps: Iterable[tuple[CaptureBatch, dict[str, Any], int]], *, total: int, progress: bool,
-         start: float, sides: dict[int, tuple[str, str]] | None = None) -> None:
+         start: float, sides: dict[int, tuple[str, str]] | None = None, pattern_memory: int | None = None) -> int:
     """Run each step's forward with taps on the selected heads, put what they took in its batch, and hand the batch
     to every consumer in order: the loop of ``capture`` and of ``headlab.capture.images.capture_images``.
 
@@ -277,6 +334,11 @@ def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, 
         progress: show a progress bar with tokens per second.
         start: ``time.perf_counter()`` when the capture began (the rate counts from it).
         sides: a batch of pairs: ``{layer: (query side, key side)}`` (``LayerCapture.sides``); None: one side.
+        pattern_memory: the most bytes of patterns a batch may hold at once: a batch whose whole patterns would
+            take more goes to the consumers in row blocks (``headlab.capture.blocks.row_blocks``); None: whole.
+
+    Returns:
+        How many batches went in row blocks.
 
     Raises:
         RuntimeError: a selected layer did not run headlab's attention in a forward, or ran twice.
@@ -288,29 +350,37 @@ def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, 
             raise RuntimeError(f"layer {layer} ran twice in one forward")
         taken[layer] = LayerCapture(layer=layer, heads=tuple(selection[layer]),
                                     sides=(SOURCE, SOURCE) if sides is None else sides[layer],
-                                    **{name: getattr(out, name) for name in take})
+                                    pattern_rows=out.pattern_rows, **{name: getattr(out, name) for name in take})
 
     try:
         # Patterns in buffers reused from batch to batch (a batch's tensors are dropped before the next forward).
         with tapped(handle.sites, selection, take, sink), handle.running() as net, torch.inference_mode(), \
                 reuse_pattern_memory(), RateProgress(progress, total) as bar:
-            done_tokens = 0
+            done_tokens = blocked = 0
             for batch, kwargs, tokens in steps:
                 taken.clear()
+                items, positions = batch.input_ids.shape
+                blocks = pattern_memory is not None and "pattern" in take and whole_pattern_bytes(
+                    items, positions, selection, handle.dtype.itemsize) > pattern_memory
+                for layer in selection:  # the taps keep what makes the patterns instead of forming them
+                    cast(Tap, handle.sites[layer].tap).blocks = blocks
                 net(**kwargs)
                 if len(taken) != len(selection):
                     raise RuntimeError(f"layers {sorted(set(selection) - set(taken))} did not run headlab's attention "
                                        "in this forward")
                 batch.layers = dict(sorted(taken.items()))
                 taken.clear()
-                for consumer in consumers:
-                    consumer.update(batch)
+                for view in row_blocks(batch, cast(int, pattern_memory)) if blocks else (batch,):
+                    for consumer in consumers:
+                        consumer.update(view)
+                blocked += blocks
                 done_tokens += tokens  # counted on the host: no wait for the GPU
                 batch.release_shared()  # what consumers derived may hold the batch: freed now, not at the next GC
                 del batch, kwargs  # nothing of a batch outlives its turn
                 bar.advance(done_tokens / max(time.perf_counter() - start, 1e-9))
     finally:
         taken.clear()
+    return blocked
 
 
 def warn_truncated(truncated: Sequence[int], items: int, max_length: int | None, *, stacklevel: int = 3) -> None:

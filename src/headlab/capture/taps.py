@@ -41,7 +41,8 @@ def tapped(
         raise RuntimeError(f"layers {busy} already have a tap: is another capture running on this model?")
     try:
         for layer, heads in selection.items():
-            sites[layer].tap = Tap(sink=sink, **{name: list(heads) for name in take})
+            chosen: dict[str, Any] = {name: list(heads) for name in take}
+            sites[layer].tap = Tap(sink=sink, **chosen)
         yield
     finally:
         for layer in selection:

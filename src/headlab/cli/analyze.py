@@ -10,7 +10,7 @@ import typer
 
 from headlab.cli.errors import INPUT_ERRORS, fail
 from headlab.cli.loading import load_model
-from headlab.cli.options import LAYERS_HELP, head_selection, int_list
+from headlab.cli.options import LAYERS_HELP, head_selection, int_list, memory_size
 from headlab.cli.output import output_folder, staged_folder
 
 if TYPE_CHECKING:
@@ -57,6 +57,13 @@ def analyze(
                                                                                "--streaming also the length of its "
                                                                                "chunks and copy cases. Default: the "
                                                                                "model's limit.")] = None,
+    max_pattern_memory: Annotated[str | None, typer.Option("--max-pattern-memory", help="Most memory of patterns "
+                                                                                        "a batch holds at once (e.g. "
+                                                                                        "512MiB): past it the "
+                                                                                        "statistics read them in row "
+                                                                                        "blocks, memory linear in the "
+                                                                                        "length. Default: a quarter "
+                                                                                        "of free memory.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="Where the capture pass runs: local (this process) or "
                                                          "ray (the corpus in shards on Ray workers; docs/scaling.md; "
                                                          "needs the extra ray: pip install headlab\\[ray]).")
@@ -87,6 +94,8 @@ def analyze(
     from headlab.report.tables import to_rich
 
     selection = head_selection(layers, heads)
+    pattern_memory = None if max_pattern_memory is None else memory_size(max_pattern_memory,
+                                                                         option="--max-pattern-memory")
     if engine not in ENGINES:
         raise typer.BadParameter(f"{engine!r} is not one of {', '.join(ENGINES)}", param_hint="--engine")
     n_workers = None if workers is None else int_list(workers, option="--workers", minimum=1, example="2")
@@ -144,6 +153,7 @@ def analyze(
         try:
             result = run_analysis(loaded, corpus, heads=selection, quick=quick, importance=importance,
                                   syntax=syntax, streaming=streaming, max_length=max_length, engine=engine,
+                                  max_pattern_memory=pattern_memory,
                                   address=address,
                                   workers=None if n_workers is None else n_workers[0], progress=not as_json)
         except INPUT_ERRORS as err:

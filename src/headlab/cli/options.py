@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from headlab.layer.selection import Heads
 
 __all__ = ["LAYERS_HELP", "Answer", "Clean", "Corrupt", "MetricName", "ModelArgument", "Wrong", "check_seed",
-           "head_selection", "int_list"]
+           "head_selection", "int_list", "memory_size"]
 
 ModelArgument = Annotated[str | None, typer.Argument(help="Checkpoint directory or hub id (default: packaged MiniLM).")]
 Clean = Annotated[str, typer.Option("--clean", help="The text that shows the behaviour.")]
@@ -35,6 +35,27 @@ def check_seed(seed: int) -> int:
     if not 0 <= seed < 2**63:
         raise typer.BadParameter(f"{seed} is not an int in [0, 2**63)", param_hint="--seed")
     return seed
+
+
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def memory_size(text: str, *, option: str) -> int:
+    """Parse a size in bytes: ``"512MiB"``, ``"1.5GiB"``, ``"800MB"`` or a plain number of bytes.
+
+    Raises:
+        typer.BadParameter: not a positive number with one of the units B, KiB, MiB, GiB, KB, MB, GB.
+    """
+    number = text.strip().rstrip("BbIiKkMmGg")
+    unit = text.strip()[len(number):].upper()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        value = 0.0
+    if not value >= 1:
+        raise typer.BadParameter(f"{text!r} is not a size (expected e.g. 512MiB, 2GiB or a number of bytes)",
+                                 param_hint=option)
+    return int(value)
 
 
 def int_list(text: str, *, option: str, minimum: int = 0, example: str = "0,3,5") -> list[int]:

@@ -28,6 +28,7 @@ from headlab.layer.factored import FactoredMatrix
 from headlab.layer.functional import attend, copy_heads
 from headlab.layer.gates import apply_gates, check_affine, check_gate, identity_affine
 from headlab.layer.masks import build_mask
+from headlab.layer.pattern_rows import PatternRows
 from headlab.layer.projections import projection_for
 from headlab.layer.rotary import RotaryEmbedding
 from headlab.layer.selection import indices
@@ -228,9 +229,13 @@ class MultiHeadAttention(nn.Module):
         if tap.pattern is not None:
             assert patterns is not None and computed is not None
             first = computed.index(tap.pattern[0])
-            out.pattern = (patterns.narrow(1, first, len(tap.pattern))
-                           if computed[first: first + len(tap.pattern)] == tap.pattern
-                           else copy_heads(patterns, [computed.index(h) for h in tap.pattern]))
+            chosen = (patterns.narrow(1, first, len(tap.pattern))
+                      if computed[first: first + len(tap.pattern)] == tap.pattern
+                      else copy_heads(patterns, [computed.index(h) for h in tap.pattern]))
+            if tap.blocks:  # this layer forms its patterns whole: the rows are sliced from them
+                out.pattern_rows = PatternRows.of(chosen)
+            else:
+                out.pattern = chosen
         tap.sink(site.layer, out)
 
     def set_head_affine(self, scale: Tensor | None, shift: Tensor | None = None) -> None:

@@ -25,6 +25,8 @@ from typing import Protocol
 
 from torch import Tensor
 
+from headlab.layer.pattern_rows import PatternRows
+
 TAKE = ("pattern", "z", "result", "q", "k", "v")  # what can be taken of a head
 SITE_ATTRIBUTE = "headlab_site"  # the attribute of an attention module that holds its site
 
@@ -48,6 +50,8 @@ class TapOutput:
 
     Attributes:
         pattern, z, result, q, k, v: see the module legend; None where not taken.
+        pattern_rows: the patterns kept as what makes them (``headlab.layer.pattern_rows.PatternRows``), in place of
+            ``pattern`` when the tap asks for them in row blocks (``Tap.blocks``).
     """
 
     pattern: Tensor | None = None
@@ -56,6 +60,7 @@ class TapOutput:
     q: Tensor | None = None
     k: Tensor | None = None
     v: Tensor | None = None
+    pattern_rows: PatternRows | None = None
 
 
 @dataclass
@@ -65,6 +70,8 @@ class Tap:
     Attributes:
         sink: called as ``sink(layer, TapOutput)`` after each forward of the layer.
         pattern, z, result, q, k, v: the query heads to take each for (sorted, unique), or None.
+        blocks: hand the patterns as ``TapOutput.pattern_rows`` (formed a block of query rows at a time by whoever
+            reads them) instead of whole ``TapOutput.pattern``: memory linear in the length, not quadratic.
     """
 
     sink: Callable[[int, TapOutput], None]
@@ -74,6 +81,7 @@ class Tap:
     q: list[int] | None = None
     k: list[int] | None = None
     v: list[int] | None = None
+    blocks: bool = False
 
 
 class HeadSite(Protocol):

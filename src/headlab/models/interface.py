@@ -52,6 +52,7 @@ from headlab.layer.functional import (
     select_heads,
     softmax_from_lse,
 )
+from headlab.layer.pattern_rows import PatternRows
 from headlab.layer.taps import SITE_ATTRIBUTE, TapOutput
 from headlab.models.site import SAVED_HEADS_ATTRIBUTE, AttentionSite, SharedSites
 
@@ -161,10 +162,12 @@ def attention(
         key, value = key.index_select(1, regroup), value.index_select(1, regroup)
     kv_of = _kv_heads(n_heads, key.shape[1])  # each query head's key/value head (host ints), or None
     tap = None if site is None else site.tap
-    tapped_every = tap is not None and tap.pattern is not None and len(tap.pattern) == n_heads
+    blocks = tap is not None and tap.pattern is not None and tap.blocks  # the patterns handed as PatternRows
+    tapped_every = tap is not None and tap.pattern is not None and len(tap.pattern) == n_heads and not blocks
     every_pattern = wants_weights or softcap is not None or tapped_every
     patterns = weights = None  # every head's pattern (the explicit path), and what transformers returns
     tapped_patterns = None  # the tapped heads' patterns, when the fused kernel's log-sum-exp gave them
+    tapped_rows = None  # or, for a tap that asks for blocks, what makes them (PatternRows)
     if every_pattern:
         key_all, value_all = (expand_kv(x, n_heads) for x in (key, value))
         mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
@@ -180,8 +183,12 @@ def attention(
             z = _sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                       kwargs=kwargs)[0].transpose(1, 2)
         else:
-            z, lse, bias = fused
-            tapped_patterns = _patterns_from_lse(query, key, bias, lse, kv_of, tap.pattern, scaling=scaling)
+            z, lse, bias, causal = fused
+            if blocks:
+                tapped_rows = _rows(query, key, kv_of, tap.pattern, scaling=scaling, bias=bias, causal=causal, lse=lse)
+            else:
+                tapped_patterns = _patterns_from_lse(query, key, bias, causal, lse, kv_of, tap.pattern,
+                                                     scaling=scaling)
     if site is not None:
         z = site.gate(z)
         if tap is not None:
@@ -191,9 +198,18 @@ def attention(
                               k=None if tap.k is None else _per_head(key, kv_of, tap.k),
                               v=None if tap.v is None else _per_head(value, kv_of, tap.v))
             if tap.pattern is not None and patterns is not None:
-                taken.pattern = patterns if tapped_every else copy_heads(patterns, tap.pattern)
+                chosen = patterns if len(tap.pattern) == n_heads else copy_heads(patterns, tap.pattern)
+                if blocks:  # formed whole anyway: the rows are sliced from them
+                    taken.pattern_rows = PatternRows.of(chosen)
+                else:
+                    taken.pattern = chosen
+            elif tapped_rows is not None:
+                taken.pattern_rows = tapped_rows
             elif tap.pattern is not None and tapped_patterns is not None:
                 taken.pattern = tapped_patterns
+            elif tap.pattern is not None and blocks:  # no log-sum-exp here: each block's rows normalised
+                bias, causal = _mask_of_rows(module, query, key, attention_mask, kwargs.get("is_causal"))
+                taken.pattern_rows = _rows(query, key, kv_of, tap.pattern, scaling=scaling, bias=bias, causal=causal)
             elif tap.pattern is not None:
                 mask = eager_mask(module, query, key, attention_mask, kwargs.get("is_causal"))
                 taken.pattern = _head_patterns(query, key, mask, kv_of, tap.pattern, scaling=scaling)
@@ -361,7 +377,7 @@ def _query_and_key(query: Tensor, key: Tensor, kv_of: list[int] | None, heads: l
 
 def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,
                     scaling: float, dropout: float,
-                    kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None] | None:
+                    kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None, bool] | None:
     """z as transformers' SDPA function computes it, with the fused kernel's log-sum-exp, or None (no such kernel).
 
     The same kernel ``scaled_dot_product_attention`` runs, on the same mask: transformers' rule for
@@ -370,9 +386,9 @@ def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor
     grouped-query heads read their key/value head directly, as SDPA's ``enable_gqa`` does.
 
     Returns:
-        ``(z (batch, n_heads, query_pos, d_head_v), lse (batch, n_heads, query_pos), bias)``: ``bias``,
-        broadcastable to the scores over every key, is the mask the log-sum-exp was taken under (float
-        additive, or bool True = not allowed for the causal mask); or None.
+        ``(z (batch, n_heads, query_pos, d_head_v), lse (batch, n_heads, query_pos), bias, causal)``: the
+        log-sum-exp was taken under ``bias`` (float additive, broadcastable to the scores over every key, or None)
+        and, where ``causal``, the causal mask (top-left aligned, as the kernel applies it; never formed here).
     """
     if kwargs.get("cache") is not None:  # a paged cache is updated inside transformers' function
         return None
@@ -389,22 +405,48 @@ def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor
                                      scale=scaling, dropout_p=dropout)
     if fused is None:
         return None
-    if causal:  # top-left aligned, as the kernel applies it
-        bias = (torch.arange(k_len, device=query.device)[None, :] > torch.arange(q_len, device=query.device)[:, None])
-    return fused[0], fused[1], bias
+    return fused[0], fused[1], bias, bool(causal)
 
 
-def _patterns_from_lse(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, kv_of: list[int] | None,
-                       heads: list[int], *, scaling: float) -> Tensor:
-    """The patterns of the query heads ``heads`` from the kernel's log-sum-exp.
+def _patterns_from_lse(query: Tensor, key: Tensor, bias: Tensor | None, causal: bool, lse: Tensor,
+                       kv_of: list[int] | None, heads: list[int], *, scaling: float) -> Tensor:
+    """The patterns of the query heads ``heads`` from the kernel's log-sum-exp (``bias`` and ``causal`` as
+    ``_fused_with_lse`` gives them).
 
     Returns:
         ``(batch, len(heads), query_pos, key_pos)``.
     """
     if bias is not None and bias.dim() == 4 and bias.shape[1] > 1:  # a mask per head
         bias = select_heads(bias, heads)
+    if causal:  # top-left aligned, as the kernel applies it
+        q_len, k_len = query.shape[2], key.shape[2]
+        bias = torch.arange(k_len, device=query.device)[None, :] > torch.arange(q_len, device=query.device)[:, None]
     scores = _scores(*_query_and_key(query, key, kv_of, heads), scaling)
     return softmax_from_lse(scores, bias, select_heads(lse, heads))
+
+
+def _rows(query: Tensor, key: Tensor, kv_of: list[int] | None, heads: list[int], *, scaling: float,
+          bias: Tensor | None, causal: bool, lse: Tensor | None = None) -> PatternRows:
+    """The patterns of the query heads ``heads`` as ``PatternRows`` (``bias``, ``causal`` and ``lse`` as
+    ``_fused_with_lse`` or ``_mask_of_rows`` give them): q, k, the mask and the log-sum-exp, linear in the length."""
+    if bias is not None and bias.dim() == 4 and bias.shape[1] > 1:  # a mask per head
+        bias = select_heads(bias, heads)
+    q, k = _query_and_key(query, key, kv_of, heads)
+    return PatternRows(q, k, scale=scaling, bias=bias, causal=causal,
+                       lse=None if lse is None else select_heads(lse, heads))
+
+
+def _mask_of_rows(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Tensor | None,
+                  is_causal: bool | None) -> tuple[Tensor | None, bool]:
+    """``(bias, causal)``: the mask the eager path adds (``eager_mask``), without forming the causal mask: bool
+    (True = not allowed) or float additive, or None; ``causal`` for transformers' SDPA rule (no mask, several
+    queries, the call's or module's flag), which ``PatternRows`` applies row block by row block."""
+    if attention_mask is None:
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        return None, bool(causal and query.shape[2] > 1)
+    if attention_mask.dtype == torch.bool:  # transformers' bool masks say True = allowed
+        return ~attention_mask, False
+    return attention_mask, False
 
 
 def _sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,

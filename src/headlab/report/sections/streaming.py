@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from headlab.display import format_bytes
 from headlab.report.html import Html, escape, link
 from headlab.report.section import ReportContext, Section
 from headlab.report.tables import TOP_HEADS, retrieval_table, share, streaming_table, to_html
@@ -27,13 +28,6 @@ __all__ = ["SECTION", "TOP", "render_streaming", "retrieval_sentences", "streami
 
 TOP = TOP_HEADS  # retrieval heads in the table (headlab.report.tables)
 ASSET_DIR = "assets/streaming"
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def retrieval_sentences(result: Any | None, *, name: str, reason: str | None = None, needle_length: int = 0,
@@ -97,7 +91,8 @@ def streaming_sentences(result: Any, *, name: str) -> list[str]:
         what = (f"freeing {c.freed} of {c.units} key/value heads, which saves" if causal else "which saves")
         memory = "key/value cache" if causal else "attention-score memory"
         saving = (f"{share(c.saved_share)} of the {memory} of a {result.length}-token text "
-                  f"({_bytes(c.saved_bytes)} of {_bytes(c.total_bytes)}), {share(c.limit_share)} as texts grow long")
+                  f"({format_bytes(c.saved_bytes)} of {format_bytes(c.total_bytes)}), {share(c.limit_share)} as texts "
+                  "grow long")
         if not c.heads:
             out.append(f"At W = {c.window}, {len(c.tolerant)} of {n_heads} heads change the loss by at most the budget "
                        f"of {result.budget:g} on their own, and none can be converted: nothing is saved.")

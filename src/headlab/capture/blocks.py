@@ -1,0 +1,137 @@
+"""Patterns in row blocks: memory linear in the length where whole patterns would not fit.
+
+    pattern_budget(max_pattern_memory, device) -> bytes      the most pattern bytes a batch may hold at once
+    whole_pattern_bytes(items, positions, selection, itemsize) -> bytes
+    over_budget(batches, selection, itemsize, budget) -> why | None   the plan's largest batch against the budget
+    check_block_readers(consumers)                           refuse consumers that need whole patterns
+    row_blocks(batch, budget) -> views                       a batch whose taps kept PatternRows, in row blocks
+
+A batch's whole patterns are ``Σ_layers items × heads × positions² × itemsize`` bytes: at 32k positions one
+head's are 4 GiB in float32. Where that exceeds the budget, ``capture`` sets its taps to keep each layer's
+patterns as ``headlab.layer.pattern_rows.PatternRows`` (q, k, the mask and the kernel's log-sum-exp: linear
+in the length) and hands its consumers the batch as consecutive row blocks (``CaptureBatch.row_block``): the
+query rows ``[start, stop)`` against the keys they see, each block's patterns of every captured layer within
+the budget. A consumer that sums over query rows reads the blocks as it reads batches, and gives the result
+of the whole batch (``READS_ROW_BLOCKS = True``: ``SurfaceStats``, ``SinkShare``, ``ValueWeighted``); one that
+needs whole patterns at once says so and is refused before any forward.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import torch
+
+from headlab.capture.batch import CaptureBatch
+from headlab.display import format_bytes
+
+__all__ = ["PATTERN_MEMORY_SHARE", "available_memory", "check_block_readers", "over_budget", "pattern_budget",
+           "row_blocks", "whole_pattern_bytes"]
+
+PATTERN_MEMORY_SHARE = 0.25  # without max_pattern_memory: this share of the device's free memory
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free on ``device``: the GPU's free memory, or the host's available memory (``MemAvailable`` of
+    /proc/meminfo; where there is none, the physical memory's free pages)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def pattern_budget(max_pattern_memory: int | None, device: torch.device) -> int:
+    """The most bytes of patterns a batch may hold at once: ``max_pattern_memory``, or ``PATTERN_MEMORY_SHARE`` of
+    what ``device`` has free when it is None.
+
+    Raises:
+        ValueError: ``max_pattern_memory`` is not a positive int.
+    """
+    if max_pattern_memory is None:
+        return int(PATTERN_MEMORY_SHARE * available_memory(device))
+    if isinstance(max_pattern_memory, bool) or not isinstance(max_pattern_memory, int) or max_pattern_memory < 1:
+        raise ValueError(f"max_pattern_memory={max_pattern_memory!r}; expected a positive number of bytes")
+    return max_pattern_memory
+
+
+def whole_pattern_bytes(items: int, positions: int, selection: Mapping[int, Sequence[int]], itemsize: int) -> int:
+    """Bytes of a batch's whole patterns: ``items × heads × positions² × itemsize`` over the selected layers."""
+    return sum(items * len(heads) * positions * positions * itemsize for heads in selection.values())
+
+
+def over_budget(batches: Sequence[Sequence[int]], selection: Mapping[int, Sequence[int]], itemsize: int,
+                budget: int) -> str | None:
+    """Why the patterns go in row blocks, in words (the largest batch's whole patterns, over ``budget``), or None
+    where every batch's fit.
+
+    Args:
+        batches: each batch's item lengths.
+        selection: ``{layer: heads}`` captured.
+        itemsize: bytes per pattern element (the model's dtype).
+        budget: ``pattern_budget``.
+    """
+    if not batches:
+        return None
+    largest = max(batches, key=lambda lengths: whole_pattern_bytes(len(lengths), max(lengths), selection, itemsize))
+    need = whole_pattern_bytes(len(largest), max(largest), selection, itemsize)
+    if need <= budget:
+        return None
+    return (f"a batch of {len(largest)} × {max(largest):,} positions has {format_bytes(need)} of patterns, over the "
+            f"budget of {format_bytes(budget)}")
+
+
+def check_block_readers(consumers: Iterable[object], *, why: str) -> None:
+    """Refuse, naming them, the consumers that cannot read patterns in row blocks (no ``READS_ROW_BLOCKS``).
+
+    Args:
+        consumers: what a capture hands its batches to.
+        why: why blocks are needed (the batch, its patterns' size and the budget), for the message.
+
+    Raises:
+        ValueError: a consumer needs whole patterns.
+    """
+    refused = sorted({type(c).__name__ for c in consumers if not getattr(c, "READS_ROW_BLOCKS", False)})
+    if refused:
+        raise ValueError(f"{why}, so the patterns go in row blocks, which {', '.join(refused)} cannot read (it needs "
+                         "whole patterns): raise max_pattern_memory, lower max_length or batch_tokens, or leave it out")
+
+
+def row_blocks(batch: CaptureBatch, budget: int) -> Iterator[CaptureBatch]:
+    """``batch``'s query rows in consecutive blocks (``CaptureBatch.row_block``), each block's patterns of every
+    layer at most ``budget`` bytes (one row at least), formed as the block's turn comes and dropped after it.
+
+    Args:
+        batch: a batch whose layers carry ``pattern_rows`` (their taps asked for blocks).
+        budget: bytes of patterns per block.
+    """
+    sources = {layer: taken.pattern_rows for layer, taken in batch.layers.items()}
+    missing = [layer for layer, rows in sources.items() if rows is None]
+    if missing:
+        raise ValueError(f"layers {missing} were captured without pattern rows; their taps must ask for blocks")
+    n_queries = batch.input_ids.shape[1]
+    # a row against every key: the most a row of any block holds
+    per_row = sum(rows.row_bytes() for rows in sources.values() if rows is not None)
+    step = max(1, budget // max(per_row, 1))
+    start = 0
+    while start < n_queries:
+        stop = min(n_queries, start + step)
+        keys = max(rows.keys(stop) for rows in sources.values() if rows is not None)
+        blocks = {}
+        for layer, rows in sources.items():
+            assert rows is not None
+            block = rows.rows(start, stop)
+            if block.shape[-1] < keys:  # a layer that sees fewer keys: the others' width, 0 past its own
+                block = torch.nn.functional.pad(block, (0, keys - block.shape[-1]))
+            blocks[layer] = block
+        view = batch.row_block(start, stop, blocks, keys)
+        del blocks
+        yield view
+        view.release_shared()
+        start = stop

@@ -1,0 +1,122 @@
+"""A layer's tapped patterns kept as what makes them, formed a block of query rows at a time.
+
+Axis legend:
+    query    (batch, head, query_pos, d_head)     the tapped heads' queries
+    key      (batch, head, key_pos, d_head)       the key head each of them reads
+    lse      (batch, head, query_pos)             each row's log-sum-exp, as the fused kernel gave it
+    rows     (batch, head, stop − start, keys)    ``PatternRows.rows(start, stop)``
+
+A whole pattern is heads × query_pos × key_pos numbers: at 32k positions one head's is 4 GiB in float32.
+What makes it is linear in the length: the queries, the keys, the mask and (where the fused kernel ran)
+each row's log-sum-exp. ``PatternRows`` holds those and forms any block of rows on demand, with the same
+arithmetic as the whole pattern's path (``headlab.models.interface``): ``exp(q kᵀ · scale + bias − lse)``
+with the kernel's normaliser, else the softmax of the block's rows (each row is whole, so it is exact).
+A causal layer's row ``i`` sees the keys ``≤ i`` only: the rows ``[start, stop)`` are formed against the
+first ``stop`` keys (``keys(stop)``), the keys after them left out (their weights are 0), which halves
+the arithmetic of a causal pattern.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from headlab.layer.functional import key_softmax, softmax_from_lse
+
+__all__ = ["PatternRows"]
+
+
+class PatternRows:
+    """The tapped heads' patterns of one layer's forward, any block of query rows formed on demand.
+
+    Args:
+        query: ``(batch, head, query_pos, d_head)``, the tapped heads' queries (unscaled).
+        key: ``(batch, head, key_pos, d_head)``, the key head each of them reads.
+        scale: factor on q·k; in float32 and wider it scales the query, in 16-bit dtypes the product (the order
+            of ``headlab.models.interface``'s scores).
+        bias: broadcastable to ``(batch, head, query_pos, key_pos)``: float additive, or bool with True = not
+            allowed; None for no mask but ``causal``'s.
+        causal: row ``i`` sees the keys ``0..i`` only (top-left aligned), on top of ``bias``.
+        lse: ``(batch, head, query_pos)``: each row's ``logsumexp(q kᵀ · scale + bias)`` under the same mask, from
+            the fused kernel; None to normalise each block's rows with a softmax.
+        whole: the whole patterns ``(batch, head, query_pos, key_pos)`` where the forward formed them anyway
+            (every head's pattern asked for, a soft-capped model, headlab's own layer); ``rows`` then slices
+            them, and every other argument is ignored.
+
+    Attributes:
+        shape: ``(batch, head, query_pos, key_pos)`` of the whole patterns.
+        dtype, device: the patterns'.
+    """
+
+    def __init__(self, query: Tensor | None = None, key: Tensor | None = None, *, scale: float = 1.0,
+                 bias: Tensor | None = None, causal: bool = False, lse: Tensor | None = None,
+                 whole: Tensor | None = None) -> None:
+        if whole is not None:
+            self.shape, self.dtype, self.device = tuple(whole.shape), whole.dtype, whole.device
+        elif query is None or key is None:
+            raise ValueError("PatternRows needs query and key, or the whole patterns (whole=...)")
+        else:
+            self.shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+            self.dtype, self.device = query.dtype, query.device
+        self.query, self.key, self.scale = query, key, scale
+        self.bias, self.causal, self.lse, self.whole = bias, causal, lse, whole
+
+    @classmethod
+    def of(cls, whole: Tensor) -> PatternRows:
+        """Rows sliced from patterns formed whole (``whole``)."""
+        return cls(whole=whole)
+
+    def keys(self, stop: int) -> int:
+        """How many keys the rows ``[start, stop)`` are formed against: the first ``stop`` when causal, else every
+        key."""
+        n_keys = self.shape[3]
+        return min(stop, n_keys) if self.causal and self.whole is None else n_keys
+
+    def row_bytes(self, stop: int | None = None) -> int:
+        """Bytes of one query row of every head and item, formed against ``keys(stop)`` keys (every key: None)."""
+        keys = self.shape[3] if stop is None else self.keys(stop)
+        return self.shape[0] * self.shape[1] * keys * self.dtype.itemsize
+
+    def rows(self, start: int, stop: int) -> Tensor:
+        """The patterns' query rows ``[start, stop)``: ``(batch, head, stop − start, keys(stop))``, a fresh tensor.
+
+        Raises:
+            ValueError: not ``0 ≤ start < stop ≤ query_pos``.
+        """
+        n_queries = self.shape[2]
+        if not 0 <= start < stop <= n_queries:
+            raise ValueError(f"rows [{start}, {stop}); expected 0 ≤ start < stop ≤ {n_queries} (the query positions)")
+        keys = self.keys(stop)
+        if self.whole is not None:
+            return self.whole[:, :, start:stop, :keys].clone()
+        assert self.query is not None and self.key is not None
+        query, key = self.query[:, :, start:stop], self.key[:, :, :keys]
+        if query.dtype.itemsize < 4:
+            scores = torch.matmul(query, key.transpose(-1, -2)).mul_(self.scale)
+        else:
+            scores = torch.matmul(query * self.scale, key.transpose(-1, -2))
+        bias = self._bias(start, stop, keys)
+        if self.lse is not None:
+            return softmax_from_lse(scores, bias, self.lse[:, :, start:stop])
+        if bias is not None and bias.dtype == torch.bool:
+            scores.masked_fill_(bias, float("-inf"))
+        elif bias is not None:
+            scores.add_(bias)
+        return key_softmax(scores)
+
+    def _bias(self, start: int, stop: int, keys: int) -> Tensor | None:
+        """The mask of the rows ``[start, stop)`` against the first ``keys`` keys: ``bias``'s rows (bool True = not
+        allowed, or float additive), with the causal mask or-ed in; None where nothing is masked."""
+        bias = self.bias
+        if bias is not None:
+            rows = slice(start, stop) if bias.shape[-2] != 1 else slice(None)
+            bias = bias[..., rows, :keys]
+        if not self.causal:
+            return bias
+        later = (torch.arange(keys, device=self.device)[None, :]
+                 > torch.arange(start, stop, device=self.device)[:, None])  # (rows, keys): True = a later key
+        if bias is None:
+            return later
+        if bias.dtype == torch.bool:
+            return bias | later
+        return bias.masked_fill(later, float("-inf"))

@@ -1,0 +1,150 @@
+"""Patterns in row blocks (headlab.capture.blocks, headlab.layer.pattern_rows): every block-reading accumulator gives
+the whole-pattern path's result, on every kind of mask; what cannot read blocks is refused before any forward."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import headlab
+from headlab.analysis.norms import ValueWeighted
+from headlab.analysis.similarity import HeadSimilarity
+from headlab.analysis.sinks import SinkShare
+from headlab.analysis.surface import SurfaceStats, is_causal
+from headlab.analysis.taxonomy import TaxonomyStats
+from headlab.capture import capture
+from headlab.capture.blocks import pattern_budget, whole_pattern_bytes
+from headlab.models import HeadedModel
+from tests.support.text import TEXTS, word_piece_tokenizer
+from tests.support.tiny import build
+
+# each a different mask: bidirectional with padding (an additive mask), causal without padding (the kernel's own causal
+# mask and log-sum-exp), causal with padding, grouped-query heads, a sliding window shorter than the texts, soft-capped
+# logits (patterns formed whole by the model: the rows are sliced from them)
+KINDS = {
+    "bert": {},
+    "llama": dict(num_key_value_heads=2, head_dim=8),
+    "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=64),
+    "mistral": dict(num_key_value_heads=1, head_dim=8, sliding_window=4),
+    "gemma2": dict(num_key_value_heads=2, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0),
+}
+ONE_TEXT = [TEXTS[5]]  # a single text: no padding, the causal kernel's own mask
+SMALL = 3000  # bytes: a few rows per block
+
+
+@functools.cache
+def _model(kind: str, dtype: torch.dtype) -> HeadedModel:
+    tok = word_piece_tokenizer()
+    ids = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+               eos_token_id=tok.eos_token_id)
+    implementation = "eager" if kind == "gemma2" else "sdpa"  # transformers has no sdpa for soft-capped logits
+    model = build(kind, attn_implementation=implementation, **ids, **KINDS[kind]).to(dtype)
+    return HeadedModel(model=headlab.attach(model).model, tokenizer=tok, source=f"tiny random {kind}")
+
+
+def _accumulators(model: HeadedModel) -> list:
+    return [SurfaceStats(causal=is_causal(model)), SinkShare.from_model(model), ValueWeighted.from_model(model),
+            HeadSimilarity(row_fraction=0.5)]
+
+
+def _results(model: HeadedModel, texts: list[str], budget: int | None) -> tuple[list, object]:
+    accumulators = _accumulators(model)
+    run = capture(model, corpus=texts, take=("pattern", "v"), consumers=accumulators, max_pattern_memory=budget,
+                  progress=False)
+    return [a.result() for a in accumulators], run
+
+
+def _columns(result: object) -> dict[str, np.ndarray]:
+    if hasattr(result, "distances"):
+        return {"distances": np.asarray(result.distances)}
+    table = getattr(result, "table", result)
+    out = {name: np.asarray(table[name], dtype=float) for name in table.columns}
+    for name in ("raw", "weighted"):  # a sink result's per-bin shares
+        if getattr(result, name, None) is not None:
+            out[f"{name} bins"] = np.asarray(getattr(result, name), dtype=float)
+    return out
+
+
+@pytest.mark.parametrize("texts", [TEXTS, ONE_TEXT], ids=["padded batch", "one text"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocks_equal_whole_patterns(kind: str, texts: list[str]) -> None:
+    """In float64, so that only the order of the sums differs: 1e-9 relative (the similarity's distances, square roots
+    of divergences that are ~0 on rows every head gives to one key, to 1e-8: √(1e-16) is that)."""
+    model = _model(kind, torch.float64)
+    whole, run_whole = _results(model, texts, None)
+    blocked, run = _results(model, texts, SMALL)
+    assert run_whole.blocked == 0 and run.blocked == run.batches and run.pattern_memory == SMALL
+    assert "row blocks" in str(run) and "whole" in str(run_whole)
+    for a, b in zip(whole, blocked):
+        for name, x in _columns(a).items():
+            np.testing.assert_allclose(_columns(b)[name], x, rtol=1e-9, atol=1e-8 if name == "distances" else 1e-12,
+                                       err_msg=f"{type(a).__name__} {name}")
+
+
+def test_blocks_in_float32_equal_to_its_rounding() -> None:
+    model = _model("llama", torch.float32)
+    whole, _ = _results(model, TEXTS, None)
+    blocked, _ = _results(model, TEXTS, SMALL)
+    for a, b in zip(whole, blocked):
+        for name, x in _columns(a).items():
+            np.testing.assert_allclose(_columns(b)[name], x, rtol=1e-4, atol=1e-6, err_msg=f"{type(a).__name__} {name}")
+
+
+def test_block_rows_are_the_whole_patterns_rows() -> None:
+    """The blocks handed to a consumer, put back together, are the whole patterns (a causal layer's rows cut to the
+    keys they see, 0 past them)."""
+    model = _model("llama", torch.float64)
+    whole: dict[int, torch.Tensor] = {}
+    pieces: dict[int, list[tuple[int, torch.Tensor]]] = {}
+
+    class Keep:
+        READS_ROW_BLOCKS = True
+
+        def __init__(self, into: dict) -> None:
+            self.into = into
+
+        def update(self, batch) -> None:
+            for layer, taken in batch.layers.items():
+                if batch.rows_of is None:
+                    self.into[layer] = taken.pattern.clone()
+                else:
+                    self.into.setdefault(layer, []).append((batch.query_start, taken.pattern.clone()))
+
+    capture(model, corpus=ONE_TEXT, consumers=[Keep(whole)], progress=False)
+    capture(model, corpus=ONE_TEXT, consumers=[Keep(pieces)], progress=False, max_pattern_memory=SMALL)
+    for layer, pattern in whole.items():
+        assert len(pieces[layer]) > 2
+        rebuilt = torch.zeros_like(pattern)
+        for start, block in pieces[layer]:
+            assert block.shape[-1] == start + block.shape[-2]  # causal: the keys the block's last row sees
+            rebuilt[:, :, start:start + block.shape[-2], :block.shape[-1]] = block
+        torch.testing.assert_close(rebuilt, pattern, rtol=0, atol=1e-14)
+
+
+def test_a_consumer_that_needs_whole_patterns_is_refused_before_any_forward() -> None:
+    model = _model("bert", torch.float32)
+    calls = []
+    hook = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"over the budget of .* TaxonomyStats cannot read"):
+            capture(model, corpus=TEXTS, consumers=[TaxonomyStats(causal=False)], max_pattern_memory=SMALL,
+                    progress=False)
+        assert calls == []
+        # within the budget it reads whole patterns as ever
+        run = capture(model, corpus=TEXTS, consumers=[TaxonomyStats(causal=False)], max_pattern_memory=10**9,
+                      progress=False)
+    finally:
+        hook.remove()
+    assert run.blocked == 0 and len(calls) == run.batches
+
+
+def test_budget_and_sizes() -> None:
+    assert whole_pattern_bytes(2, 10, {0: [0, 1], 3: [2]}, 4) == 2 * 3 * 100 * 4
+    assert pattern_budget(123, torch.device("cpu")) == 123
+    assert pattern_budget(None, torch.device("cpu")) > 0  # a share of what is free
+    for bad in (0, -1, 1.5, True, "1GiB"):
+        with pytest.raises(ValueError, match="max_pattern_memory"):
+            pattern_budget(bad, torch.device("cpu"))  # type: ignore[arg-type]
