@@ -421,3 +421,25 @@ def test_the_ray_engine_gives_the_local_result_on_minilm_with_syntax():
     assert local.syntax is not None and "syntax" not in ray.skipped
     _numbers_equal(json.loads(ray.to_json()), json.loads(local.to_json()))
     assert ray.similarity.distances == pytest.approx(local.similarity.distances, rel=1e-12, abs=1e-12)
+
+
+def test_past_the_pattern_memory_the_statistics_read_row_blocks_and_the_classes_are_skipped_with_the_reason():
+    """The same numbers as from whole patterns; the parts that need whole patterns say why they did not run."""
+    from tests.support.tiny import tiny
+
+    model = tiny("llama")
+    words = "the cat sat on a big red mat and the dog ran".split()
+    texts = [" ".join(words[i % 5: i % 5 + 3 + i % 7]) for i in range(12)]
+    whole = analyze(model, texts, quick=True, syntax=False, importance=False, progress=False)
+    blocked = analyze(model, texts, quick=True, syntax=False, importance=False, progress=False, max_pattern_memory=3000)
+    assert whole.capture.blocked == 0 and blocked.capture.blocked == blocked.capture.batches
+    assert blocked.taxonomy is None and whole.taxonomy is not None and blocked.classes == {}
+    for part in ("pattern classes", "syntax"):
+        assert "over the budget of 3 KiB" in blocked.skipped[part] and "need them whole" in blocked.skipped[part]
+    for name in whole.surface.columns:
+        assert torch.allclose(torch.tensor(blocked.surface[name]), torch.tensor(whole.surface[name]), rtol=1e-4,
+                              atol=1e-6, equal_nan=True), name
+    assert blocked.sinks is not None and blocked.value_weighted is not None
+    assert blocked.roles == whole.roles
+    summary = blocked.summary()
+    assert summary["blocked_batches"] == blocked.capture.batches and summary["pattern_memory"] == 3000

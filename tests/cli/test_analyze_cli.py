@@ -109,3 +109,21 @@ def test_help_names_the_ray_extra_as_pip_takes_it():
     """Rich reads "[ray]" as markup unless escaped: the help must still print the extra's name."""
     result = CliRunner().invoke(app, ["analyze", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "pip install headlab[ray]" in " ".join(result.output.replace("│", " ").split())
+
+
+def test_max_pattern_memory_takes_a_size_and_refuses_anything_else_in_one_line(tmp_path):
+    from tests.support.tiny import save_causal_checkpoint
+
+    checkpoint = save_causal_checkpoint(tmp_path / "tiny-gpt2", n_positions=48)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on a big red mat\nand the dog ran\n")
+    for bad in ("lots", "0", "-1MiB", "3 parsecs"):
+        refused = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--max-pattern-memory",
+                                           bad, "--out", str(tmp_path / "o")])
+        assert refused.exit_code == 2 and f"{bad!r} is not a size" in " ".join(refused.output.split()), refused.output
+    ran = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out", str(tmp_path / "o"),
+                                   "--quick", "--no-syntax", "--no-importance", "--max-pattern-memory", "2KiB", "--json"])
+    assert ran.exit_code == 0, ran.output
+    summary = json.loads(ran.stdout)["summary"]
+    assert summary["pattern_memory"] == 2048 and summary["blocked_batches"] >= 1
+    assert "row blocks" in summary["skipped"]["pattern classes"]

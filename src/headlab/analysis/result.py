@@ -151,6 +151,7 @@ class AnalysisResult:
                 role_counts[label] = role_counts.get(label, 0) + 1
         return {
             "items": self.capture.items, "tokens": self.capture.tokens, "truncated": self.capture.n_truncated,
+            "pattern_memory": self.capture.pattern_memory, "blocked_batches": self.capture.blocked,
             "heads": len(self.surface), "role_counts": role_counts,
             "class_shares": class_shares(self.classes) if self.taxonomy is not None else {},
             "mean_js_distance": float(self.similarity.distances[np.triu_indices(len(self.similarity.heads), 1)].mean())

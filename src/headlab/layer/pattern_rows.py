@@ -95,7 +95,13 @@ class PatternRows:
             scores = torch.matmul(query, key.transpose(-1, -2)).mul_(self.scale)
         else:
             scores = torch.matmul(query * self.scale, key.transpose(-1, -2))
-        bias = self._bias(start, stop, keys)
+        if self.causal and start < keys:  # the later keys of each row: only where the rows' own positions are
+            later = (torch.arange(start, keys, device=self.device)[None, :]
+                     > torch.arange(start, stop, device=self.device)[:, None])  # (rows, keys − start)
+            scores[..., start:].masked_fill_(later, float("-inf"))
+        bias = self.bias
+        if bias is not None:
+            bias = bias[..., slice(start, stop) if bias.shape[-2] != 1 else slice(None), :keys]
         if self.lse is not None:
             return softmax_from_lse(scores, bias, self.lse[:, :, start:stop])
         if bias is not None and bias.dtype == torch.bool:
@@ -103,20 +109,3 @@ class PatternRows:
         elif bias is not None:
             scores.add_(bias)
         return key_softmax(scores)
-
-    def _bias(self, start: int, stop: int, keys: int) -> Tensor | None:
-        """The mask of the rows ``[start, stop)`` against the first ``keys`` keys: ``bias``'s rows (bool True = not
-        allowed, or float additive), with the causal mask or-ed in; None where nothing is masked."""
-        bias = self.bias
-        if bias is not None:
-            rows = slice(start, stop) if bias.shape[-2] != 1 else slice(None)
-            bias = bias[..., rows, :keys]
-        if not self.causal:
-            return bias
-        later = (torch.arange(keys, device=self.device)[None, :]
-                 > torch.arange(start, stop, device=self.device)[:, None])  # (rows, keys): True = a later key
-        if bias is None:
-            return later
-        if bias.dtype == torch.bool:
-            return bias | later
-        return bias.masked_fill(later, float("-inf"))
