@@ -122,7 +122,8 @@ def test_max_pattern_memory_takes_a_size_and_refuses_anything_else_in_one_line(t
                                            bad, "--out", str(tmp_path / "o")])
         assert refused.exit_code == 2 and f"{bad!r} is not a size" in " ".join(refused.output.split()), refused.output
     ran = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out", str(tmp_path / "o"),
-                                   "--quick", "--no-syntax", "--no-importance", "--max-pattern-memory", "2KiB", "--json"])
+                                   "--quick", "--no-syntax", "--no-importance", "--max-pattern-memory", "2KiB",
+                                   "--json"])
     assert ran.exit_code == 0, ran.output
     summary = json.loads(ran.stdout)["summary"]
     assert summary["pattern_memory"] == 2048 and summary["blocked_batches"] >= 1
