@@ -119,7 +119,7 @@ def hand_result(*, causal, relations=(), pruning=None):
         relations=list(relations), head_slots=heads, per_head={}, counts={r.relation: r.count for r in relations},
         min_count=1, items=10, arcs=sum(r.count for r in relations))
     return AnalysisResult(
-        capture=types.SimpleNamespace(items=10, tokens=200, n_truncated=0, corpus={}),
+        capture=types.SimpleNamespace(items=10, tokens=200, n_truncated=0, corpus={}, pattern_memory=None, blocked=0),
         surface=HeadTable(heads, columns),
         roles={(1, 0): ("previous_token",)}, taxonomy=None, classes=dict.fromkeys(heads, "vertical"),
         similarity=types.SimpleNamespace(heads=heads, distances=np.ones((4, 4)) - np.eye(4)),
