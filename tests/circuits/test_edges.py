@@ -50,7 +50,7 @@ def _slope(handle, stream, run, edge, added, metric):
                 value = metric(handle.model(**run.inputs))
         else:
             layer, head, role = edge.receiver
-            with own_inputs(handle, stream, lambda at, x: {(role, head): x + t * added} if at == layer else {}):
+            with own_inputs(handle, stream, lambda at, x, memory: {(role, head): x + t * added} if at == layer else {}):
                 value = metric(handle.model(**run.inputs))
     return float(torch.autograd.grad(value, t)[0])
 

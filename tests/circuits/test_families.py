@@ -8,8 +8,8 @@ float64:
 - path patching of a head → head path equals the reference, also across an encoder-decoder's two streams (BART:
   an encoder head into a cross-attention head's k and v);
 - a circuit of every edge is the clean run (faithfulness 1);
-- a model without one residual stream (Swin's stages and windows, an encoder-decoder's two streams) and direct logit
-  attribution without logits are refused in one line naming why;
+- a model without one residual stream (Swin's stages and windows) and direct logit attribution without logits are
+  refused in one line naming why (an encoder-decoder's two streams are served: tests/circuits/test_seq2seq_edges.py);
 - an encoder-decoder's composition scores follow its two streams, and its direct logit attribution is its
   decoder's heads.
 """
@@ -117,16 +117,6 @@ def test_a_model_without_one_stream_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^SwinModel: its layers read streams of different shapes .* no single "
                                          r"residual stream"):
         edge_attribution(swin, {"pixel_values": pixels}, {"pixel_values": pixels * 0.5}, metric)
-    bart = headlab.attach(FAMILIES["bart"].build(dtype=torch.float64))
-    ids = torch.randint(3, 100, (1, 6))
-    changed = ids.clone()
-    changed[:, 1] = 50
-    with pytest.raises(ValueError, match=r"^BartModel is an encoder-decoder \(stacks .*\): its heads write two "
-                                         r"residual streams"):
-        edge_attribution(bart, {"input_ids": ids, "decoder_input_ids": ids[:, :3]},
-                         {"input_ids": changed, "decoder_input_ids": ids[:, :3]}, metric)
-    with pytest.raises(ValueError, match=r"^BartModel is an encoder-decoder .* path patching, composition scores"):
-        headlab.circuits.graph_edges(bart)
 
 
 def test_logit_attribution_on_a_vision_model_says_it_has_no_logits():

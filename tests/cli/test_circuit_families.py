@@ -1,7 +1,7 @@
 """``headlab circuit`` and ``headlab patch`` on saved tiny models beyond the text decoders and encoders (MiniLM's
-tokenizer beside them): ALBERT (one layer run in several) scores its circuit; a BART is patched head by head, and
-its circuit is refused in one line, exit 2, before any forward (an encoder-decoder's two streams). An image model's
-refusal by both commands is tests/cli/test_vision_cli.py's."""
+tokenizer beside them): ALBERT (one layer run in several) scores its circuit; a BART is patched head by head and
+scores its circuit across its two streams. An image model's refusal by both commands is
+tests/cli/test_vision_cli.py's."""
 
 from __future__ import annotations
 
@@ -55,16 +55,12 @@ def test_bart_is_patched_head_by_head(checkpoint, tmp_path):
     assert len(json.loads(result.stdout)["results"][0]["heads"]["rows"]) == 6 * 4
 
 
-def test_bart_circuit_is_refused_in_one_line_before_any_forward(checkpoint, tmp_path, monkeypatch):
-    import headlab.analysis.patching
-
-    def no_forward(*args, **kwargs):
-        raise AssertionError("the metric's forward ran")
-
-    monkeypatch.setattr(headlab.analysis.patching, "text_metric", no_forward)
+def test_bart_scores_its_circuit_across_its_two_streams(checkpoint, tmp_path):
     result = CliRunner().invoke(app, ["circuit", str(checkpoint("bart")), "--clean", CLEAN, "--corrupt", CORRUPT,
-                                      "--out", str(tmp_path)])
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == 2 and len(lines) == 1, result.output
-    assert lines[0].startswith("error: ") and "BartModel is an encoder-decoder" in lines[0]
-    assert "two residual streams" in lines[0]
+                                      "--method", "eap", "--top", "5", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["size"] == 5 and -1.0 < document["faithfulness"] <= 1.5
+    senders = {edge["sender"] for edge in json.loads((tmp_path / "scores.json").read_text())["edges"]
+               if isinstance(edge["sender"], str)}
+    assert senders == {"input", "decoder input"}  # the source's and the target's streams

@@ -68,9 +68,10 @@ def plot_circuit(circuit: Drawn, path: str | Path) -> Path:
     ax = fig.add_subplot()
 
     def place(node: Any, role: str | None = None) -> tuple[float, float]:
-        """Where a node sits: ``INPUT``/``OUTPUT`` centred below/above the layers, a head in its row."""
+        """Where a node sits: ``INPUT``/``OUTPUT`` centred below/above the layers (an encoder-decoder's decoder input
+        below, to the right), a head in its row."""
         if isinstance(node, str):
-            return 0.0, (-1.0 if node == "input" else float(layers))
+            return (0.0, float(layers)) if node == "output" else (0.0 if node == "input" else widest / 2 + 1, -1.0)
         layer, head = node[0], node[1]
         n_query, n_kv = heads[layer] if layer < layers else (head + 1, head + 1)
         if role in ("k", "v") and n_kv < n_query:

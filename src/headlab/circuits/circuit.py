@@ -16,6 +16,8 @@ with ``x_r`` the stream r reads in this forward, ``a_s(now)`` what sender s adds
 (a head's result, tapped as the forward runs: sites run in layer order, so every sender of a receiver
 has run when the receiver reads) and ``a_s(corrupted)`` what it adds in the corrupted run; the input
 sender's ``a`` is the stream before the first layer, the same in this forward as in the clean run.
+In an encoder-decoder each receiver reads its own stream (``headlab.circuits.graph``): a cross-attention
+head's k and v the encoder's final stream, before the encoder's final norm, less its missing senders' differences.
 A receiver whose incoming edges are all in C reads the stream as it is; receivers of a layer whose
 missing senders are the same share one stream (``own_inputs`` runs one extra call per distinct
 stream). Every edge in C: the clean run, faithfulness 1.
@@ -51,7 +53,6 @@ from headlab import display
 from headlab.circuits._figure import plot_circuit, plot_faithfulness
 from headlab.circuits.edges import METHODS, edge_attribution, edge_patching
 from headlab.circuits.graph import (
-    INPUT,
     OUTPUT,
     Edge,
     EdgeScores,
@@ -59,8 +60,13 @@ from headlab.circuits.graph import (
     Sender,
     check_edges,
     graph_edges,
-    graph_senders,
+    graph_layers,
+    input_of,
     node_label,
+    output_stack,
+    read_stack,
+    receiving,
+    stream_senders,
 )
 from headlab.circuits.inputs import own_inputs
 from headlab.circuits.paths import path_patching
@@ -348,10 +354,10 @@ def score_edges(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: Me
         return edge_patching(model, clean, corrupted, metric, progress=progress)
     handle = headed(model)
     edges = graph_edges(handle)
-    inputs = [e for e in edges if e.sender == INPUT]
+    inputs = [e for e in edges if isinstance(e.sender, str)]  # the input (each stream's)
     receivers = list(dict.fromkeys(e.receiver for e in edges))
     heads = sum(handle.n_heads)
-    paths = heads + sum(e.sender != INPUT and e.receiver != OUTPUT for e in edges)  # path patching's forwards
+    paths = heads + sum(not isinstance(e.sender, str) and e.receiver != OUTPUT for e in edges)  # path patching's
     total = paths + len(inputs)
 
     def shifted(offset: int) -> Callable[[int, int], None] | None:
@@ -371,43 +377,52 @@ def score_edges(model: HeadedModel, clean: Inputs, corrupted: Inputs, metric: Me
 def _circuit_metric(model: HeadedModel, stream: Stream, clean: Run, corrupted: Run, metric: Metric,
                     kept: set[Edge]) -> float:
     """``m(C)``: the clean forward with every edge outside ``kept`` carrying its corrupted value."""
-    sites = model.sites
-    row = {s: i for i, s in enumerate(graph_senders(model))}
-    # per layer: {missing senders' rows: [(role, head)]}; receivers missing none read the stream as it is
-    missing: dict[int, dict[tuple[int, ...], list[tuple[str, int]]]] = {site.layer: {} for site in sites}
+    sites, layers = model.sites, graph_layers(model)
+    stacks = list(dict.fromkeys(layer.stack for layer in layers))
+    row = {stack: {s: i for i, s in enumerate(stream_senders(layers, stack))} for stack in stacks}
+    # per (layer, whether it is the memory a cross-attention's k and v read): {missing senders' rows of the stream
+    # read: [(role, head)]}; receivers missing none read the stream as it is
+    missing: dict[tuple[int, bool], dict[tuple[int, ...], list[tuple[str, int]]]] = {}
     into: dict[Receiver, list[int]] = {}
     for edge in graph_edges(model):
         if edge not in kept:
-            into.setdefault(edge.receiver, []).append(row[edge.sender])
+            read = output_stack(layers) if edge.receiver == OUTPUT else read_stack(layers, *_layer_role(edge))
+            into.setdefault(edge.receiver, []).append(row[read][edge.sender])
     for receiver, rows in into.items():
         if not isinstance(receiver, str):
             layer, head, role = receiver
-            missing[layer].setdefault(tuple(rows), []).append((role, head))
+            memory = read_stack(layers, layer, role) != layers[layer].stack
+            missing.setdefault((layer, memory), {}).setdefault(tuple(rows), []).append((role, head))
     now: dict[int, Tensor] = {}  # layer -> every head's result in this forward (batch, head, pos, d_model)
-    sent_input = difference(clean, corrupted, INPUT)
+    sent_inputs = {stack: difference(clean, corrupted, input_of(sites, stack)) for stack in stacks}
 
-    def differences(layers: int) -> Tensor:
-        """(senders before layer ``layers``, batch, pos, d_model): a_s(now) − a_s(corrupted)."""
-        parts = [sent_input[None]]
-        for layer in range(layers):
-            if layer not in now:
-                raise ValueError(f"layer {layer}'s heads did not run before the layers after it read the stream")
-            parts.append((now[layer] - corrupted.results[layer]).transpose(0, 1))
+    def differences(stack: str, before: int) -> Tensor:
+        """(senders into ``stack``'s stream before layer ``before``, batch, pos, d_model): a_s(now) − a_s(corrupted)."""
+        parts = [sent_inputs[stack][None]]
+        for site in sites[:before]:
+            if site.stack != stack:
+                continue
+            if site.layer not in now:
+                raise ValueError(f"layer {site.layer}'s heads did not run before the layers after it read the stream")
+            parts.append((now[site.layer] - corrupted.results[site.layer]).transpose(0, 1))
         return torch.cat(parts)
 
-    def own(layer: int, x: Tensor) -> dict[tuple[str, int], Tensor]:
-        if not missing[layer]:
-            return {}
-        sent = differences(layer)
+    def own(layer: int, x: Tensor, memory: Tensor | None) -> dict[tuple[str, int], Tensor]:
         out = {}
-        for rows, receivers in missing[layer].items():
-            mine = x - sent[list(rows)].sum(0)
-            out.update(dict.fromkeys(receivers, mine))
+        for read_memory, base in ((False, x), (True, memory)):
+            groups = missing.get((layer, read_memory))
+            if not groups:
+                continue
+            assert base is not None
+            sent = differences(read_stack(layers, layer, "k" if read_memory else "q"), layer)
+            for rows, receivers in groups.items():
+                mine = base - sent[list(rows)].sum(0)
+                out.update(dict.fromkeys(receivers, mine))
         return out
 
     def final(x: Tensor) -> Tensor:
         rows = into.get(OUTPUT)
-        return x if not rows else x - differences(len(sites))[rows].sum(0)
+        return x if not rows else x - differences(output_stack(layers), len(sites))[rows].sum(0)
 
     def sink(layer: int, out: TapOutput) -> None:
         assert out.result is not None
@@ -418,6 +433,12 @@ def _circuit_metric(model: HeadedModel, stream: Stream, clean: Run, corrupted: R
             site.tap = Tap(sink, result=list(range(site.n_heads)))
         with model.running(grad=False) as net, own_inputs(model, stream, own), stream.hooked(final=final):
             return float(metric(net(**clean.inputs)))
+
+
+def _layer_role(edge: Edge) -> tuple[int, str]:
+    """The layer and role of an edge into a head's input."""
+    layer, _, role = receiving(edge.receiver)
+    return layer, role
 
 
 def _relative(value: float, clean: Run, corrupted: Run) -> float:

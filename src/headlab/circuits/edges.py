@@ -26,6 +26,11 @@ the clean input (the stream where the input enters it interpolated, ``headlab.mo
 and positions, or a vision model's patches; at the midpoints α = (k − ½)/steps), which
 follows the metric where a single gradient does not.
 
+In an encoder-decoder (``headlab.circuits.graph``: two streams) each sender's difference is of its own stream and
+each receiver's gradient is at the stream it reads: a cross-attention head's k and v at the encoder's final
+stream, carried back through the encoder's final norm; the products are taken stream by stream, over its own
+positions.
+
 Senders add to the stream as they do in a pre-norm residual model (GPT-2, LLaMA, …): the edge adds
 the difference to the receiver's stream as it is. In a post-norm model (BERT) a head's output is
 normalised before later layers read it; the edge still adds it unnormalised (say so when you read a
@@ -59,13 +64,17 @@ from headlab.circuits.gradients import (
     receivers,
 )
 from headlab.circuits.graph import (
-    INPUT,
     OUTPUT,
     ROLES,
     Edge,
     EdgeScores,
     check_edges,
     graph_edges,
+    graph_layers,
+    input_of,
+    output_stack,
+    read_stack,
+    receiver_senders,
     receiving,
     role_heads,
 )
@@ -76,16 +85,18 @@ from headlab.circuits.runs import (
     check_gap,
     difference,
     entered,
+    graph_stream,
     moved,
     paired,
     prepare,
     run,
+    sent_inputs,
 )
 from headlab.heads.scoped import intervening
 from headlab.layer.taps import Tap, TapOutput
 from headlab.models import AttentionSite, HeadedModel, headed
 from headlab.models.handle import Inputs
-from headlab.models.stream import Stream, stream_of
+from headlab.models.stream import Stream
 
 METHODS = ("eap", "eap-ig")
 
@@ -157,26 +168,26 @@ def edge_attribution(model: HeadedModel, clean: Inputs, corrupted: Inputs, metri
     start = time.perf_counter()
     handle = headed(model)
     clean_inputs, corrupted_inputs = paired(handle, clean, corrupted)
-    stream = stream_of(handle, corrupted_inputs)
+    stream = graph_stream(handle, corrupted_inputs)
     runs = _Runs(handle, stream, clean_inputs, corrupted_inputs, metric, interpolate=method == "eap-ig")
     edges = graph_edges(handle, roles=roles, output=output)
     roles = tuple(role for role in ROLES if role in roles)  # the graph's order
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
-    # each layer's (senders, its receivers of every role in order), and the output's (senders, 1): the products,
-    # summed over the steps; each step's gradients are multiplied as they come and let go
-    senders = _reach(handle)
-    counts = {site.layer: [role_heads(site, role) for role in roles] for site in handle.sites}
+    # each (layer, role)'s (senders into the stream it reads, its receivers) and the output's (senders, 1): the
+    # products, summed over the steps; each step's gradients are multiplied as they come and let go
+    layers = graph_layers(handle)
     dtype = torch.promote_types(handle.dtype, torch.float32)
-    products: dict[int | str, Tensor] = {
-        OUTPUT: torch.zeros(senders[-1], 1, dtype=dtype, device=handle.device),
-        **{layer: torch.zeros(senders[-1], sum(c), dtype=dtype, device=handle.device) for layer, c in counts.items()}}
+    products: dict[tuple[int, str] | str, Tensor] = {
+        OUTPUT: torch.zeros(len(receiver_senders(layers, OUTPUT)), 1, dtype=dtype, device=handle.device),
+        **{(site.layer, role): torch.zeros(len(receiver_senders(layers, (site.layer, 0, role))),
+                                           role_heads(site, role), dtype=dtype, device=handle.device)
+           for site in handle.sites for role in roles}}
     for alpha in alphas:
         _receiver_products(handle, stream, runs, alpha, roles, products)
     clean_run, corrupted_run = runs.both()
     # the graph lists the edges into each (layer, role) receiver by receiver, then sender; the output's last
     scores = torch.cat([
-        *(block[: senders[layer]].T.reshape(-1) for layer, c in counts.items()
-          for block in products[layer].split(c, dim=1)),
+        *(products[(site.layer, role)].T.reshape(-1) for site in handle.sites for role in roles),
         *([products[OUTPUT][:, 0]] if output else [])]).double().cpu().numpy() / len(alphas)
     assert len(scores) == len(edges)
     passes = len(alphas)
@@ -191,8 +202,9 @@ class _Runs:
 
     Attributes:
         inputs: ``{"clean": ..., "corrupted": ...}``: the forwards' keyword arguments.
-        entry: the clean input's stream where it enters (``entered``), where the passes move to it (EAP-IG).
-        shape: ``(batch, pos, d_model)`` of the stream.
+        entry: ``{stack: stream}``: the clean input's streams where it enters them (``entered``), where the passes
+            move to it (EAP-IG).
+        shapes: ``{stack: (batch, pos, d_model)}`` of each stream.
         clean, corrupted: the runs, once made; EAP's one pass at ``alpha = 0`` is the corrupted run itself.
     """
 
@@ -201,10 +213,11 @@ class _Runs:
         self.model, self.stream, self.metric = model, stream, metric
         self.inputs = {"clean": clean, "corrupted": corrupted}
         self.entry = entered(model, stream, clean) if interpolate else None
-        self.shape = (entered(model, stream, corrupted) if self.entry is None else self.entry).shape
+        found = entered(model, stream, corrupted) if self.entry is None else self.entry
+        self.shapes = {stack: tuple(x.shape) for stack, x in found.items()}
         self.clean: Run | None = None
         self.corrupted: Run | None = None
-        self._sent: _Sent | None = None
+        self._sent: dict[str, _Sent] | None = None
 
     def both(self) -> tuple[Run, Run]:
         """The clean and corrupted runs.
@@ -219,34 +232,35 @@ class _Runs:
         check_gap(self.clean.metric, self.corrupted.metric)
         return self.clean, self.corrupted
 
-    def sent(self) -> _Sent:
-        """What each sender sends differently (made once)."""
+    def sent(self) -> dict[str, _Sent]:
+        """``{stack: what each sender into its stream sends differently}`` (made once)."""
         if self._sent is None:
-            self._sent = _Sent(self.model, *self.both())
+            clean, corrupted = self.both()
+            self._sent = {stack: _Sent(self.model, clean, corrupted, stack) for stack in self.shapes}
         return self._sent
 
 
 class _Sent:
-    """What each sender sends differently, clean − corrupted, a chunk of positions at a time.
+    """What each sender into one stream sends differently, clean − corrupted, a chunk of positions at a time.
 
-    A sender's row is ``(batch · positions · d_model)``: the input's stream difference, or a head's result
+    A sender's row is ``(batch · positions · d_model)``: the stream's input difference, or a head's result
     difference (its z difference through its slice of W_O: the result is linear in z), made from the z
     differences when a chunk is multiplied, so that no more than about ``CHUNK`` numbers of them are held.
-    Products are taken in float32 or wider.
+    Rows are in the graph's order of the stream's senders (``graph.stream_senders``): the senders into a
+    receiver are the first rows. Products are taken in float32 or wider.
     """
 
     CHUNK = 1 << 19  # numbers of sender rows made at once
 
-    def __init__(self, model: HeadedModel, clean: Run, corrupted: Run) -> None:
-        self.sites = model.sites
-        self.input = difference(clean, corrupted, INPUT)  # (batch, pos, d_model)
+    def __init__(self, model: HeadedModel, clean: Run, corrupted: Run, stack: str) -> None:
+        self.sites = [site for site in model.sites if site.stack == stack]
+        self.input = difference(clean, corrupted, input_of(model.sites, stack))  # (batch, pos, d_model)
         self.dtype = torch.promote_types(self.input.dtype, torch.float32)
         # (head, batch, pos, d_head_v) and (head, d_head_v, d_model) of each layer
         self.dz = {site.layer: (clean.z[site.layer] - corrupted.z[site.layer]).transpose(0, 1).to(self.dtype)
                    .contiguous() for site in self.sites}
         self.W_O = {site.layer: site.W_O.detach().to(self.dtype) for site in self.sites}
-        self.reach = _reach(model)  # how many senders reach each layer, and the output (every sender)
-        self.count = self.reach[-1]
+        self.count = 1 + sum(site.n_heads for site in self.sites)
 
     @property
     def step(self) -> int:
@@ -270,19 +284,13 @@ class _Sent:
         return rows.view(self.count, -1)
 
 
-
-def _reach(model: HeadedModel) -> list[int]:
-    """How many senders reach each layer (the input and every earlier layer's heads: the first rows of the senders'
-    order), and, last, the output (every sender)."""
-    return [1 + sum(site.n_heads for site in model.sites[:layer]) for layer in range(len(model.sites) + 1)]
-
-
 @dataclass
 class _Pass:
     """What one forward and backward of the corrupted input leaves for the products.
 
     Attributes:
-        streams: ``{layer: stream, "final": stream}`` as the heads and the output read it (in the graph).
+        streams: ``{layer: stream, "final": stream}`` as the heads and the output read it, and ``"memory"``: what
+            cross-attention's k and v read (in the graph).
         final: ∂metric/∂ the final point's stream, or None where the metric does not depend on it.
         staged: the layers whose receivers take the way by the projections (``headlab.circuits.gradients``).
         taken, at_inputs: the other layers' (head by head): q, k, v as the attention saw them (in the graph),
@@ -294,21 +302,22 @@ class _Pass:
     staged: dict[int, Receivers]
     taken: dict[int, dict[str, Tensor]]
     at_inputs: dict[int, dict[str, Tensor | None]]
-    _whole: dict[int, Tensor] = field(default_factory=dict)
+    _whole: dict[tuple[int, tuple[str, ...]], Tensor] = field(default_factory=dict)
 
-    def gradients(self, site: AttentionSite, roles: Sequence[str], span: slice) -> Tensor:
+    def gradients(self, site: AttentionSite, roles: tuple[str, ...], span: slice, *, memory: bool = False) -> Tensor:
         """Each receiver of ``site``'s gradient at its stream through its input alone, at the positions ``span``:
-        ``(receivers, batch, positions, d_model)``, the receivers of ``roles`` in order. Taken at those positions
-        alone where the way allows (``Receivers.chunked``); else at every position once, and kept."""
-        layer, x = site.layer, self.streams[site.layer]
+        ``(receivers, batch, positions, d_model)``, the receivers of ``roles`` (which read one stream: ``_groups``;
+        the memory, a cross-attention's k and v, where ``memory``) in order. Taken at those positions alone where
+        the way allows (``Receivers.chunked``); else at every position once, and kept."""
+        layer, x = site.layer, self.streams["memory" if memory else site.layer]
         if layer in self.staged and self.staged[layer].chunked(x):
             return self.staged[layer].at_stream(x, span)
-        if layer not in self._whole:
-            self._whole[layer] = self._every_position(site, roles)
-        return self._whole[layer][:, :, span]
+        if (layer, roles) not in self._whole:
+            self._whole[(layer, roles)] = self._every_position(site, roles, x)
+        return self._whole[(layer, roles)][:, :, span]
 
-    def _every_position(self, site: AttentionSite, roles: Sequence[str]) -> Tensor:
-        layer, x = site.layer, self.streams[site.layer]
+    def _every_position(self, site: AttentionSite, roles: Sequence[str], x: Tensor) -> Tensor:
+        layer = site.layer
         if layer in self.staged:
             return self.staged[layer].at_stream(x)
         parts = []
@@ -334,7 +343,7 @@ def _forward_backward(model: HeadedModel, stream: Stream, runs: _Runs, alpha: fl
     inputs = runs.inputs["corrupted"]
     corrupted_here = runs.corrupted is None and not alpha
     with intervening(model), model.running(grad=True) as net:
-        deltas = _input_deltas(model, ways, roles, runs.shape)
+        deltas = _input_deltas(model, ways, roles, runs.shapes)
         for site in sites:
             site.input_deltas = dict(deltas[site.layer])
             site.tap = _taking(taken, site, roles if ways[site.layer] is not True else (), z=corrupted_here)
@@ -343,7 +352,7 @@ def _forward_backward(model: HeadedModel, stream: Stream, runs: _Runs, alpha: fl
             value = runs.metric(net(**inputs))
     if corrupted_here:
         z = {at: t.pop("z").detach() for at, t in taken.items()}
-        runs.corrupted = Run(dict(inputs), float(value.detach()), {}, z, streams[0].detach())
+        runs.corrupted = Run(dict(inputs), float(value.detach()), {}, z, sent_inputs(model, streams))
     if not value.requires_grad:
         raise ValueError("the metric does not depend on the model's heads (no gradient): edge attribution needs a "
                          "differentiable metric of the output")
@@ -372,35 +381,50 @@ def _forward_backward(model: HeadedModel, stream: Stream, runs: _Runs, alpha: fl
 
 
 def _receiver_products(model: HeadedModel, stream: Stream, runs: _Runs, alpha: float, roles: Sequence[str],
-                       products: dict[int | str, Tensor]) -> None:
+                       products: dict[tuple[int, str] | str, Tensor]) -> None:
     """One forward and backward (``_forward_backward``): the gradient reaching each receiver's stream through its
-    input alone, multiplied with what each sender sends differently and added into ``products`` (``{layer:
-    (senders, the layer's receivers of every role in order), OUTPUT: (senders, 1)}``)."""
+    input alone, multiplied with what each sender into that stream sends differently and added into ``products``
+    (``{(layer, role): (senders, the receivers), OUTPUT: (senders, 1)}``), stream by stream."""
     done = _forward_backward(model, stream, runs, alpha, roles)
-    sent = runs.sent()  # a run still missing takes the memory the backward let go
-    positions = done.streams[0].shape[1]
+    out = output_stack(model.sites)
     with model.running(grad=False):  # the norms run again in eval mode, as in the forward
-        for start in range(0, positions, sent.step):  # a chunk of positions at a time: the products sum over them
-            span = slice(start, min(start + sent.step, positions))
-            rows = sent.rows(span)  # every sender's, made once for every receiver
-            if done.final is not None:
-                products[OUTPUT].addmm_(rows, done.final.detach()[:, span].reshape(-1, 1).to(rows.dtype))
-            for site in model.sites:  # the input and earlier layers' heads send to a layer
-                gradients = done.gradients(site, roles, span)
-                senders = sent.reach[site.layer]
-                products[site.layer][:senders].addmm_(rows[:senders], gradients.flatten(1).to(rows.dtype).T)
+        for stack, sent in runs.sent().items():  # a run still missing takes the memory the backward let go
+            groups = [(site, group) for site in model.sites for read, group in _groups(model, site, roles).items()
+                      if read == stack]
+            positions = sent.input.shape[1]
+            for start in range(0, positions, sent.step):  # a chunk of positions at a time: the products sum over them
+                span = slice(start, min(start + sent.step, positions))
+                rows = sent.rows(span)  # every sender's, made once for every receiver
+                if stack == out and done.final is not None:
+                    products[OUTPUT].addmm_(rows, done.final.detach()[:, span].reshape(-1, 1).to(rows.dtype))
+                for site, group in groups:  # the stream's input and earlier layers' heads send to a receiver
+                    gradients = done.gradients(site, group, span, memory=stack != site.stack)
+                    gradients = gradients.flatten(1).to(rows.dtype)
+                    for role, part in zip(group, gradients.split([role_heads(site, r) for r in group])):
+                        block = products[(site.layer, role)]
+                        block.addmm_(rows[: len(block)], part.T)
+
+
+def _groups(model: HeadedModel, site: AttentionSite, roles: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """``{stack: roles}``: ``site``'s roles by the stream they read (``graph.read_stack``), in order."""
+    groups: dict[str, tuple[str, ...]] = {}
+    for role in roles:
+        read = read_stack(model.sites, site.layer, role)
+        groups[read] = (*groups.get(read, ()), role)
+    return groups
 
 
 def _input_deltas(model: HeadedModel, ways: dict[int, bool | None], roles: Sequence[str],
-                  shape: tuple[int, ...]) -> dict[int, dict[str, Tensor]]:
-    """Additive zeros on every head's q, k and v (a stream of ``shape``, ``(batch, pos, d_model)``) of the sites not
-    known to take the way by the projections: their gradients are ∂metric/∂q, ∂k, ∂v."""
-    batch, positions = shape[0], shape[1]
+                  shapes: dict[str, tuple[int, ...]]) -> dict[int, dict[str, Tensor]]:
+    """Additive zeros on every head's q, k and v (over the positions of the stream each reads, ``shapes``: ``{stack:
+    (batch, pos, d_model)}``) of the sites not known to take the way by the projections: their gradients are
+    ∂metric/∂q, ∂k, ∂v."""
     deltas: dict[int, dict[str, Tensor]] = {site.layer: {} for site in model.sites}
     for site in model.sites:
         if ways[site.layer] is True:
             continue
         for role in roles:
+            batch, positions = shapes[read_stack(model.sites, site.layer, role)][:2]
             d = site.d_head if role in ("q", "k") else site.d_head_v
             deltas[site.layer][role] = torch.zeros(batch, role_heads(site, role), positions, d, dtype=model.dtype,
                                                    device=model.device, requires_grad=True)
@@ -430,8 +454,11 @@ def _with_edge(model: HeadedModel, stream: Stream, net: torch.nn.Module, corrupt
             return net(**corrupted.inputs)  # a sender's own layer and every later one run as they are
     layer, head, role = receiving(edge.receiver)
 
-    def own(at: int, x: Tensor) -> dict[tuple[str, int], Tensor]:
-        return {(role, head): x + added} if at == layer else {}
+    def own(at: int, x: Tensor, memory: Tensor | None) -> dict[tuple[str, int], Tensor]:
+        if at != layer:
+            return {}
+        read = memory if role != "q" and memory is not None else x  # a cross-attention's k and v read the memory
+        return {(role, head): read + added}
 
     with own_inputs(model, stream, own):
         return net(**corrupted.inputs)

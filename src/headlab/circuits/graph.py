@@ -15,9 +15,15 @@ With grouped-query attention a key/value head is one receiver of its ``k`` edges
 ``v`` edges: the query heads that read it share them. ``Edge.receiver`` then names the key/value head
 (``(layer, kv_head, "k")``), as the model computes one key per key/value head.
 
-The graph is one residual stream's. Which layer reads which in a model of several stacks (an
-encoder-decoder's two streams) is ``reads``: composition scores follow it; the graph and the edge methods
-refuse such a model (``check_one_stream``).
+An encoder-decoder's heads write two streams (``AttentionSite.stack``), and the graph is both: each stack's
+input is a sender (``INPUT`` the encoder's, ``"decoder input"`` the target's embeddings), a head sends into its
+own stack's stream, and a receiver reads one stream (``read_stack``): its own, but for a cross-attention
+head's k and v, which read the encoder's final stream (before the encoder's final norm, which the receiver's
+input goes through). So every encoder head and the encoder's input send to every cross-attention head's k and
+v; a cross-attention head's q, the decoder's self-attention and the output read the decoder's stream; no
+decoder head sends to an encoder head. Which layer reads which is ``reads``, the one rule composition scores
+and path patching follow too. A model of several towers that do not meet in a cross-attention (CLIP) is
+refused (``check_one_stream``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -101,45 +107,88 @@ def role_heads(site: AttentionSite, role: str) -> int:
     return site.n_heads if role == "q" else site.n_kv_heads
 
 
-def reads(sites: Sequence[AttentionSite], sender: int, receiver: int, role: str) -> bool:
+class Stacked(Protocol):
+    """What ``reads`` needs of a layer: its stack, and whether it is a cross-attention (an ``AttentionSite``)."""
+
+    @property
+    def stack(self) -> str: ...
+
+    @property
+    def cross(self) -> bool: ...
+
+
+class Layer(NamedTuple):
+    """A layer as the graph sees it: its heads, key/value heads, stack and kind (what the edges' cache keys on)."""
+
+    n_heads: int
+    n_kv_heads: int
+    stack: str
+    cross: bool
+
+
+def read_stack(sites: Sequence[Stacked], layer: int, role: str) -> str:
+    """The stack whose stream layer ``layer``'s ``role`` input reads: its own, or for a cross-attention's k and v
+    the other stack that ran last before it (an encoder-decoder's encoder)."""
+    read = sites[layer]
+    if read.cross and role in ("k", "v"):
+        return next(site.stack for site in reversed(sites[:layer]) if site.stack != read.stack)
+    return read.stack
+
+
+def reads(sites: Sequence[Stacked], sender: int, receiver: int, role: str) -> bool:
     """Whether layer ``receiver``'s heads read what layer ``sender``'s heads write through their ``role`` input.
 
     In a model of one stream: a later layer reads every earlier one. In a model of several stacks each writes its
-    own stream (``AttentionSite.stack``): a layer reads the earlier layers of its stack, and a cross-attention's
-    keys and values read the other stream (an encoder-decoder: every encoder head writes what every cross-attention
-    head's k and v read, through the encoder's output; its q reads the decoder's stream).
+    own stream (``AttentionSite.stack``): a layer reads the earlier layers of the stream it reads (``read_stack``),
+    so a cross-attention's keys and values read every encoder head (run before it), through the encoder's output,
+    and its q the decoder's stream.
     """
-    written, read = sites[sender], sites[receiver]
-    if read.cross and role in ("k", "v"):
-        return written.stack != read.stack
-    return written.stack == read.stack and sender < receiver
+    return sender < receiver and sites[sender].stack == read_stack(sites, receiver, role)
+
+
+def input_of(sites: Sequence[Stacked], stack: str) -> str:
+    """The input sender of ``stack``'s stream: ``INPUT`` for the first stack's (the model's input), ``"<stack>
+    input"`` for a later one's (an encoder-decoder's ``"decoder input"``: the target's embeddings)."""
+    return INPUT if stack == sites[0].stack else f"{stack} input"
+
+
+def input_layers(sites: Sequence[AttentionSite]) -> dict[str, int]:
+    """``{input sender: the first layer of its stack}``: an input sends the stream that layer's heads read, in the
+    order of the stacks' first layers."""
+    firsts: dict[str, int] = {}
+    for site in sites:
+        firsts.setdefault(input_of(sites, site.stack), site.layer)
+    return firsts
+
+
+def output_stack(sites: Sequence[Stacked]) -> str:
+    """The stack whose stream the output reads: the stack of the cross-attention (an encoder-decoder's decoder), else
+    the only one."""
+    return next((site.stack for site in sites if site.cross), sites[0].stack)
 
 
 def check_one_stream(model: HeadedModel) -> None:
-    """Refuse a model whose heads write several residual streams: the graph (edge attribution, edge patching,
-    circuits) is one stream's.
+    """Refuse a model whose heads write streams the graph cannot join: several towers that meet in no
+    cross-attention (CLIP), or more than two stacks. One stream, or an encoder-decoder's two, are served.
 
     Raises:
-        ValueError: an encoder-decoder, or a model of several towers, naming its stacks.
+        ValueError: naming the model's stacks and what is expected.
     """
     stacks = sorted({site.stack for site in model.sites})
-    if len(stacks) < 2:
+    crossed = any(site.cross for site in model.sites)
+    if len(stacks) < 2 or (len(stacks) == 2 and crossed):
         return
-    if any(site.cross for site in model.sites):
-        raise ValueError(f"{model.architecture} is an encoder-decoder (stacks {stacks}): its heads write two residual "
-                         "streams, and the graph of edge attribution, edge patching and circuits is one stream's "
-                         "(cross-attention's keys and values reading the encoder's output are not in it yet); path "
-                         "patching, composition scores and direct logit attribution serve it")
-    raise ValueError(f"{model.architecture} has several towers (stacks {stacks}), each its own residual stream: the "
-                     "graph of edge attribution, edge patching and circuits is one stream's; attach one tower alone "
-                     "(CLIP's CLIPVisionModel or CLIPTextModel, a multimodal model's language model)")
+    raise ValueError(f"{model.architecture} has several towers (stacks {stacks}), each its own residual stream, "
+                     "joined by no cross-attention: the graph of edge attribution, edge patching and circuits is one "
+                     "stream's or an encoder-decoder's two; attach one tower alone (CLIP's CLIPVisionModel or "
+                     "CLIPTextModel, a multimodal model's language model)")
 
 
 def output_writers(sites: Sequence[AttentionSite]) -> list[AttentionSite]:
-    """The sites whose heads write the stream the output reads: an encoder-decoder's decoder (its self- and
-    cross-attention layers, the stack of its cross-attention), else every site."""
-    stacks = {site.stack for site in sites if site.cross}
-    return [site for site in sites if site.stack in stacks] if stacks else list(sites)
+    """The sites whose heads write the stream the output reads (``output_stack``): an encoder-decoder's decoder (its
+    self- and cross-attention layers), else every site."""
+    stack = output_stack(sites)
+    return [site for site in sites if site.stack == stack]
 
 
 def node_label(node: Sender | Receiver) -> str:
@@ -152,7 +201,7 @@ def node_label(node: Sender | Receiver) -> str:
 
 def graph_edges(model: HeadedModel, *, roles: Sequence[str] = ROLES, output: bool = True) -> list[Edge]:
     """Every edge of ``model``'s graph, in a fixed order: by receiver (layer, role, head; the output last),
-    then by sender (the input, then heads by layer and head).
+    then by sender (the input of the stream it reads, then that stream's heads by layer and head).
 
     Args:
         model: a ``HeadedModel``.
@@ -160,35 +209,48 @@ def graph_edges(model: HeadedModel, *, roles: Sequence[str] = ROLES, output: boo
         output: include the edges into the output.
 
     Raises:
-        ValueError: an unknown role, or a model of several streams (``check_one_stream``).
+        ValueError: an unknown role, or a model whose streams the graph does not join (``check_one_stream``).
     """
     check_one_stream(model)
     unknown = [r for r in roles if r not in ROLES]
     if unknown or not roles:
         raise ValueError(f"roles={tuple(roles)!r}; expected one or more of {ROLES}")
-    geometry = tuple((site.n_heads, site.n_kv_heads) for site in model.sites)
-    return list(_edges(geometry, tuple(r for r in ROLES if r in roles), output))
+    return list(_edges(graph_layers(model), tuple(r for r in ROLES if r in roles), output))
+
+
+def graph_layers(model: HeadedModel) -> tuple[Layer, ...]:
+    """Every layer of ``model`` as the graph sees it (``Layer``)."""
+    return tuple(Layer(site.n_heads, site.n_kv_heads, site.stack, site.cross) for site in model.sites)
+
+
+def stream_senders(layers: Sequence[Layer], stack: str, *, before: int | None = None) -> list[Sender]:
+    """The senders into ``stack``'s stream: its input, then its layers' heads by layer and head (those of layers before
+    ``before`` alone, where given): the edges' order, and the rows edge attribution and a circuit's forward stack."""
+    last = len(layers) if before is None else before
+    return [input_of(layers, stack), *((layer, h) for layer in range(last) if layers[layer].stack == stack
+                                       for h in range(layers[layer].n_heads))]
+
+
+def receiver_senders(layers: Sequence[Layer], receiver: Receiver) -> list[Sender]:
+    """The senders of every edge into ``receiver``, in the edges' order."""
+    if receiver == OUTPUT:
+        return stream_senders(layers, output_stack(layers))
+    layer, _, role = receiving(receiver)
+    return stream_senders(layers, read_stack(layers, layer, role), before=layer)
 
 
 @functools.lru_cache(maxsize=32)
-def _edges(geometry: tuple[tuple[int, int], ...], roles: tuple[str, ...], output: bool) -> tuple[Edge, ...]:
-    """The edges of a graph of layers with ``(n_heads, n_kv_heads)`` each (kept: a model's graph is asked for often)."""
+def _edges(layers: tuple[Layer, ...], roles: tuple[str, ...], output: bool) -> tuple[Edge, ...]:
+    """The edges of a graph of ``layers`` (kept: a model's graph is asked for often)."""
     edges: list[Edge] = []
-    for layer, (n_heads, n_kv_heads) in enumerate(geometry):
-        senders: list[Sender] = [INPUT, *((s, h) for s in range(layer) for h in range(geometry[s][0]))]
+    for layer, site in enumerate(layers):
         for role in roles:
-            count = n_heads if role == "q" else n_kv_heads
+            senders = receiver_senders(layers, (layer, 0, role))
+            count = site.n_heads if role == "q" else site.n_kv_heads
             edges += [Edge(sender, (layer, head, role)) for head in range(count) for sender in senders]
     if output:
-        senders = [INPUT, *((s, h) for s in range(len(geometry)) for h in range(geometry[s][0]))]
-        edges += [Edge(sender, OUTPUT) for sender in senders]
+        edges += [Edge(sender, OUTPUT) for sender in receiver_senders(layers, OUTPUT)]
     return tuple(edges)
-
-
-def graph_senders(model: HeadedModel) -> list[Sender]:
-    """Every sender of ``model``'s graph, in the order the edges list them: the input, then the heads by layer and
-    head (the rows of the senders' differences that edge attribution and a circuit's forward stack)."""
-    return [INPUT, *((site.layer, h) for site in model.sites for h in range(site.n_heads))]
 
 
 def check_edges(model: HeadedModel, edges: Sequence[Edge]) -> None:

@@ -10,6 +10,11 @@ use them for those receivers only (``AttentionSite.input_replacements``). Nothin
 the modules' own ``forward`` runs (without their hooks, so that nothing recording the forward sees
 the extra call).
 
+A cross-attention head's k and v read the other stack's stream (an encoder-decoder's encoder) at the memory
+point (``Stream.memory``): their own stream goes through the norm there (the encoder's final norm) and is what the
+extra call's keys and values read, in place of the encoder's output; its q reads the decoder's stream as any
+head's does.
+
 Axis legend:
     stream  (batch, pos, d_model)
     q       (batch, n_heads, query_pos, d_head);  k, v (batch, n_kv_heads, key_pos, d_head | d_head_v)
@@ -31,8 +36,9 @@ from headlab.layer.taps import SITE_ATTRIBUTE, Tap, TapOutput
 from headlab.models import AttentionSite, HeadedModel
 from headlab.models.stream import Stream, StreamPoint, call_of, on_calls
 
-# (layer, stream) -> {(role, head): the receiver's own stream}; head: a key/value head for k and v
-OwnStreams = Callable[[int, Tensor], Mapping[tuple[str, int], Tensor]]
+# (layer, stream, memory) -> {(role, head): the receiver's own stream}; head: a key/value head for k and v; memory: the
+# stream a cross-attention's k and v read (its own stream for them is made from it), None for other layers
+OwnStreams = Callable[[int, Tensor, Tensor | None], Mapping[tuple[str, int], Tensor]]
 
 
 class _StopCallError(Exception):
@@ -46,7 +52,8 @@ def own_inputs(model: HeadedModel, stream: Stream, streams: OwnStreams) -> Itera
     Args:
         model: a ``HeadedModel``.
         stream: its ``Stream`` (``headlab.models.stream.stream_of``).
-        streams: called once per layer and forward with the stream its heads read there; returns
+        streams: called once per layer and forward with the stream its heads read there and, for a
+            cross-attention, the stream its k and v read (``Stream.memory``; else None); returns
             ``{(role, head): stream}`` for the receivers that read another one (the same tensor for
             several receivers is run once).
 
@@ -56,6 +63,14 @@ def own_inputs(model: HeadedModel, stream: Stream, streams: OwnStreams) -> Itera
     sites = model.sites
     seen: dict[int, Tensor] = {}  # the stream each layer's heads read, this forward
     set_here: dict[int, list[str]] = {}  # the inputs replaced at each layer, this forward
+    memory: dict[str, Tensor] = {}  # "stream": the memory's stream, "read": what cross-attention's keys read
+
+    def at_memory(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        assert stream.memory is not None
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        x = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
+        memory["read"] = out
+        memory["stream"] = x if stream.memory.kind == "norm" and isinstance(x, Tensor) else out
 
     def at_point(layer: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -71,13 +86,17 @@ def own_inputs(model: HeadedModel, stream: Stream, streams: OwnStreams) -> Itera
             x = seen.pop(layer, None)
             if x is None:
                 return
-            wanted = streams(layer, x)
+            wanted = streams(layer, x, memory.get("stream") if site.cross else None)
             if not wanted:
                 return
             computed: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
             chosen: dict[str, dict[int, Tensor]] = {"q": {}, "k": {}, "v": {}}
             for (role, head), own in wanted.items():
-                if id(own) not in computed:
+                if id(own) not in computed and site.cross and role in ("k", "v"):  # the keys read their own memory
+                    read = own if stream.memory_norm is None else stream.memory_norm.forward(own)
+                    replaced = _replaced(site, args, kwargs, memory["read"], read)
+                    computed[id(own)] = _inputs_from(site, point, x, *replaced)
+                elif id(own) not in computed:
                     computed[id(own)] = _inputs_from(site, point, own, args, kwargs)
                 q, k, v = computed[id(own)]
                 chosen[role][head] = {"q": q, "k": k, "v": v}[role][:, head]
@@ -105,8 +124,9 @@ def own_inputs(model: HeadedModel, stream: Stream, streams: OwnStreams) -> Itera
         stack.enter_context(on_calls(model.model, [
             *((point.module, point.call, at_point(layer)) for layer, point in enumerate(stream.layers)),
             *((site.module, call, at_site(site.layer)) for site, call in zip(sites, calls))]))
-        stack.enter_context(on_calls(model.model, [(site.module, call, after_site(site.layer))
-                                                    for site, call in zip(sites, calls)], after=True))
+        stack.enter_context(on_calls(model.model, [
+            *((site.module, call, after_site(site.layer)) for site, call in zip(sites, calls)),
+            *([] if stream.memory is None else [(stream.memory.module, stream.memory.call, at_memory)])], after=True))
         yield
 
 
@@ -154,3 +174,21 @@ def _inputs_from(site: AttentionSite, point: StreamPoint, own: Tensor, args: tup
     out = taken[0]
     assert out.q is not None and out.k is not None and out.v is not None
     return out.q, out.k, out.v
+
+
+def _replaced(site: AttentionSite, args: tuple[Any, ...], kwargs: dict[str, Any], read: Tensor,
+              own: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with ``read`` (the tensor itself, or a view of all of it) replaced by ``own``.
+
+    Raises:
+        ValueError: no argument is ``read``.
+    """
+    def same(value: Any) -> bool:
+        return isinstance(value, Tensor) and (value is read or (value.data_ptr() == read.data_ptr()
+                                                                and value.shape == read.shape))
+
+    if not any(same(value) for value in (*args, *kwargs.values())):
+        raise ValueError(f"layer {site.layer} ({site.name}): no argument of its call is the encoder's output that its "
+                         "keys and values read")
+    return (tuple(own if same(a) else a for a in args),
+            {name: own if same(value) else value for name, value in kwargs.items()})

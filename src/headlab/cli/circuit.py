@@ -47,9 +47,10 @@ def circuit(
     patching, a forward per edge. Faithfulness: one forward of the clean text in which every edge
     outside the circuit carries its corrupted value (MLPs stay clean), as a share of the clean −
     corrupted gap. Exits with status 2 on bad input (texts of different lengths, an unknown metric
-    or method, a logit metric on a model without logits, answers that are not one token, a model whose
-    heads write several residual streams (an encoder-decoder), --out; what needs no model is checked
-    before it loads, and a model before any forward) and 1 when interrupted (--out left as it was).
+    or method, a logit metric on a model without logits, answers that are not one token, a model of
+    several towers (CLIPModel; an encoder-decoder's two streams are served), --out; what needs no model
+    is checked before it loads, and a model before any forward) and 1 when interrupted (--out left as
+    it was).
     """
     import json
 

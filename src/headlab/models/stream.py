@@ -22,6 +22,10 @@ The circuits of ``headlab.circuits`` need these places beside the attention site
   (the last layer) returns it.
 - **the readout**: the final norm and the unembedding (the module whose output is the logits), when
   the model has them.
+- in an encoder-decoder, **each stack's entry** (the decoder's stream begins with the target's embeddings)
+  and **the memory**: where cross-attention's keys and values read the encoder's stream — the input of the
+  norm that makes the tensor their key projection reads (the encoder's final norm), or without one that
+  tensor, as the module that made it returns it.
 
 A point is one call of a module: the stream is the call's first tensor input (its first positional
 argument, or its ``hidden_states``), or for the final point of kind "output" the call's first tensor
@@ -90,6 +94,11 @@ class Stream:
             (the model has no language-model head).
         net: the model whose forwards the points' calls are counted in.
         unembedding_name: its dotted name, or "".
+        entries: ``{stack: point}``: where the input enters each stack's stream (``AttentionSite.stack``;
+            ``entry`` is the first stack's).
+        memory: where cross-attention's keys and values read the other stack's stream, or None (no cross-attention,
+            or its key projection not found).
+        memory_norm: the norm between the memory point and the keys' projections, or None.
     """
 
     layers: list[StreamPoint]
@@ -99,6 +108,9 @@ class Stream:
     unembedding: nn.Module | None
     net: nn.Module = field(repr=False)
     unembedding_name: str = ""
+    entries: dict[str, StreamPoint] = field(default_factory=dict)
+    memory: StreamPoint | None = None
+    memory_norm: nn.Module | None = None
 
     @property
     def W_U(self) -> Tensor:
@@ -117,7 +129,8 @@ class Stream:
 
     @contextmanager
     def hooked(self, *, entry: Edit | None = None, layers: Mapping[int, Edit] | None = None,
-               final: Edit | None = None, record: dict[int | str, Tensor] | None = None) -> Iterator[None]:
+               final: Edit | None = None, record: dict[int | str, Tensor] | None = None,
+               entries: Mapping[str, Edit] | None = None, memory: Edit | None = None) -> Iterator[None]:
         """For the block: edit the stream at some points, and record it at every point.
 
         Args:
@@ -125,14 +138,23 @@ class Stream:
                 module reads it, the first layer's heads included).
             layers: ``{layer: edit}``: layer L's heads read ``edit(stream)`` instead of the stream.
             final: the output reads ``final(stream)``.
-            record: filled with ``{layer: stream, "final": stream}`` as the model runs (after the
-                edits; the tensors themselves, in the autograd graph when the forward has one).
+            record: filled with ``{layer: stream, "final": stream}`` (and ``"memory": stream`` where the model has
+                one) as the model runs (after the edits; the tensors themselves, in the autograd graph when the
+                forward has one).
+            entries: ``{stack: edit}``: as ``entry``, at each stack's entry (``Stream.entries``).
+            memory: cross-attention's keys and values read ``memory(stream)`` (``Stream.memory``).
         """
         edits: dict[int | str, Edit] = dict((layers or {}).items())
         if final is not None:
             edits["final"] = final
+        if memory is not None:
+            edits["memory"] = memory
         points: list[tuple[int | str, StreamPoint]] = [*enumerate(self.layers), ("final", self.final)]
+        if self.memory is not None:
+            points.append(("memory", self.memory))
         hooks = [] if entry is None else [(self.entry, _editing(entry, None, "entry", "entry"))]
+        hooks += [(self.entries[stack], _editing(edit, None, "entry", "entry")) for stack, edit in
+                  (entries or {}).items()]
         hooks += [(point, _editing(edits.get(key), record, key, point.kind)) for key, point in points]
         with ExitStack() as stack:
             stack.enter_context(on_calls(self.net, [(p.module, p.call, h) for p, h in hooks if p.kind != "output"]))
@@ -275,9 +297,33 @@ def _find(model: HeadedModel, inputs: Mapping[str, Any]) -> Stream:
         if keys.count((id(p.module), p.call)) != 1:
             raise ValueError(f"{model.architecture}: {p.label} is where two layers (or a layer and the output) read "
                              "the residual stream: their streams cannot be told apart")
-    entry = _entry(calls, names, layers[0], streams[0]) if layers else final
-    return Stream(layers, entry, final, None if norm is None else calls[norm][0], unembedding, net,
-                  "" if unembedding is None else names[id(unembedding)])
+    firsts: dict[str, int] = {}  # each stack's first layer
+    for site in model.sites:
+        firsts.setdefault(site.stack, site.layer)
+    entries = {stack: _entry(calls, names, layers[layer], streams[layer]) for stack, layer in firsts.items()}
+    memory = _memory(model.sites, calls, net, point)
+    return Stream(layers, entries[model.sites[0].stack] if layers else final, final,
+                  None if norm is None else calls[norm][0], unembedding, net,
+                  "" if unembedding is None else names[id(unembedding)], entries, *memory)
+
+
+def _memory(sites: Sequence[AttentionSite], calls: list[Call], net: nn.Module,
+            point: Callable[[int, str], StreamPoint]) -> tuple[StreamPoint | None, nn.Module | None]:
+    """Where cross-attention's keys and values read the other stack's stream (``Stream.memory``) and the norm between,
+    from what the first cross-attention's key projection read; ``(None, None)`` without one."""
+    site = next((s for s in sites if s.cross and s.layout is not None), None)
+    if site is None:
+        return None, None
+    assert site.layout is not None
+    key = next((p.module for p in site.layout.projections if any(s.role == "k" for s in p.segments)), None)
+    read = next((x for m, x, _ in calls if m is key), None)
+    if read is None:
+        return None, None
+    norm = _produced(calls, read, _is_norm)
+    if norm is not None:
+        return point(norm, "norm"), calls[norm][0]
+    made = _produced(calls, read, lambda m: m is not net)
+    return (None if made is None else point(made, "output")), None
 
 
 def _entry(calls: list[Call], names: Mapping[int, str], first: StreamPoint, x: Tensor | None) -> StreamPoint:
