@@ -21,7 +21,8 @@ arithmetic); on a CPU each layer's pattern is reduced where it lies and the redu
 are put side by side (copying the patterns would cost more than the launches it saves). Each reduction of a
 stack is computed by the first accumulator that asks for it and then reused, so each pattern is read once
 per kind of reduction however many accumulators run: one matmul for every column mass (``COLUMNS``:
-surface's and the taxonomy's key masks side by side), one for the key sums, one max, the entropy and the
+surface's and the taxonomy's key masks side by side), one for the segments' masses (the taxonomy's: a column
+per segment, thousands in a long text, so apart), one for the key sums, one max, the entropy and the
 distance together in blocks that stay in cache, and the diagonals as views. Each reads every run of items
 of similar length (``CaptureBatch.length_groups``) as its own block, cut to the run's longest item
 (``by_group``): the padding a long item gives the rest of its batch is never read.
@@ -50,8 +51,7 @@ __all__ = [
     "punctuation_mask", "reductions", "segments", "stack_layers",
 ]
 
-# The key columns of ``StackReductions.masses``, in order; segment s of ``segments`` is column
-# ``len(COLUMNS) + s`` (its content tokens only).
+# The key columns of ``StackReductions.masses``, in order (each segment's: ``StackReductions.segment_masses``).
 COLUMNS = ("first_special", "other_special", "punctuation", "special")
 # elements per block of the entropy's and distance's temporaries (1 MiB in float32): they stay in cache
 _BLOCK = 1 << 18
@@ -256,7 +256,7 @@ class BatchReductions:
         self.key_real = self.real if batch.keys is None else self._keys.attention_mask.bool()
         self.special = self._keys.special_tokens_mask.bool() & self.key_real
         self.groups = batch.length_groups()
-        self._columns: dict[torch.dtype, Tensor] = {}
+        self._columns: dict[tuple[str, torch.dtype], Tensor] = {}
 
     @cached_property
     def punctuation(self) -> Tensor:
@@ -283,19 +283,23 @@ class BatchReductions:
         return self.key_real & ~self.special
 
     def columns(self, dtype: torch.dtype) -> Tensor:
-        """``(batch, key_pos, len(COLUMNS) + n_segments)``: the key masks of ``COLUMNS``, then one per segment
-        (its content tokens), as 0/1 in ``dtype`` (made once per dtype)."""
-        if dtype not in self._columns:
-            self._columns[dtype] = self._make_columns(dtype)
-        return self._columns[dtype]
+        """``(batch, key_pos, len(COLUMNS))``: the key masks of ``COLUMNS`` as 0/1 in ``dtype`` (made once per
+        dtype)."""
+        if ("columns", dtype) not in self._columns:
+            first = torch.zeros_like(self.special)
+            first[:, 0] = self.special[:, 0]
+            masks = [first, self.special & ~first, self.punctuation & self.key_real, self.special]
+            self._columns["columns", dtype] = torch.stack(masks, dim=-1).to(dtype)
+        return self._columns["columns", dtype]
 
-    def _make_columns(self, dtype: torch.dtype) -> Tensor:
-        first = torch.zeros_like(self.special)
-        first[:, 0] = self.special[:, 0]
-        one_hot = torch.nn.functional.one_hot(self.segment, int(self.segment.max()) + 1).bool()
-        one_hot &= self.content[..., None]
-        masks = [first, self.special & ~first, self.punctuation & self.key_real, self.special]
-        return torch.cat([torch.stack(masks, dim=-1), one_hot], dim=-1).to(dtype)
+    def segment_columns(self, dtype: torch.dtype) -> Tensor:
+        """``(batch, key_pos, n_segments)``: one key mask per segment (its content tokens), as 0/1 in ``dtype`` (made
+        once per dtype). Apart from ``columns``: a long text has thousands of segments, and only the taxonomy reads
+        them."""
+        if ("segments", dtype) not in self._columns:
+            one_hot = torch.nn.functional.one_hot(self.segment, int(self.segment.max()) + 1).bool()
+            self._columns["segments", dtype] = (one_hot & self.content[..., None]).to(dtype)
+        return self._columns["segments", dtype]
 
     @cached_property
     def stacks(self) -> list[StackReductions]:
@@ -373,7 +377,12 @@ class StackReductions:
     @cached_property
     def masses(self) -> Tensor:
         """``(layer, batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
-        columns = self.keys.columns(self.dtype).to(self.device).transpose(1, 2)  # (batch, column, key_pos)
+        return self._masses(self.keys.columns(self.dtype))
+
+    def _masses(self, columns: Tensor) -> Tensor:
+        """``(layer, batch, head, query_pos, column)``: each row's mass on each key column of ``columns`` ``(batch,
+        key_pos, column)``."""
+        columns = columns.to(self.device).transpose(1, 2)  # (batch, column, key_pos)
         layers, batch, heads, n_q, _ = self.shape
         out = torch.empty(layers, batch, columns.shape[1], heads, n_q, dtype=self.dtype, device=self.device)
         for pattern, part in self.parts:  # each part's masses written in place
@@ -384,10 +393,10 @@ class StackReductions:
         """``(layer, batch, head, query_pos)``: each row's mass on the key column ``column`` of ``COLUMNS``."""
         return self.masses[..., COLUMNS.index(column)]
 
-    @property
+    @cached_property
     def segment_masses(self) -> Tensor:
         """``(layer, batch, head, query_pos, n_segments)``: each row's mass on the content tokens of each segment."""
-        return self.masses[..., len(COLUMNS):]
+        return self._masses(self.keys.segment_columns(self.dtype))
 
     def diagonal(self, offset: int) -> Tensor:
         """``(layer, batch, head, query_pos)``: ``p[..., i, i + offset]`` (``i`` the query's position in its text), 0

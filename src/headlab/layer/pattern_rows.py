@@ -2,7 +2,7 @@
 
 Axis legend:
     query    (batch, head, query_pos, d_head)     the tapped heads' queries
-    key      (batch, head, key_pos, d_head)       the key head each of them reads
+    key      (batch, head | kv_head, key_pos, d_head)   the key head each of them reads (a group's, once)
     lse      (batch, head, query_pos)             each row's log-sum-exp, as the fused kernel gave it
     rows     (batch, head, stop − start, keys)    ``PatternRows.rows(start, stop)``
 
@@ -31,7 +31,9 @@ class PatternRows:
 
     Args:
         query: ``(batch, head, query_pos, d_head)``, the tapped heads' queries (unscaled).
-        key: ``(batch, head, key_pos, d_head)``, the key head each of them reads.
+        key: ``(batch, head, key_pos, d_head)``, the key head each of them reads; or ``(batch, kv_head, key_pos,
+            d_head)``, each read by ``head / kv_head`` consecutive query heads (grouped-query heads, every one tapped:
+            a group's query rows then form one product with their key head).
         scale: factor on q·k; in float32 and wider it scales the query, in 16-bit dtypes the product (the order
             of ``headlab.models.interface``'s scores).
         bias: broadcastable to ``(batch, head, query_pos, key_pos)``: float additive, or bool with True = not
@@ -91,10 +93,15 @@ class PatternRows:
             return self.whole[:, :, start:stop, :keys].clone()
         assert self.query is not None and self.key is not None
         query, key = self.query[:, :, start:stop], self.key[:, :, :keys]
+        batch, heads, rows, _ = query.shape
+        groups = key.shape[1]
+        if groups != heads:  # each key/value head times its query heads' rows, stacked: one product per group
+            query = query.reshape(batch, groups, heads // groups * rows, query.shape[-1])
         if query.dtype.itemsize < 4:
             scores = torch.matmul(query, key.transpose(-1, -2)).mul_(self.scale)
         else:
             scores = torch.matmul(query * self.scale, key.transpose(-1, -2))
+        scores = scores.view(batch, heads, rows, keys)
         if self.causal and start < keys:  # the later keys of each row: only where the rows' own positions are
             later = (torch.arange(start, keys, device=self.device)[None, :]
                      > torch.arange(start, stop, device=self.device)[:, None])  # (rows, keys − start)

@@ -431,9 +431,11 @@ def _rows(query: Tensor, key: Tensor, kv_of: list[int] | None, heads: list[int],
     ``_fused_with_lse`` or ``_mask_of_rows`` give them): q, k, the mask and the log-sum-exp, linear in the length."""
     if bias is not None and bias.dim() == 4 and bias.shape[1] > 1:  # a mask per head
         bias = select_heads(bias, heads)
+    lse = None if lse is None else select_heads(lse, heads)
+    if kv_of is not None and heads == list(range(query.shape[1])):  # every head: each key/value head read once
+        return PatternRows(query, key, scale=scaling, bias=bias, causal=causal, lse=lse)
     q, k = _query_and_key(query, key, kv_of, heads)
-    return PatternRows(q, k, scale=scaling, bias=bias, causal=causal,
-                       lse=None if lse is None else select_heads(lse, heads))
+    return PatternRows(q, k, scale=scaling, bias=bias, causal=causal, lse=lse)
 
 
 def _mask_of_rows(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Tensor | None,
