@@ -21,8 +21,8 @@ def _flat(output: str) -> str:
     return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
 
 
-AREAS = ["layer", "inspection", "decode", "large", "models", "capture", "analysis", "importance", "patching",
-         "circuits", "pruning", "distributed"]
+AREAS = ["layer", "inspection", "decode", "large", "long-context", "models", "capture", "analysis", "importance",
+         "patching", "circuits", "pruning", "distributed"]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@
     decode.py      decoding tokens/s with the kv cache vs a raw floor
     models.py      headlab's attention attached to the default model and a tiny causal one vs
                    transformers' sdpa and eager: nothing inspected, every pattern, one head's pattern
+    long_context.py every head's statistics of one 4k–32k text in row blocks vs the plain forward, a bound and
+                   transformers' eager output_attentions=True (predicted out of memory where it cannot fit)
     capture.py     capture vs the plain Hugging Face forward; accumulators; importance
     patching.py    attribution patching (AtP) vs exact activation patching, on the default model
                    and a tiny causal one: speed and rank correlation

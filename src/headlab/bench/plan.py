@@ -6,6 +6,8 @@ few thousand tokens; the tiny causal model of the models area runs ``causal_shap
 The circuits area runs the default model at ``circuit_tokens`` and times exact edge patching on a
 seeded sample of ``circuit_edges`` edges. The large-model area builds a random Llama of ``large_model``'s
 layers and width (``headlab.bench.large``: 1B-class shapes in the full run) and runs it on ``large_shape``.
+The long-context area runs a tiny LLaMA-shaped model at ``long_context_lengths`` (4k, 16k and 32k positions in the
+full run), its statistics' patterns in row blocks of at most ``long_context_pattern_memory`` bytes.
 ``--quick`` keeps every benchmark but drops the longest positions, halves the batches and takes fewer
 rounds and a slice of the corpus (and a much smaller large model).
 """
@@ -53,6 +55,10 @@ class Plan:
         large_model: ``(layers, d_model)`` of the large-model area's random Llama (its heads, key/value heads and
             intermediate size follow from d_model: ``headlab.bench.large.large_config``).
         large_shape: ``(batch, positions)`` of that model's forwards.
+        long_context_lengths: positions of the long-context area's texts (batch 1), increasing.
+        long_context_pattern_memory: its statistics' ``max_pattern_memory`` (bytes of patterns a batch may hold at
+            once: above it, row blocks).
+        long_context_rounds: its interleaved rounds (each call timed and its peak memory measured at once).
     """
 
     device: str
@@ -82,6 +88,9 @@ class Plan:
     memory_rounds: int = 3
     large_model: tuple[int, int] = (2, 512)  # defaults: runs stored before the large-model area lack these
     large_shape: tuple[int, int] = (1, 32)
+    long_context_lengths: tuple[int, ...] = (64, 128, 256)  # defaults: runs stored before that area lack these
+    long_context_pattern_memory: int = 2**18
+    long_context_rounds: int = 1
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -99,7 +108,8 @@ class Plan:
         data["layer_shapes"] = tuple(tuple(s) for s in data["layer_shapes"])
         data["gqa_kv_heads"] = tuple(data["gqa_kv_heads"])
         data["gqa_shape"] = tuple(data["gqa_shape"])
-        for name in ("causal_shape", "large_model", "large_shape"):  # runs stored before their areas lack them
+        # runs stored before their areas lack them
+        for name in ("causal_shape", "large_model", "large_shape", "long_context_lengths"):
             if name in data:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -130,6 +140,8 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             causal_shape=(2, 512) if quick else (4, 512),
             circuit_tokens=128, circuit_edges=200 if quick else 400, memory_rounds=1 if quick else 3,
             large_model=(4, 512) if quick else (16, 2048), large_shape=(1, 128) if quick else (1, 512),
+            long_context_lengths=(256, 512, 1024) if quick else (4096, 16384, 32768),
+            long_context_pattern_memory=2**22 if quick else 2**29, long_context_rounds=1 if quick else 2,
         )
     if device == "cuda":
         return Plan(
@@ -143,5 +155,7 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             ceiling_goal_positions=4096, ceiling_goal=0.5, causal_shape=(8, 2048),
             circuit_tokens=128, circuit_edges=200 if quick else 1000, memory_rounds=2 if quick else 3,
             large_model=(4, 512) if quick else (16, 2048), large_shape=(1, 512) if quick else (4, 2048),
+            long_context_lengths=(1024, 2048, 4096) if quick else (4096, 16384, 32768),
+            long_context_pattern_memory=2**26 if quick else 2**29, long_context_rounds=2 if quick else 3,
         )
     raise ValueError(f"device={device!r}; expected 'cpu' or 'cuda'")

