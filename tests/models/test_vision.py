@@ -91,8 +91,9 @@ def test_masking_zeroes_one_head_and_pruning_equals_masking(name):
     torch.testing.assert_close(_output(pruned.model, pixels)[0], masked, rtol=1e-5, atol=1e-5)
 
 
-def test_the_text_commands_refuse_an_image_model_in_one_line(tmp_path):
-    """view and analyze read images (tests/cli/test_vision_cli.py); patch and circuit read text only."""
+def test_patch_and_circuit_name_a_missing_image_processor_in_one_line(tmp_path):
+    """view, analyze, patch and circuit read images (tests/cli/test_vision_cli.py, test_image_pairs.py): here a
+    checkpoint without its image processor, which each names in one line."""
     from typer.testing import CliRunner
 
     from headlab.cli import app
@@ -101,7 +102,7 @@ def test_the_text_commands_refuse_an_image_model_in_one_line(tmp_path):
     for command in (["patch", "--clean", "a b", "--corrupt", "a c"], ["circuit", "--clean", "a b", "--corrupt", "a c"]):
         result = CliRunner().invoke(app, [command[0], str(tmp_path / "vit"), *command[1:]])
         said = " ".join(result.output.split())
-        assert result.exit_code == 2 and "ViTModel takes pixel_values, not text" in said, result.output
+        assert result.exit_code == 2 and "has no preprocessor_config.json" in said, result.output
         assert len(result.output.strip().splitlines()) <= 3 and "Traceback" not in result.output
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from headlab.cli.errors import INPUT_ERRORS, fail
-from headlab.cli.loading import load_model
+from headlab.cli.loading import load_for_pair
 from headlab.cli.options import Answer, Clean, Corrupt, MetricName, ModelArgument, Wrong
 from headlab.cli.output import output_folder, staged_files
 
@@ -68,13 +68,13 @@ def circuit(
     if metric is not None and metric not in METRICS:
         raise typer.BadParameter(f"{metric!r} is not one of {', '.join(METRICS)}", param_hint="--metric")
     if not clean.strip() or not corrupt.strip():
-        raise typer.BadParameter("--clean and --corrupt are both needed, as non-empty texts")
+        raise typer.BadParameter("--clean and --corrupt are both needed, as non-empty texts (or image files)")
     if metric == "logit-diff" and (answer is None or wrong is None):
         raise typer.BadParameter("the logit-diff metric needs --answer (the clean text's next token) and --wrong "
                                  "(the corrupted text's)", param_hint="--metric")
     output_folder(out)
     with staged_files(out) as work:
-        loaded = load_model(model)
+        loaded = load_for_pair(model, clean, corrupt, metric=metric)
         try:
             check_one_stream(loaded)  # before the metric's forward
             chosen, described = text_metric(loaded, clean, name=metric, answer=answer, wrong=wrong)

@@ -9,7 +9,7 @@ from headlab.cli.errors import INPUT_ERRORS, fail
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["load_model", "quiet_loading"]
+__all__ = ["load_model", "load_for_pair", "quiet_loading"]
 
 
 def quiet_loading() -> None:
@@ -75,11 +75,35 @@ def load_model(model: str | None, *, dtype: torch.dtype | None = None, device: s
             fail(f"{loaded.source}: {err}")
         return loaded
     if takes != "input_ids":  # the command reads text
-        served = ("images are read by headlab view and headlab analyze --images" if takes == PIXELS
+        served = ("images are read by headlab view, analyze --images, patch and circuit" if takes == PIXELS
                   else "audio is read by headlab view and headlab analyze --audio" if takes == FEATURES
                   else "the commands read text, images and audio only")
         fail(f"{loaded.source}: {loaded.architecture} takes {takes}, not text; this command reads text ({served}): use "
              "the library on its inputs (headlab.attach, run_with_cache)")
+    return loaded
+
+
+def load_for_pair(model: str | None, clean: str, corrupt: str, *, metric: str | None) -> Any:
+    """``load_model`` for the commands that compare a clean and a corrupted input (``patch``, ``circuit``): a text
+    model reads ``--clean`` and ``--corrupt`` as texts, an image model as image files (of one size after its image
+    processor), compared by the similarity of its output to the clean image's.
+
+    Raises:
+        typer.Exit: code 2, after one line: what ``load_model`` refuses, or for an image model an input that is not
+            a file, or another metric than similarity.
+    """
+    from pathlib import Path
+
+    from headlab.models.images import takes_pixels
+
+    loaded = load_model(model, images=True, given="images" if Path(clean).is_file() else "text")
+    if takes_pixels(loaded.model):
+        for option, value in (("--clean", clean), ("--corrupt", corrupt)):
+            if not Path(value).is_file():
+                fail(f"{option} {value!r}: {loaded.architecture} takes images; expected an image file")
+        if metric not in (None, "similarity"):
+            fail(f"--metric {metric}: an image model is compared by the similarity of its output to the clean "
+                 "image's (--metric similarity)")
     return loaded
 
 

@@ -15,8 +15,10 @@ __all__ = ["LAYERS_HELP", "Answer", "Clean", "Corrupt", "MetricName", "ModelArgu
            "head_selection", "int_list", "memory_size"]
 
 ModelArgument = Annotated[str | None, typer.Argument(help="Checkpoint directory or hub id (default: packaged MiniLM).")]
-Clean = Annotated[str, typer.Option("--clean", help="The text that shows the behaviour.")]
-Corrupt = Annotated[str, typer.Option("--corrupt", help="The same text changed so that it does not; as many tokens.")]
+Clean = Annotated[str, typer.Option("--clean", help="The text that shows the behaviour (an image model: an image "
+                                                    "file).")]
+Corrupt = Annotated[str, typer.Option("--corrupt", help="The same text changed so that it does not; as many tokens "
+                                                        "(an image model: another image file).")]
 MetricName = Annotated[str | None, typer.Option("--metric", help="logit-diff (language models; needs --answer "
                                                                  "and --wrong) or similarity; default by the model's "
                                                                  "kind.")]

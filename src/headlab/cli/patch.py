@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from headlab.cli.errors import INPUT_ERRORS, fail
-from headlab.cli.loading import load_model
+from headlab.cli.loading import load_for_pair
 from headlab.cli.options import (
     LAYERS_HELP,
     Answer,
@@ -82,10 +82,10 @@ def patch(
         raise typer.BadParameter("pattern has no attribution estimate; use --method exact", param_hint="--take")
     where = None if positions is None else _positions(positions)
     if not clean.strip() or not corrupt.strip():
-        raise typer.BadParameter("--clean and --corrupt are both needed, as non-empty texts")
+        raise typer.BadParameter("--clean and --corrupt are both needed, as non-empty texts (or image files)")
     output_folder(out)
     with staged_files(out) as work:
-        loaded = load_model(model)
+        loaded = load_for_pair(model, clean, corrupt, metric=metric)
         try:
             chosen, described = text_metric(loaded, clean, name=metric, answer=answer, wrong=wrong)
             run = {"exact": activation_patching, "attribution": attribution_patching}
