@@ -58,3 +58,12 @@ def test_what_an_image_model_cannot_take_is_one_line(vit, tmp_path, args, said):
         ran = CliRunner().invoke(app, [command, checkpoint, "--clean", clean, *given, "--out", str(tmp_path / command)])
         assert ran.exit_code == 2 and said in " ".join(ran.output.split()), ran.output
         assert len(ran.output.strip().splitlines()) <= 2  # one line, wrapped at most once by the terminal width
+
+
+def test_patching_each_position_labels_an_images_positions_as_patches(vit, tmp_path):
+    checkpoint, (clean, corrupt) = vit
+    ran = CliRunner().invoke(app, ["patch", checkpoint, "--clean", clean, "--corrupt", corrupt, "--method", "exact",
+                                   "--positions", "each", "--top", "40", "--out", str(tmp_path / "p")])
+    assert ran.exit_code == 0, ran.output
+    said = " ".join(ran.output.split())
+    assert "0 [CLS]" in said and "16 patch r3c3" in said  # a 4 × 4 grid behind [CLS]

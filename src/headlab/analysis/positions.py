@@ -292,7 +292,11 @@ def _shape(inputs: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def _first_tokens(model: HeadedModel, inputs: Mapping[str, Any]) -> list[str] | None:
-    """The first item's tokens, padding included (labels of the positions), or None."""
+    """The first item's tokens, padding included (labels of the positions); an image model's positions as
+    ``HeadedModel.labels`` names them (``[CLS]``, ``patch r0c3``); or None."""
+    if isinstance(inputs.get("pixel_values"), Tensor):
+        labels = model.labels(inputs)
+        return None if labels is None else labels[0]
     ids = inputs.get("input_ids")
     if model.tokenizer is None or not isinstance(ids, Tensor) or ids.dim() != 2:
         return None
