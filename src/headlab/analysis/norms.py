@@ -246,13 +246,24 @@ class ValueReductions:
 
     def norms(self, rows: StackReductions, *, fix: str) -> Tensor:
         """``(layer, batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding
-        (``ValueProjections.norms``)."""
-        if rows.layers not in self._norms:
-            taken = [self.batch.layers[layer] for layer in rows.layers]
-            # as the stack reads its patterns: one product for the stack where they were copied into one tensor (a
-            # GPU), else layer by layer (a CPU: there a layer's products stay in cache, the stack's would not)
-            norms = rows.over_layers(lambda _, layers: self.projections.norms(taken[layers], fix=fix))
-            self._norms[rows.layers] = norms.masked_fill(~self.key_real[:, None, :], 0.0)
+        (``ValueProjections.norms``); of a row block (``CaptureBatch.row_block``), the whole batch's, computed once
+        for all its blocks, cut to the block's keys."""
+        if rows.layers in self._norms:
+            return self._norms[rows.layers]
+        whole = self.batch.rows_of
+        if whole is not None:  # a row block: the whole batch's norms, made once for all its blocks, cut to its keys
+            def of_whole(batch: CaptureBatch) -> Tensor:
+                norms = torch.cat([self.projections.norms([batch.layers[layer]], fix=fix) for layer in rows.layers])
+                return norms.masked_fill(~batch.attention_mask.bool()[:, None, :], 0.0)
+
+            norms = whole.shared((self.projections.key, "norms", rows.layers), of_whole)
+            self._norms[rows.layers] = norms[..., : self.key_real.shape[-1]]
+            return self._norms[rows.layers]
+        taken = [self.batch.layers[layer] for layer in rows.layers]
+        # as the stack reads its patterns: one product for the stack where they were copied into one tensor (a
+        # GPU), else layer by layer (a CPU: there a layer's products stay in cache, the stack's would not)
+        norms = rows.over_layers(lambda _, layers: self.projections.norms(taken[layers], fix=fix))
+        self._norms[rows.layers] = norms.masked_fill(~self.key_real[:, None, :], 0.0)
         return self._norms[rows.layers]
 
     def total(self, rows: StackReductions, *, fix: str) -> Tensor:

@@ -141,7 +141,7 @@ def plan_for(device: str, *, quick: bool) -> Plan:
             circuit_tokens=128, circuit_edges=200 if quick else 400, memory_rounds=1 if quick else 3,
             large_model=(4, 512) if quick else (16, 2048), large_shape=(1, 128) if quick else (1, 512),
             long_context_lengths=(256, 512, 1024) if quick else (4096, 16384, 32768),
-            long_context_pattern_memory=2**22 if quick else 2**29, long_context_rounds=1 if quick else 2,
+            long_context_pattern_memory=2**22 if quick else 2**27, long_context_rounds=1 if quick else 2,
         )
     if device == "cuda":
         return Plan(
