@@ -148,3 +148,20 @@ def test_budget_and_sizes() -> None:
     for bad in (0, -1, 1.5, True, "1GiB"):
         with pytest.raises(ValueError, match="max_pattern_memory"):
             pattern_budget(bad, torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_a_block_holds_at_most_block_bytes_whatever_the_budget(monkeypatch):
+    import headlab.capture.blocks as blocks
+
+    model = _model("llama", torch.float32)
+    sizes = []
+
+    class Sizes:
+        READS_ROW_BLOCKS = True
+
+        def update(self, batch) -> None:
+            sizes.append(sum(t.pattern.numel() * t.pattern.element_size() for t in batch.layers.values()))
+
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 1000)
+    run = capture(model, corpus=ONE_TEXT, consumers=[Sizes()], max_pattern_memory=5000, progress=False)
+    assert run.blocked == 1 and len(sizes) > 2 and max(sizes) <= 1000

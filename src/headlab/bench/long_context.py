@@ -122,9 +122,11 @@ def text_of_length(tokenizer: Any, length: int, *, vocab: int = VOCAB) -> str:
 
 def block_rows(budget: int, *, layers: int, heads: int, keys: int, itemsize: int) -> int:
     """Query rows per block when a row of every layer's ``heads`` against ``keys`` keys costs ``layers × heads ×
-    keys × itemsize`` bytes and a block may hold ``budget`` (capture's rule, ``headlab.capture.blocks``): one at
-    least."""
-    return max(1, budget // max(layers * heads * keys * itemsize, 1))
+    keys × itemsize`` bytes and a block may hold ``budget`` and ``BLOCK_BYTES`` (capture's rule,
+    ``headlab.capture.blocks``): one at least."""
+    from headlab.capture.blocks import BLOCK_BYTES
+
+    return max(1, min(budget, BLOCK_BYTES) // max(layers * heads * keys * itemsize, 1))
 
 
 def eager_bytes(*, layers: int, heads: int, positions: int, itemsize: int) -> int:
