@@ -292,7 +292,7 @@ def test_the_ray_engine_gives_the_local_result_from_the_command_line(tmp_path):
         extra = ["--engine", "ray", "--workers", "2"] if engine == "ray" else []
         result = CliRunner().invoke(app, ["analyze", str(checkpoint), "--text", str(corpus), "--out",
                                           str(tmp_path / engine), "--no-importance", "--no-syntax", "--no-streaming",
-                                          "--json",
+                                          "--json", "--max-pattern-memory", "1GiB",  # the summary states it
                                           *extra])
         assert result.exit_code == 0, result.output
         documents[engine] = json.loads(result.stdout)

@@ -96,10 +96,16 @@ def load_for_pair(model: str | None, clean: str, corrupt: str, *, metric: str | 
 
     from headlab.models.images import takes_pixels
 
-    loaded = load_model(model, images=True, given="images" if Path(clean).is_file() else "text")
+    def is_file(value: str) -> bool:
+        try:
+            return Path(value).is_file()
+        except OSError:  # a long text is no file name
+            return False
+
+    loaded = load_model(model, images=True, given="images" if is_file(clean) else "text")
     if takes_pixels(loaded.model):
         for option, value in (("--clean", clean), ("--corrupt", corrupt)):
-            if not Path(value).is_file():
+            if not is_file(value):
                 fail(f"{option} {value!r}: {loaded.architecture} takes images; expected an image file")
         if metric not in (None, "similarity"):
             fail(f"--metric {metric}: an image model is compared by the similarity of its output to the clean "
