@@ -231,8 +231,7 @@ def eager_mask(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Te
     """
     q_len, k_len = query.shape[2], key.shape[2]
     if attention_mask is None:
-        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-        if not (causal and q_len > 1):
+        if not sdpa_causal(module, query, attention_mask, is_causal):
             return None
         source: Any = ("causal", q_len, k_len, query.device, query.dtype, torch.is_inference_mode_enabled())
     elif attention_mask.dtype == torch.bool:
@@ -253,6 +252,13 @@ def eager_mask(module: nn.Module, query: Tensor, key: Tensor, attention_mask: Te
     mask = torch.where(attention_mask, zero, torch.finfo(query.dtype).min)
     _masks.last = (source, mask)
     return mask
+
+
+def sdpa_causal(module: nn.Module, query: Tensor, attention_mask: Tensor | None, is_causal: bool | None) -> bool:
+    """transformers' SDPA rule for a causal call: no mask, more than one query, and the call's or (when it says
+    nothing) the module's ``is_causal`` (default True)."""
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    return bool(attention_mask is None and causal and query.shape[2] > 1)
 
 
 def eager_pattern(query: Tensor, key: Tensor, mask: Tensor | None, *, scaling: float,
@@ -395,8 +401,7 @@ def _fused_with_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor
     if not has_lse_kernel(query.device):  # before the mask is converted for it
         return None
     q_len, k_len = query.shape[2], key.shape[2]
-    causal = kwargs.get("is_causal")
-    causal = q_len > 1 and attention_mask is None and (getattr(module, "is_causal", True) if causal is None else causal)
+    causal = sdpa_causal(module, query, attention_mask, kwargs.get("is_causal"))
     bias = attention_mask  # transformers' bool masks say True = allowed
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         bias = additive_bias(~attention_mask, query.dtype)
@@ -444,8 +449,7 @@ def _mask_of_rows(module: nn.Module, query: Tensor, key: Tensor, attention_mask:
     (True = not allowed) or float additive, or None; ``causal`` for transformers' SDPA rule (no mask, several
     queries, the call's or module's flag), which ``PatternRows`` applies row block by row block."""
     if attention_mask is None:
-        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-        return None, bool(causal and query.shape[2] > 1)
+        return None, sdpa_causal(module, query, attention_mask, is_causal)
     if attention_mask.dtype == torch.bool:  # transformers' bool masks say True = allowed
         return ~attention_mask, False
     return attention_mask, False
