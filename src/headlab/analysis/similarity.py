@@ -145,11 +145,11 @@ class HeadSimilarity:
         whole = batch if batch.rows_of is None else batch.rows_of
         item, query, n_real = whole.shared((HeadSimilarity, self.seed + self.batches_seen, self.row_fraction),
                                            self._sample)
+        n_read = len(item)  # the whole batch's sample
         # the sample is drawn over the whole batch; a row block reads the sampled rows it holds
         start, stop = batch.query_start, batch.query_start + batch.input_ids.shape[1]
         here = (query >= start) & (query < stop)
         item, query = item[here], query[here] - start
-        n_read = n_real if self.row_fraction is None else math.ceil(self.row_fraction * n_real)
         counted = float(n_real) if batch.last_rows else 0.0  # the batch's real rows, once
         if len(item) == 0:  # no sampled row here
             self._add(np.zeros((len(heads), len(heads))), np.full((len(heads), len(heads)), counted))
