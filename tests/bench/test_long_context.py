@@ -5,10 +5,10 @@ text of exactly L pieces; the eager prediction's arithmetic. No timing is assert
 from __future__ import annotations
 
 import logging
-from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import torch
 
 from headlab.bench import Area, Plan, plan_for
 from headlab.bench.long_context import (
@@ -22,13 +22,14 @@ from headlab.bench.long_context import (
     PLAIN_LABEL,
     PLAIN_MEMORY,
     POSITIONS,
+    SLOPE_LABEL,
     STATS_LABEL,
     STATS_MEMORY,
     STATS_TIME_GOAL,
     VOCAB,
     bench_long_context,
-    block_rows,
     eager_bytes,
+    recompute,
     save_long_context_model,
     text_of_length,
 )
@@ -93,9 +94,12 @@ def test_the_memory_column_is_filled_and_its_growth_is_held_to_linear(quick: tup
         assert all(r.contender_time.median > 0 and r.peer_time.median > 0 for r in pairs.values())
         assert pairs[STATS_MEMORY, PLAIN_MEMORY].details["above the plain forward"].endswith(("KiB", "MiB", "GiB"))
     lengths = plan.long_context_lengths
-    growth = [r for r in memory if r.contender.startswith(ABOVE_LABEL + ",")]
-    assert [r.case for r in growth] == [f"batch 1 · pos {a} → {b}" for a, b in pairwise(lengths)]
-    assert all(r.goal == LINEAR_SLACK * 2 and r.details["quadratic growth"] == 4 for r in growth)
+    growth = [r for r in memory if r.contender.startswith(SLOPE_LABEL + ",")]
+    assert [r.case for r in growth] == [f"batch 1 · pos {a} → {b} → {c}" for a, b, c in zip(lengths, lengths[1:],
+                                                                                           lengths[2:])]
+    for r, (a, b, c) in zip(growth, zip(lengths, lengths[1:], lengths[2:])):
+        assert r.goal == LINEAR_SLACK and r.details["quadratic growth"] == (b + c) / (a + b)
+        assert r.contender.endswith(f"pos {b} → {c}") and r.peer.endswith(f"pos {a} → {b}")
     [bounded] = [r for r in memory if r.peer.startswith("the issue's bound")]
     assert bounded.case == f"batch 1 · pos {lengths[-1]}" and bounded.peer_time.median == MEMORY_ABOVE_GOAL
 
@@ -134,7 +138,7 @@ def test_the_docs_numbers_are_a_row_per_length_read_from_a_run(quick: tuple[Plan
         [line] = [line for line in said.splitlines() if line.startswith(f"| {length:,} |")]
         assert ("(goal ≤ 2.0: " in line) == (n > 0) and "predicted" in line
     if MEASURED:
-        assert "Growth of the statistics' peak memory above the plain forward's between lengths" in said
+        assert "Memory the statistics add above the plain forward's per position, between lengths" in said
         assert f"At {plan.long_context_lengths[-1]:,} positions: " in said
 
 
@@ -146,9 +150,19 @@ def test_the_eager_prediction_counts_every_layers_patterns_and_the_full_run_cann
     assert eager_bytes(layers=4, heads=8, positions=4096, itemsize=4) < EAGER_SHARE * 8 * 2**30
 
 
-def test_blocks_follow_captures_rule_a_row_of_every_layer_within_the_budget() -> None:
-    assert block_rows(2**26, layers=4, heads=8, keys=32768, itemsize=4) == 16
-    assert block_rows(2**26, layers=4, heads=8, keys=2**20, itemsize=4) == 1  # one row at least
+def test_the_bound_forms_the_patterns_in_the_sweeps_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound's blocks are the sweep's (headlab.analysis.sweep.sweep_blocks): every row once, in order."""
+    import headlab.analysis.sweep as sweep
+    from headlab.layer.pattern_rows import PatternRows
+
+    monkeypatch.setattr(sweep, "SWEEP_BYTES", 4096)
+    formed = []
+    log_rows = PatternRows.log_rows
+    monkeypatch.setattr(PatternRows, "log_rows", lambda self, a, b: formed.append((a, b)) or log_rows(self, a, b))
+    query, key = torch.randn(1, 4, 100, 8), torch.randn(1, 2, 100, 8)
+    recompute(query, key, scaling=8**-0.5, lse=None)
+    rows = PatternRows(query, key, scale=8**-0.5, causal=True)
+    assert formed == list(sweep.sweep_blocks(rows)) and formed[0][0] == 0 and formed[-1][1] == 100 and len(formed) > 3
 
 
 def test_the_text_is_exactly_l_pieces_below_the_vocabulary_and_tokenizes_without_a_warning(

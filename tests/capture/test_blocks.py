@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import headlab
+from headlab.analysis import sweep as sweep_module
 from headlab.analysis.norms import ValueWeighted
 from headlab.analysis.similarity import HeadSimilarity
 from headlab.analysis.sinks import SinkShare
@@ -17,6 +18,7 @@ from headlab.analysis.surface import SurfaceStats, is_causal
 from headlab.analysis.taxonomy import TaxonomyStats
 from headlab.capture import capture
 from headlab.capture.blocks import pattern_budget, whole_pattern_bytes
+from headlab.layer.pattern_rows import PatternRows
 from headlab.models import HeadedModel
 from tests.support.text import TEXTS, word_piece_tokenizer
 from tests.support.tiny import build
@@ -68,11 +70,16 @@ def _columns(result: object) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.parametrize("sweep_rows", [None, 1], ids=["one sweep block", "a sweep block per row"])
 @pytest.mark.parametrize("texts", [TEXTS, ONE_TEXT], ids=["padded batch", "one text"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_blocks_equal_whole_patterns(kind: str, texts: list[str]) -> None:
+def test_blocks_equal_whole_patterns(kind: str, texts: list[str], sweep_rows: int | None, monkeypatch) -> None:
     """In float64, so that only the order of the sums differs: 1e-9 relative (the similarity's distances, square roots
-    of divergences that are ~0 on rows every head gives to one key, to 1e-8: √(1e-16) is that)."""
+    of divergences that are ~0 on rows every head gives to one key, to 1e-8: √(1e-16) is that). The sweep's blocks
+    (``headlab.analysis.sweep``) hold every row at once, or one row each."""
+    if sweep_rows is not None:
+        monkeypatch.setattr(sweep_module, "SWEEP_BYTES", 1)
+        monkeypatch.setattr(sweep_module, "SWEEP_ROWS", sweep_rows)
     model = _model(kind, torch.float64)
     whole, run_whole = _results(model, texts, None)
     blocked, run = _results(model, texts, SMALL)
@@ -93,34 +100,41 @@ def test_blocks_in_float32_equal_to_its_rounding() -> None:
             np.testing.assert_allclose(_columns(b)[name], x, rtol=1e-4, atol=1e-6, err_msg=f"{type(a).__name__} {name}")
 
 
-def test_block_rows_are_the_whole_patterns_rows() -> None:
-    """The blocks handed to a consumer, put back together, are the whole patterns (a causal layer's rows cut to the
-    keys they see, 0 past them)."""
-    model = _model("llama", torch.float64)
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_pattern_rows_in_blocks_rebuild_the_whole_patterns(kind: str) -> None:
+    """Past the budget a consumer gets PatternRows (no whole pattern); its blocks of rows, each within the bytes asked
+    for, put back together are the whole patterns (a causal layer's rows cut to the keys they see, 0 past them); the
+    log of the rows is what their exp was taken of."""
+    model = _model(kind, torch.float64)
     whole: dict[int, torch.Tensor] = {}
-    pieces: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    kept: dict[int, PatternRows] = {}
 
     class Keep:
         READS_ROW_BLOCKS = True
 
-        def __init__(self, into: dict) -> None:
-            self.into = into
-
         def update(self, batch) -> None:
             for layer, taken in batch.layers.items():
-                if batch.rows_of is None:
-                    self.into[layer] = taken.pattern.clone()
+                if taken.pattern is not None:
+                    whole[layer] = taken.pattern.clone()
                 else:
-                    self.into.setdefault(layer, []).append((batch.query_start, taken.pattern.clone()))
+                    kept[layer] = taken.pattern_rows
 
-    capture(model, corpus=ONE_TEXT, consumers=[Keep(whole)], progress=False)
-    capture(model, corpus=ONE_TEXT, consumers=[Keep(pieces)], progress=False, max_pattern_memory=SMALL)
+    capture(model, corpus=ONE_TEXT, consumers=[Keep()], progress=False)
+    run = capture(model, corpus=ONE_TEXT, consumers=[Keep()], progress=False, max_pattern_memory=SMALL)
+    assert run.blocked == 1 and set(kept) == set(whole)
+    budget = 2000
     for layer, pattern in whole.items():
-        assert len(pieces[layer]) > 2
-        rebuilt = torch.zeros_like(pattern)
-        for start, block in pieces[layer]:
-            assert block.shape[-1] == start + block.shape[-2]  # causal: the keys the block's last row sees
-            rebuilt[:, :, start:start + block.shape[-2], :block.shape[-1]] = block
+        rows, rebuilt, start, blocks = kept[layer], torch.zeros_like(pattern), 0, 0
+        while start < pattern.shape[2]:
+            stop = start + rows.block_rows(start, budget)
+            block = rows.rows(start, stop)
+            assert stop - start == 1 or block.numel() * block.element_size() <= budget
+            if kind == "llama":
+                assert block.shape[-1] == stop  # causal: the keys the block's last row sees
+            torch.testing.assert_close(rows.log_rows(start, stop).exp(), block, rtol=0, atol=0)
+            rebuilt[:, :, start:stop, :block.shape[-1]] = block
+            start, blocks = stop, blocks + 1
+        assert blocks > 2
         torch.testing.assert_close(rebuilt, pattern, rtol=0, atol=1e-14)
 
 
@@ -150,18 +164,19 @@ def test_budget_and_sizes() -> None:
             pattern_budget(bad, torch.device("cpu"))  # type: ignore[arg-type]
 
 
-def test_a_block_holds_at_most_block_bytes_whatever_the_budget(monkeypatch):
-    import headlab.capture.blocks as blocks
+def test_similarity_forms_its_rows_of_pattern_rows_in_blocks_of_at_most_block_bytes(monkeypatch) -> None:
+    import headlab.analysis.similarity as similarity
 
     model = _model("llama", torch.float32)
     sizes = []
+    rows = PatternRows.rows
 
-    class Sizes:
-        READS_ROW_BLOCKS = True
+    def spy(self, start, stop):
+        block = rows(self, start, stop)
+        sizes.append(block.numel() * block.element_size())
+        return block
 
-        def update(self, batch) -> None:
-            sizes.append(sum(t.pattern.numel() * t.pattern.element_size() for t in batch.layers.values()))
-
-    monkeypatch.setattr(blocks, "BLOCK_BYTES", 1000)
-    run = capture(model, corpus=ONE_TEXT, consumers=[Sizes()], max_pattern_memory=5000, progress=False)
-    assert run.blocked == 1 and len(sizes) > 2 and max(sizes) <= 1000
+    monkeypatch.setattr(PatternRows, "rows", spy)
+    monkeypatch.setattr(similarity, "BLOCK_BYTES", 1000)
+    run = capture(model, corpus=ONE_TEXT, consumers=[HeadSimilarity()], max_pattern_memory=5000, progress=False)
+    assert run.blocked == 1 and len(sizes) > 4 and max(sizes) <= 1000

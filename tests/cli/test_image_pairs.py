@@ -35,6 +35,7 @@ def test_patch_reads_two_images_and_its_numbers_are_the_librarys(vit, tmp_path):
     assert [(r["layer"], r["head"]) for r in rows] == list(want.table.heads)
     np.testing.assert_allclose([r["effect"] for r in rows], want.table["effect"], rtol=1e-5, atol=1e-7)
     assert document["results"][0]["clean_metric"] == pytest.approx(1.0)
+    assert document["metric"] == "cosine similarity of the mean-pooled output to the clean image's"
 
 
 def test_circuit_reads_two_images(vit, tmp_path):

@@ -245,12 +245,13 @@ def long_context_numbers(results: Path = RESULTS) -> str:
             f"{format_seconds(bound.contender_time.median)} | {bound.ratio:.2f}× | "
             f"{rows[case, lc.STATS_LABEL, lc.BOUND_LABEL].ratio:.2f}× | {said} |")
     lines.append("")
-    growth = [r for r in area.rows if r.contender.startswith(lc.ABOVE_LABEL + ",")]
+    growth = [r for r in area.rows if r.contender.startswith(lc.SLOPE_LABEL + ",")]
     if growth:
-        said = "; ".join(f"{r.case.removeprefix('batch 1 · pos ')}: {r.ratio:.2f}× (linear "
-                         f"{r.details['linear growth']:.0f}×, quadratic {r.details['quadratic growth']:.0f}×; goal "
-                         f"≤ {r.goal:.2f}×: {met(r)})" for r in growth)
-        lines.append(f"- Growth of the statistics' peak memory above the plain forward's between lengths: {said}.")
+        said = "; ".join(f"{r.peer.removeprefix(lc.SLOPE_LABEL + ', pos ')}: {format_bytes(r.peer_time.median)}, "
+                         f"{r.contender.removeprefix(lc.SLOPE_LABEL + ', pos ')}: "
+                         f"{format_bytes(r.contender_time.median)}, {r.ratio:.2f}× (linear 1×, quadratic "
+                         f"{r.details['quadratic growth']:.1f}×; goal ≤ {r.goal:.2f}×: {met(r)})" for r in growth)
+        lines.append(f"- Memory the statistics add above the plain forward's per position, between lengths: {said}.")
     bounded = next((r for r in area.rows if r.contender == lc.ABOVE_LABEL), None)
     if bounded is not None:
         lines.append(f"- At {lengths[-1]:,} positions: {format_bytes(bounded.contender_time.median)} above the plain "

@@ -145,10 +145,10 @@ def analyze(
             and, with ``streaming``, the length of the streaming chunks and of the needle-style copy cases; each
             shrunk to the model's position table. None: the model's limit for the corpus, the quick/full sizes for
             the context passes.
-        max_pattern_memory: the most bytes of patterns a batch of the capture pass may hold at once; where a batch's
-            whole patterns would take more, they go to the statistics in row blocks (``headlab.capture.blocks``):
-            memory linear in the length, and the pattern classes and syntax (which need whole patterns) skipped with
-            the reason. None: a share of the device's free memory (``capture``).
+        max_pattern_memory: the most bytes of whole patterns a batch of the capture pass may hold; where a batch's
+            would take more, the taps keep what makes them and the statistics read them in row blocks
+            (``headlab.capture.blocks``): memory linear in the length, and the pattern classes and syntax (which
+            need whole patterns) skipped with the reason. None: a share of the device's free memory (``capture``).
         engine: where the capture pass runs: ``"local"`` (this process) or ``"ray"`` (the corpus in
             shards on Ray workers that each load the model from its source; docs/scaling.md). The
             probes, retrieval and streaming heads, importance and pruning run in this process either way.

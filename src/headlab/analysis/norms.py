@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.analysis.per_head import HeadSums
-from headlab.analysis.reductions import StackReductions, by_group, reductions
+from headlab.analysis.reductions import StackReductions, reductions
 from headlab.capture.batch import CaptureBatch, LayerCapture
 from headlab.heads import HeadTable
 from headlab.models import HeadedModel
@@ -246,24 +246,13 @@ class ValueReductions:
 
     def norms(self, rows: StackReductions, *, fix: str) -> Tensor:
         """``(layer, batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding
-        (``ValueProjections.norms``); of a row block (``CaptureBatch.row_block``), the whole batch's, computed once
-        for all its blocks, cut to the block's keys."""
-        if rows.layers in self._norms:
-            return self._norms[rows.layers]
-        whole = self.batch.rows_of
-        if whole is not None:  # a row block: the whole batch's norms, made once for all its blocks, cut to its keys
-            def of_whole(batch: CaptureBatch) -> Tensor:
-                norms = torch.cat([self.projections.norms([batch.layers[layer]], fix=fix) for layer in rows.layers])
-                return norms.masked_fill(~batch.attention_mask.bool()[:, None, :], 0.0)
-
-            norms = whole.shared((self.projections.key, "norms", rows.layers), of_whole)
-            self._norms[rows.layers] = norms[..., : self.key_real.shape[-1]]
-            return self._norms[rows.layers]
-        taken = [self.batch.layers[layer] for layer in rows.layers]
-        # as the stack reads its patterns: one product for the stack where they were copied into one tensor (a
-        # GPU), else layer by layer (a CPU: there a layer's products stay in cache, the stack's would not)
-        norms = rows.over_layers(lambda _, layers: self.projections.norms(taken[layers], fix=fix))
-        self._norms[rows.layers] = norms.masked_fill(~self.key_real[:, None, :], 0.0)
+        (``ValueProjections.norms``)."""
+        if rows.layers not in self._norms:
+            taken = [self.batch.layers[layer] for layer in rows.layers]
+            # as the stack reads its patterns: one product for the stack where they were copied into one tensor (a
+            # GPU), else layer by layer (a CPU: there a layer's products stay in cache, the stack's would not)
+            norms = torch.cat([self.projections.norms(taken[part], fix=fix) for part in rows.slices])
+            self._norms[rows.layers] = norms.masked_fill(~self.key_real[:, None, :], 0.0)
         return self._norms[rows.layers]
 
     def total(self, rows: StackReductions, *, fix: str) -> Tensor:
@@ -273,25 +262,19 @@ class ValueReductions:
 
     def masses(self, rows: StackReductions, *, fix: str) -> Tensor:
         """``(layer, batch, head, query_pos, 5)`` float64: each row's mass ``Σ_j α_ij c_j`` on the columns c = first,
-        special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total.
+        special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total, in one
+        read of the patterns (``StackReductions.column_masses``)."""
+        return rows.column_masses(self.projections.key, lambda stack: self.columns(stack, fix=fix)).double()
 
-        One product per length group against the five key columns reads the patterns once (in their dtype). Each
-        head's product is taken columns first, ``(5 × key_pos) · (key_pos × query_pos)``: on a CPU ~4× faster than
-        its transpose (``headlab.analysis.reductions.column_masses``).
-        """
-        if rows.layers not in self._masses:
-            norms = self.norms(rows, fix=fix).to(rows.dtype)  # (l, b, h, k), 0 at padding
-            first, special = (mask.to(rows.dtype)[:, None, :].expand_as(norms) for mask in (self.first, self.special))
-            columns = torch.stack([first, special, first * norms, special * norms, norms], -2)  # (l, b, h, 5, k)
+    def columns(self, rows: StackReductions, *, fix: str) -> Tensor:
+        """``(layer, batch, head, key_pos, 5)``: the key columns of ``masses``, in the patterns' dtype."""
+        norms = self.norms(rows, fix=fix).to(rows.dtype)  # (l, b, h, k), 0 at padding
+        first, special = (mask.to(rows.dtype)[:, None, :].expand_as(norms) for mask in (self.first, self.special))
+        return torch.stack([first, special, first * norms, special * norms, norms], -1)
 
-            def masses(pattern: Tensor, layers: slice) -> Tensor:
-                def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
-                    return torch.matmul(columns[layers, items, :, :, :pos], block.transpose(-1, -2)).transpose(-1, -2)
-
-                return by_group(pattern, self.batch.length_groups(), reduce)
-
-            self._masses[rows.layers] = rows.over_layers(masses).double()
-        return self._masses[rows.layers]
+    def announce(self, *, fix: str) -> None:
+        """Announce ``masses``' columns to the batch's reductions (``BatchReductions.announce``)."""
+        reductions(self.batch).announce(self.projections.key, lambda stack: self.columns(stack, fix=fix))
 
 
 class ValueWeighted(HeadSums):
@@ -306,7 +289,7 @@ class ValueWeighted(HeadSums):
     """
 
     FIX = "capture with take=('pattern', 'v')"
-    READS_ROW_BLOCKS = True  # sums over query rows; what is summed over keys alone, once per batch (its last rows)
+    READS_ROW_BLOCKS = True  # row reductions only: masses on key columns (announced in prepare)
 
     def __init__(self, W_O: Mapping[int, Tensor] | ValueProjections) -> None:
         super().__init__()
@@ -317,6 +300,11 @@ class ValueWeighted(HeadSums):
         """An accumulator for every layer of ``model`` (a ``HeadedModel`` or an attached model)."""
         return cls(out_projections(model))
 
+    def prepare(self, batch: CaptureBatch) -> None:
+        """Before any consumer's update: announce the key columns ``update`` reads the masses on."""
+        for view in batch.views():
+            value_reductions(view, self.projections).announce(fix=self.FIX)
+
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry pattern and v), view by view (``CaptureBatch.views``): each layer's
         queries and keys on their own sides."""
@@ -326,9 +314,7 @@ class ValueWeighted(HeadSums):
     def _update(self, batch: CaptureBatch) -> None:
         shared = value_reductions(batch, self.projections)
         real = shared.real[:, None, :, None]  # (batch, 1, query, 1)
-        # the keys' norms and counts: once per batch, with its last rows (a row block sees the keys its rows see)
         keys = torch.stack([shared.first, shared.special, shared.other], -1).double()  # (batch, key, 3)
-        keys = keys if batch.last_rows else torch.zeros_like(keys)
         n_keys = keys.sum((0, 1))  # (3,): first, special, other
         n_queries = shared.real.sum().double()
         for rows in reductions(batch).stacks:

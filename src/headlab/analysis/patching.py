@@ -56,6 +56,7 @@ from headlab.heads.scoped import intervening
 from headlab.heads.selection import HeadSelection
 from headlab.models import HeadedModel
 from headlab.models.handle import Inputs, given_tokenizer
+from headlab.models.images import takes_pixels
 from headlab.models.stream import has_logits
 
 Metric = Callable[[Any], Tensor]  # the model's output -> a scalar tensor (differentiable for AtP)
@@ -354,7 +355,8 @@ def text_metric(model: HeadedModel, clean: str, *, name: str | None = None, answ
     name = name or default_metric(model)
     if name == "similarity":
         reference = run_with_cache(model, clean, take="z", heads={0: [0]}).output.last_hidden_state.mean(dim=1)
-        return embedding_similarity(reference), "cosine similarity of the mean-pooled output to the clean text's"
+        what = "image" if takes_pixels(model.model) else "text"
+        return embedding_similarity(reference), f"cosine similarity of the mean-pooled output to the clean {what}'s"
     if name != "logit-diff":
         raise ValueError(f"metric {name!r}; expected 'logit-diff' (language models) or 'similarity' (any model)")
     if answer is None or wrong is None:

@@ -36,15 +36,18 @@ rows with ``real``, never by multiplying.
 from __future__ import annotations
 
 import functools
+import math
 import string
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from functools import cached_property
 
 import torch
 from torch import Tensor
 
+from headlab.analysis.sweep import DIAGONALS, FIELDS, sweep
 from headlab.capture.batch import CaptureBatch
+from headlab.layer.pattern_rows import PatternRows
 
 __all__ = [
     "COLUMNS", "BatchReductions", "StackReductions", "by_group", "column_masses", "is_punctuation", "launch_bound",
@@ -135,9 +138,10 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     previous = None
     for layer, taken in batch.layers.items():
         p = _pattern_of(batch, layer)
-        kind = (tuple(taken.heads), p.shape, p.dtype)
-        if kind == previous and (not launch_bound(p.device)
-                                 or (len(runs[-1]) + 1) * p.numel() * p.element_size() <= _GPU_STACK_BYTES):
+        kind = (tuple(taken.heads), tuple(p.shape), p.dtype, isinstance(p, PatternRows))
+        size = math.prod(p.shape) * p.dtype.itemsize
+        if kind == previous and (not launch_bound(p.device) or isinstance(p, PatternRows)
+                                 or (len(runs[-1]) + 1) * size <= _GPU_STACK_BYTES):
             runs[-1].append(layer)
         else:
             runs.append([layer])
@@ -145,13 +149,14 @@ def stack_layers(batch: CaptureBatch) -> list[tuple[int, ...]]:
     return [tuple(run) for run in runs]
 
 
-def _pattern_of(batch: CaptureBatch, layer: int) -> Tensor:
-    """Layer ``layer``'s captured patterns.
+def _pattern_of(batch: CaptureBatch, layer: int) -> Tensor | PatternRows:
+    """Layer ``layer``'s captured patterns, or what makes them where its tap kept them as ``PatternRows``.
 
     Raises:
         ValueError: the layer was captured without patterns.
     """
-    p = batch.layers[layer].pattern
+    taken = batch.layers[layer]
+    p = taken.pattern if taken.pattern is not None else taken.pattern_rows
     if p is None:
         raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
     return p
@@ -244,13 +249,12 @@ class BatchReductions:
         key_real: ``(batch, key_pos)`` bool, True at real key tokens (``real`` itself for self-attention).
         special: ``(batch, key_pos)`` bool, True at real special tokens ([CLS], [SEP], BOS …).
         groups: ``CaptureBatch.length_groups``: the runs of items each reduction reads as one block.
-        query_start: the position of the first query row in its text (``CaptureBatch.query_start``: a row block's
-            first row; 0 for a whole batch): the diagonals and the distance read positions from it.
+        announced: ``{name: build}``, the key columns consumers will read the masses on (``announce``).
     """
 
     def __init__(self, batch: CaptureBatch) -> None:
         self.batch = batch
-        self.query_start = batch.query_start
+        self.announced: dict[Hashable, Callable[[StackReductions], Tensor]] = {}
         self._keys = batch if batch.keys is None else batch.keys
         self.real = batch.attention_mask.bool()
         self.key_real = self.real if batch.keys is None else self._keys.attention_mask.bool()
@@ -301,6 +305,13 @@ class BatchReductions:
             self._columns["segments", dtype] = (one_hot & self.content[..., None]).to(dtype)
         return self._columns["segments", dtype]
 
+    def announce(self, name: Hashable, build: Callable[[StackReductions], Tensor]) -> None:
+        """Say, before any reduction is read, that a consumer will read each row's masses on the key columns
+        ``build(stack)`` ``(layer, batch, head | 1, key_pos, column)`` (``StackReductions.column_masses``): where the
+        patterns are kept as ``PatternRows``, the one sweep over them then takes those masses too. A consumer does
+        it in its ``prepare(batch)``, which ``capture`` calls before any consumer's update."""
+        self.announced.setdefault(name, build)
+
     @cached_property
     def stacks(self) -> list[StackReductions]:
         """The captured layers' patterns as ``stack_layers`` stacks them, each with its reductions (computed as
@@ -335,8 +346,15 @@ class StackReductions:
     (``CaptureBatch.length_groups``) as their own shorter blocks, never the padding past a group's
     longest item.
 
+    Where the layers' taps kept their patterns as ``PatternRows`` (``swept``: no whole pattern exists), every row
+    reduction comes from one ``headlab.analysis.sweep.sweep`` of each layer, on first access: the entropy, the
+    distance, the largest weight, the diagonals of ``DIAGONALS``, the masses on ``COLUMNS`` and on every key column
+    announced before (``BatchReductions.announce``). What sums over queries (``key_sums``, ``segment_masses``) and
+    ``over_layers`` need whole patterns.
+
     Args:
-        patterns: each layer's ``(batch, head, query_pos, key_pos)``, the same shape and dtype.
+        patterns: each layer's ``(batch, head, query_pos, key_pos)``, the same shape and dtype; or each layer's
+            ``PatternRows`` of such patterns.
         keys: the batch's masks, which make and hold this object (``BatchReductions.stacks``); held weakly here.
         layers: the layers of the stack, in order.
         heads: the heads every one of them captured, in the patterns' order.
@@ -344,30 +362,44 @@ class StackReductions:
     Attributes:
         shape: ``(layer, batch, head, query_pos, key_pos)``, the stack's patterns side by side.
         dtype, device: the patterns'.
+        swept: the patterns are ``PatternRows``, read by the sweep.
         parts: the patterns as the reductions read them, ``[(pattern (layer, batch, head, query_pos, key_pos),
             the slice of the stack's layers it holds)]``: one copy of the whole stack where ``launch_bound`` (a
-            GPU), else each layer's pattern where it lies (a CPU).
+            GPU), else each layer's pattern where it lies (a CPU); empty where ``swept``.
+        slices: the slices of the stack's layers as ``parts`` hold them (one per layer where ``swept``).
     """
 
-    def __init__(self, patterns: list[Tensor], keys: BatchReductions, *, layers: tuple[int, ...],
-                 heads: tuple[int, ...]) -> None:
+    def __init__(self, patterns: Sequence[Tensor | PatternRows], keys: BatchReductions, *,
+                 layers: tuple[int, ...], heads: tuple[int, ...]) -> None:
         first = patterns[0]
         self.layers, self.heads = layers, heads
         self.shape, self.dtype, self.device = (len(patterns), *first.shape), first.dtype, first.device
+        self.swept = isinstance(first, PatternRows)
+        self._rows = [p for p in patterns if isinstance(p, PatternRows)]
         # the patterns as they are read, each with the slice of the stack's layers it holds
-        if len(patterns) > 1 and launch_bound(first.device):  # one (layer, …) tensor: an op per stack
-            self.parts = [(torch.stack(patterns), slice(0, len(patterns)))]
+        tensors = [p for p in patterns if isinstance(p, Tensor)]
+        if len(tensors) > 1 and launch_bound(first.device):  # one (layer, …) tensor: an op per stack
+            self.parts = [(torch.stack(tensors), slice(0, len(tensors)))]
         else:  # each layer where it lies, as (1, …)
-            self.parts = [(p[None], slice(i, i + 1)) for i, p in enumerate(patterns)]
+            self.parts = [(p[None], slice(i, i + 1)) for i, p in enumerate(tensors)]
+        self.slices = [part for _, part in self.parts] if self.parts else [slice(i, i + 1) for i in range(len(layers))]
         # held weakly: keys holds this object, and a cycle would keep the batch's patterns alive until the next
         # garbage collection after the batch is done (capture then could not reuse their memory)
         self.keys = weakref.proxy(keys)
         self._diagonals: dict[int, Tensor] = {}
+        self._column_masses: dict[Hashable, Tensor] = {}
 
     def over_layers(self, reduce: Callable[[Tensor, slice], Tensor]) -> Tensor:
         """``(layer, …)``: ``reduce(pattern, layers)`` of each of ``parts`` (``pattern`` ``(layer, batch, head,
         query_pos, key_pos)``, ``layers`` the slice of the stack it holds), the results side by side: all at once
-        where the patterns were copied into one tensor (a GPU), else layer by layer (a CPU)."""
+        where the patterns were copied into one tensor (a GPU), else layer by layer (a CPU).
+
+        Raises:
+            ValueError: the patterns are ``PatternRows`` (``swept``): no whole pattern to hand.
+        """
+        if self.swept:
+            raise ValueError(f"layers {list(self.layers)} kept their patterns as PatternRows (they would not fit "
+                             "whole): only their row reductions can be read, or rows formed with pattern_rows.rows")
         results = [reduce(pattern, layers) for pattern, layers in self.parts]
         return results[0] if len(results) == 1 else torch.cat(results)
 
@@ -375,9 +407,61 @@ class StackReductions:
         return self.over_layers(lambda pattern, _: by_group(pattern, self.keys.groups, reduce))
 
     @cached_property
+    def _swept(self) -> tuple[Tensor, dict[Hashable, slice]]:
+        """``(out, where)``: each layer's ``sweep`` side by side, ``(layer, batch, head, query_pos, field)``, with
+        the masses on ``COLUMNS`` and on every announced column set, ``where[name]`` the fields of each (``COLUMNS``
+        under "columns")."""
+        sets = {"columns": self.keys.columns(self.dtype)[:, None]}  # (batch, 1, key_pos, column)
+        built = {name: build(self) for name, build in self.keys.announced.items()}  # (layer, batch, head | 1, …)
+        where, at = {}, len(FIELDS) + len(DIAGONALS)
+        for name, columns in [*sets.items(), *built.items()]:
+            where[name] = slice(at, at + columns.shape[-1])
+            at += columns.shape[-1]
+        out = []
+        for i, rows in enumerate(self._rows):
+            parts = [sets["columns"], *(columns[i] for columns in built.values())]
+            heads = max(part.shape[1] for part in parts)
+            columns = torch.cat([part.to(self.device, self.dtype).expand(-1, heads, -1, -1) for part in parts], -1)
+            out.append(sweep(rows, columns))
+        return torch.stack(out), where
+
+    def _field(self, index: int) -> Tensor:
+        return self._swept[0][..., index]
+
+    @cached_property
     def masses(self) -> Tensor:
         """``(layer, batch, head, query_pos, column)``: each row's mass on each of ``BatchReductions.columns``."""
+        if self.swept:
+            out, where = self._swept
+            return out[..., where["columns"]]
         return self._masses(self.keys.columns(self.dtype))
+
+    def column_masses(self, name: Hashable, build: Callable[[StackReductions], Tensor]) -> Tensor:
+        """``(layer, batch, head, query_pos, column)``: each row's mass ``Σ_j p_ij c_j`` on the key columns ``c`` of
+        ``build(self)`` ``(layer, batch, head | 1, key_pos, column)``, computed once per ``name``: one product per
+        length group, each head's columns first (``(column × key_pos) · (key_pos × query_pos)``: on a CPU ~4× faster
+        than its transpose, as in ``column_masses``); where ``swept``, from the sweep when ``name`` was announced
+        (``BatchReductions.announce``) before it ran, else from a sweep of its own."""
+        if name in self._column_masses:
+            return self._column_masses[name]
+        if self.swept and name in self._swept[1]:
+            masses = self._swept[0][..., self._swept[1][name]]
+        elif self.swept:
+            columns = build(self)
+            masses = torch.stack([sweep(rows, columns[i].to(self.dtype))[..., len(FIELDS) + len(DIAGONALS):]
+                                  for i, rows in enumerate(self._rows)])
+        else:
+            columns = build(self).to(self.dtype).transpose(-1, -2)  # (layer, batch, head | 1, column, key_pos)
+
+            def masses_of(pattern: Tensor, layers: slice) -> Tensor:
+                def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
+                    return torch.matmul(columns[layers, items, :, :, :pos], block.transpose(-1, -2)).transpose(-1, -2)
+
+                return by_group(pattern, self.keys.groups, reduce)
+
+            masses = self.over_layers(masses_of)
+        self._column_masses[name] = masses
+        return masses
 
     def _masses(self, columns: Tensor) -> Tensor:
         """``(layer, batch, head, query_pos, column)``: each row's mass on each key column of ``columns`` ``(batch,
@@ -395,18 +479,30 @@ class StackReductions:
 
     @cached_property
     def segment_masses(self) -> Tensor:
-        """``(layer, batch, head, query_pos, n_segments)``: each row's mass on the content tokens of each segment."""
+        """``(layer, batch, head, query_pos, n_segments)``: each row's mass on the content tokens of each segment.
+
+        Raises:
+            ValueError: the patterns are ``PatternRows`` (a column per segment is the taxonomy's, which needs whole
+                patterns).
+        """
+        self._whole("segment_masses")
         return self._masses(self.keys.segment_columns(self.dtype))
 
     def diagonal(self, offset: int) -> Tensor:
-        """``(layer, batch, head, query_pos)``: ``p[..., i, i + offset]`` (``i`` the query's position in its text), 0
-        where key ``i + offset`` does not exist."""
+        """``(layer, batch, head, query_pos)``: ``p[..., i, i + offset]``, 0 where key ``i + offset`` does not exist.
+
+        Raises:
+            ValueError: ``swept`` and ``offset`` not one of ``DIAGONALS``.
+        """
+        if self.swept:
+            if offset not in DIAGONALS:
+                raise ValueError(f"offset={offset!r}: patterns kept as PatternRows give the diagonals {DIAGONALS}")
+            return self._field(len(FIELDS) + DIAGONALS.index(offset))
         if offset not in self._diagonals:
             out = torch.zeros(self.shape[:-1], dtype=self.dtype, device=self.device)
-            shifted = offset + self.keys.query_start  # row r of a row block is the query at query_start + r
-            first = max(0, -shifted)
+            first = max(0, -offset)
             for pattern, layers in self.parts:
-                values = pattern.diagonal(offset=shifted, dim1=-2, dim2=-1)
+                values = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
                 out[layers, ..., first:first + values.shape[-1]] = values
             self._diagonals[offset] = out
         return self._diagonals[offset]
@@ -414,25 +510,22 @@ class StackReductions:
     @property
     def entropy(self) -> Tensor:
         """``(layer, batch, head, query_pos)``: ``−Σ_j p_ij ln p_ij`` (nats; ``0 ln 0 = 0``)."""
-        return self._entropy_and_distance[..., 0]
+        return self._field(FIELDS.index("entropy")) if self.swept else self._entropy_and_distance[..., 0]
 
     @property
     def distance(self) -> Tensor:
         """``(layer, batch, head, query_pos)``: ``Σ_j p_ij |i − j|``."""
-        return self._entropy_and_distance[..., 1]
+        return self._field(FIELDS.index("distance")) if self.swept else self._entropy_and_distance[..., 1]
 
     @cached_property
     def _entropy_and_distance(self) -> Tensor:
         """``(layer, batch, head, query_pos, 2)``: both row sums in one pass over each group's block, in blocks of
         whole (query, key) matrices whose temporaries stay in cache."""
 
-        first_row = self.keys.query_start  # row r is the query at position first_row + r
-
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
             n_q, n_k = block.shape[-2:]
             matrices = block.reshape(-1, n_q, n_k)
-            offsets = (torch.arange(first_row, first_row + n_q, device=block.device)[:, None]
-                       - torch.arange(n_k, device=block.device))
+            offsets = torch.arange(n_q, device=block.device)[:, None] - torch.arange(n_k, device=block.device)
             offsets = offsets.abs().to(block.dtype)
             sums = block.new_empty(2, len(matrices), n_q)  # entropy, distance
             step = max(1, (_GPU_BLOCK if launch_bound(block.device) else _BLOCK) // max(1, n_q * n_k))
@@ -452,11 +545,18 @@ class StackReductions:
     @cached_property
     def confidence(self) -> Tensor:
         """``(layer, batch, head, query_pos)``: ``max_j p_ij``."""
+        if self.swept:
+            return self._field(FIELDS.index("confidence"))
         return self._by_group(lambda block, items, pos: block.amax(-1))
 
     @cached_property
     def key_sums(self) -> Tensor:
-        """``(layer, batch, head, key_pos)``: ``Σ_i p_ij`` over the real queries ``i``."""
+        """``(layer, batch, head, key_pos)``: ``Σ_i p_ij`` over the real queries ``i``.
+
+        Raises:
+            ValueError: the patterns are ``PatternRows``.
+        """
+        self._whole("key_sums")
         real = self.keys.real.to(self.device)
 
         def reduce(block: Tensor, items: slice, pos: int) -> Tensor:
@@ -467,3 +567,8 @@ class StackReductions:
             return sums
 
         return self._by_group(reduce)  # (layer, batch, head, key_pos): each group's sums fill its first pos keys
+
+    def _whole(self, what: str) -> None:
+        """Raise ValueError where the patterns are ``PatternRows``: ``what`` sums over queries, and needs them whole."""
+        if self.swept:
+            raise ValueError(f"{what} needs whole patterns; layers {list(self.layers)} kept theirs as PatternRows")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ from torch import Tensor
 from headlab import display
 from headlab.analysis.scratch import Scratch
 from headlab.capture.batch import CaptureBatch
+from headlab.capture.blocks import BLOCK_BYTES
 from headlab.heads import head_label
+from headlab.layer.pattern_rows import PatternRows
 
 __all__ = ["HeadSimilarity", "MDSResult", "SimilarityResult", "js_distance", "mds", "plot_mds"]
 
@@ -113,7 +116,7 @@ class HeadSimilarity:
         ValueError: ``row_fraction`` is not a number in (0, 1].
     """
 
-    READS_ROW_BLOCKS = True  # the sample is drawn over the whole batch, each row block reads its sampled rows
+    READS_ROW_BLOCKS = True  # where the patterns are PatternRows, its sampled rows are formed a block at a time
 
     def __init__(self, *, row_fraction: float | None = None, seed: int = 0) -> None:
         if row_fraction is not None and (isinstance(row_fraction, bool) or not isinstance(row_fraction, (int, float))
@@ -127,35 +130,34 @@ class HeadSimilarity:
         self._scratch = Scratch()
 
     def update(self, batch: CaptureBatch) -> None:
-        """Add one batch (its layers must carry patterns): the heads of its first view (``CaptureBatch.views``), as
-        heads compare on the same query rows and keys: a batch of texts whole; of pairs, the encoder's heads (when no
-        encoder layer was captured, the decoder's self-attention heads, else the cross-attention heads)."""
+        """Add one batch (its layers must carry patterns, whole or as ``PatternRows``): the heads of its first view
+        (``CaptureBatch.views``), as heads compare on the same query rows and keys: a batch of texts whole; of pairs,
+        the encoder's heads (when no encoder layer was captured, the decoder's self-attention heads, else the
+        cross-attention heads)."""
         batch = next(iter(batch.views()), batch)
-        heads, patterns = [], []
+        heads: list[tuple[int, int]] = []
+        sources: list[Tensor | PatternRows] = []
         for layer, taken in sorted(batch.layers.items()):
-            if taken.pattern is None:
+            source = taken.pattern if taken.pattern is not None else taken.pattern_rows
+            if source is None:
                 raise ValueError(f"layer {layer} was captured without patterns; capture with take=('pattern',)")
             heads += [(layer, h) for h in taken.heads]
-            patterns.append(taken.pattern)
+            sources.append(source)
         if not heads:
             raise ValueError("the batch carries no captured layer")
         self._check_heads(heads)
-        if batch.query_start == 0:  # a batch's first rows (whole, or its first row block)
-            self.batches_seen += 1
-        whole = batch if batch.rows_of is None else batch.rows_of
-        item, query, n_real = whole.shared((HeadSimilarity, self.seed + self.batches_seen, self.row_fraction),
-                                           self._sample)
-        n_read = len(item)  # the whole batch's sample
-        # the sample is drawn over the whole batch; a row block reads the sampled rows it holds
-        start, stop = batch.query_start, batch.query_start + batch.input_ids.shape[1]
-        here = (query >= start) & (query < stop)
-        item, query = item[here], query[here] - start
-        counted = float(n_real) if batch.last_rows else 0.0  # the batch's real rows, once
-        if len(item) == 0:  # no sampled row here
-            self._add(np.zeros((len(heads), len(heads))), np.full((len(heads), len(heads)), counted))
-            return
-        # Only the rows used are read: each layer's (row, head, key_pos), then heads of every layer side by side.
-        rows = torch.cat([p[item, :, query] for p in patterns], dim=1).transpose(0, 1).contiguous()  # (head, row, key)
+        self.batches_seen += 1
+        item, query, n_real = self._sample(batch)
+        sums = np.zeros((len(heads), len(heads)))
+        for rows in _sampled_rows(sources, item, query):  # (head, row, key_pos) each
+            sums += self._pair_sums(rows)
+        self.sampled += len(item)
+        # the sample stands for every real row
+        self._add(sums * (n_real / max(len(item), 1)), np.full((len(heads), len(heads)), float(n_real)))
+
+    def _pair_sums(self, rows: Tensor) -> np.ndarray:
+        """``(head, head)``: Σ over the rows of each pair of heads' JS distance, of ``rows`` ``(head, row, key_pos)``
+        (every head's patterns on the same rows)."""
         n, n_rows = rows.shape[0], rows.shape[1]
         # In the rows' dtype (float32): with s = p + q, H(m) = ½·ln2·(Σp + Σq) − ½·Σ s ln s, so each
         # pair costs one add, one log and one dot product; entropies are ~1e-7-exact, a floor of
@@ -181,13 +183,11 @@ class HeadSimilarity:
             mixed = 0.5 * math.log(2.0) * (mass[a] + mass[b]) - 0.5 * s_log_s  # H((p + q) / 2)
             divergence = mixed - (entropy[a] + entropy[b]) / 2  # (pairs, row)
             sums[i[at].numpy(), j[at].numpy()] = divergence.clamp_min(0.0).sqrt().sum(-1).cpu().numpy()
-        sums += sums.T
-        self.sampled += n_rows
-        self._add(sums * (n_real / n_read), np.full((n, n), counted))  # the sample stands for every real row
+        return sums + sums.T
 
     def _sample(self, batch: CaptureBatch) -> tuple[Tensor, Tensor, int]:
-        """``(item, query, n_real)``: the sampled real query rows of a whole batch (every one without
-        ``row_fraction``), drawn with seed + batches seen, and how many real rows it has."""
+        """``(item, query, n_real)``: the sampled real query rows of a batch (every one without ``row_fraction``),
+        drawn with seed + batches seen, and how many real rows it has."""
         item, query = batch.attention_mask.bool().nonzero(as_tuple=True)  # the real query rows, in row-major order
         n_real = len(item)
         n_read = n_real if self.row_fraction is None else math.ceil(self.row_fraction * n_real)
@@ -355,3 +355,26 @@ def plot_mds(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _sampled_rows(sources: list[Tensor | PatternRows], item: Tensor, query: Tensor) -> Iterator[Tensor]:
+    """The rows ``(item, query)`` of every layer's patterns, heads side by side: ``(head, row, key_pos)``. Of whole
+    patterns, in one piece; of ``PatternRows``, a block of query rows at a time (every item's rows ``[start, stop)``
+    at most ``BLOCK_BYTES``, padded to the widest layer's keys), each block's sampled rows."""
+    whole = [p for p in sources if isinstance(p, Tensor)]
+    if len(whole) == len(sources):
+        if len(item):
+            yield torch.cat([p[item, :, query] for p in whole], dim=1).transpose(0, 1).contiguous()
+        return
+    rows_of = [p if isinstance(p, PatternRows) else PatternRows.of(p) for p in sources]
+    n_queries, start = rows_of[0].shape[2], 0
+    while start < n_queries:
+        stop = start + min(r.block_rows(start, BLOCK_BYTES // len(rows_of)) for r in rows_of)
+        here = (query >= start) & (query < stop)
+        if here.any():
+            blocks = [r.rows(start, stop) for r in rows_of]
+            keys = max(block.shape[-1] for block in blocks)
+            at, rows = item[here], query[here] - start
+            yield torch.cat([torch.nn.functional.pad(block, (0, keys - block.shape[-1]))[at, :, rows]
+                             for block in blocks], dim=1).transpose(0, 1).contiguous()
+        start = stop

@@ -25,6 +25,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
@@ -46,6 +47,7 @@ __all__ = [
     "plot_sink_share", "sink_sentences", "sink_share",
 ]
 
+_FIX = "capture with take=('pattern', 'v') or pass W_O=None"
 CAUSAL_SINK_TOKENS = 4  # Xiao et al. 2023 keep the first 4 tokens as sinks
 ENCODER_SINK_TOKENS = 1  # an encoder's first token is [CLS]
 SINK_HEAD_SHARE = SINK  # a sink head sends at least half of a query's attention to the sink tokens (the one rule)
@@ -137,7 +139,7 @@ class SinkShare(HeadSums):
         ValueError: ``n_sink`` < 1, or edges that do not start at 0 and increase.
     """
 
-    READS_ROW_BLOCKS = True  # every share is a sum over query rows, binned by their positions
+    READS_ROW_BLOCKS = True  # row reductions only: the masses on the first keys (announced in prepare)
 
     def __init__(self, *, n_sink: int = CAUSAL_SINK_TOKENS, edges: Sequence[int] = DEFAULT_EDGES,
                  W_O: Mapping[int, Tensor] | ValueProjections | None = None) -> None:
@@ -167,6 +169,32 @@ class SinkShare(HeadSums):
     def _settings(self) -> tuple[Any, ...]:
         return (self.n_sink, self.edges, self.weighted)
 
+    def prepare(self, batch: CaptureBatch) -> None:
+        """Before any consumer's update: announce the key columns ``update`` reads the masses on where the patterns
+        are ``PatternRows`` (the sinks, and their value-weighted masses and totals)."""
+        for view in batch.views():
+            reductions(view).announce(self._sink_columns_name(view), partial(self._sink_columns, view))
+            if self.projections is not None:
+                value_reductions(view, self.projections).announce(fix=_FIX)
+
+    def _sinks(self, batch: CaptureBatch) -> int:
+        """How many first keys are the sinks of this view: ``n_sink``, or every key of a shorter key side."""
+        return min(self.n_sink, (batch if batch.keys is None else batch.keys).input_ids.shape[1])
+
+    def _sink_columns_name(self, batch: CaptureBatch) -> tuple[Any, ...]:
+        return ("sinks", self._sinks(batch), None if self.projections is None else self.projections.key)
+
+    def _sink_columns(self, batch: CaptureBatch, rows: StackReductions) -> Tensor:
+        """``(layer, batch, head | 1, key_pos, 1 | 2)``: the first keys, and (weighted) their value norms there."""
+        s = self._sinks(batch)
+        n_keys = rows.shape[-1]
+        first = torch.zeros(1, 1, 1, n_keys, 1, dtype=rows.dtype, device=rows.device)
+        first[..., :s, :] = 1.0
+        if self.projections is None:
+            return first.expand(len(rows.layers), -1, -1, -1, -1)
+        norms = value_reductions(batch, self.projections).norms(rows, fix=_FIX).to(rows.dtype)[..., None]
+        return torch.cat([first.expand_as(norms), norms * first], -1)
+
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns, and v when weighted), view by view
         (``CaptureBatch.views``): the sinks are the first keys of each layer's key side, the bins its query
@@ -177,8 +205,8 @@ class SinkShare(HeadSums):
     def _update(self, batch: CaptureBatch) -> None:
         real = batch.attention_mask.bool()  # (batch, query_pos)
         n_q = real.shape[1]
-        s = min(self.n_sink, (batch if batch.keys is None else batch.keys).input_ids.shape[1])  # the first keys
-        position = torch.arange(batch.query_start, batch.query_start + n_q, device=real.device)  # in its text
+        s = self._sinks(batch)  # the first keys
+        position = torch.arange(n_q, device=real.device)
         bins = torch.bucketize(position, torch.tensor(self.edges, device=real.device), right=True) - 1
         n_bins = len(self.edges)
         one_hot = torch.nn.functional.one_hot(bins, n_bins).double()  # (query, bin)
@@ -192,11 +220,15 @@ class SinkShare(HeadSums):
         for rows in reductions(batch).stacks:
             # kind → (valid rows (batch, 1, query) or (layer, batch, head, query), share (layer, batch, head, query),
             # what the valid rows hold (layer, head, n_bins + 3))
-            raw = rows.over_layers(lambda p, _: _sink_mass(p, s)).double()  # p (layer, batch, head, query, key)
+            if rows.swept:  # the patterns are PatternRows: the sinks' masses from the sweep
+                sinks = rows.column_masses(self._sink_columns_name(batch), partial(self._sink_columns, batch))
+                raw = sinks[..., 0].double()
+            else:  # whole patterns: their first columns, read as they lie
+                raw = rows.over_layers(lambda p, _: _sink_mass(p, s)).double()  # p (layer, batch, head, query, key)
             shares = {"raw": (real[:, None, :], raw,
                               raw_held.expand(len(rows.layers), len(rows.heads), -1))}
             if self.projections is not None:
-                valid, share = self._weighted(batch, rows, s, self.projections)
+                valid, share = self._weighted(batch, rows, s, self.projections, sinks if rows.swept else None)
                 shares["weighted"] = (valid, share, torch.einsum("lbhq,bqf->lhf", valid.double(), features))
             totals = {}
             for kind, (valid, share, held) in shares.items():
@@ -212,16 +244,19 @@ class SinkShare(HeadSums):
                         added[:, :n_bins], added[:, n_bins], added[:, n_bins + 1])
                 self._add(layer, rows.heads, sums, counts)
 
-    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int,
-                  projections: ValueProjections) -> tuple[Tensor, Tensor]:
+    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int, projections: ValueProjections,
+                  sinks: Tensor | None) -> tuple[Tensor, Tensor]:
         """``(valid, share)`` of the value-weighted rows, ``(layer, batch, head, query)``: valid where the row's
-        weighted total is > 0."""
-        fix = "capture with take=('pattern', 'v') or pass W_O=None"
+        weighted total is > 0. ``sinks``: the sweep's masses on ``_sink_columns`` where the patterns are
+        ``PatternRows``, else None."""
         shared = value_reductions(batch, projections)  # the norms and totals ValueWeighted reads too
-        total = shared.total(rows, fix=fix)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
-        norms = shared.norms(rows, fix=fix)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
-        # Σ_{j < s} α_ij n_j, of the patterns (layer, batch, head, query, key)
-        sink = rows.over_layers(lambda p, layers: _sink_mass(p, s, norms[layers])).double()
+        total = shared.total(rows, fix=_FIX)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
+        if sinks is not None:
+            sink = sinks[..., 1].double()
+        else:
+            norms = shared.norms(rows, fix=_FIX)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
+            # Σ_{j < s} α_ij n_j, of the patterns (layer, batch, head, query, key)
+            sink = rows.over_layers(lambda p, layers: _sink_mass(p, s, norms[layers])).double()
         valid = shared.real[:, None, :] & (total > 0)
         return valid, sink / total.clamp_min(torch.finfo(torch.float64).tiny)
 

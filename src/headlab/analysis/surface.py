@@ -63,15 +63,15 @@ def head_statistics(*, causal: bool) -> tuple[str, ...]:
 
 
 class SurfaceStats(PerHeadMeans):
-    """Accumulates ``STATISTICS`` per (layer, head) over capture batches (patterns needed), whole or in row blocks
-    (``headlab.capture.blocks``).
+    """Accumulates ``STATISTICS`` per (layer, head) over capture batches (patterns needed, whole or as
+    ``PatternRows``: ``headlab.capture.blocks``).
 
     Args:
         causal: the model is causal (query i sees keys 0..i): sets the uniform entropy to
             log(i + 1) instead of log(length). Every other statistic reads the patterns as they are.
     """
 
-    READS_ROW_BLOCKS = True  # every statistic is a sum over query rows
+    READS_ROW_BLOCKS = True  # every statistic is a sum of row reductions over query rows
 
     def update(self, batch: CaptureBatch) -> None:
         """Add one batch (its layers must carry patterns), view by view (``CaptureBatch.views``)."""
@@ -79,26 +79,21 @@ class SurfaceStats(PerHeadMeans):
             self._update(view)
 
     def _update(self, batch: CaptureBatch) -> None:
-        """Add one view: queries and keys of one text (a whole batch or a row block), or (``batch.cross``)
-        cross-attention."""
+        """Add one view: queries and keys of one text, or (``batch.cross``) cross-attention."""
         shared = reductions(batch)
         real = shared.real  # (batch, query_pos)
         one_text = not batch.cross
         has_prev = torch.zeros_like(real)
         has_next = torch.zeros_like(real)
         if one_text:  # the query's previous and next positions are real tokens of its text
-            text = (batch if batch.rows_of is None else batch.rows_of).attention_mask.bool()  # (batch, pos)
-            start, stop = batch.query_start, batch.query_start + real.shape[1]
-            has_prev[:, max(0, 1 - start):] = text[:, max(0, start - 1):stop - 1]
-            has_next[:, :min(stop + 1, text.shape[1]) - start - 1] = text[:, start + 1:stop + 1]
-            has_prev &= real
-            has_next &= real
+            has_prev[:, 1:] = real[:, :-1] & real[:, 1:]
+            has_next[:, :-1] = real[:, 1:] & real[:, :-1]
         weights = {"queries": real, "positions": real if one_text else torch.zeros_like(real), "prev": has_prev,
                    "next": has_next}
         counts = {name: w.sum() for name, w in weights.items()}  # left on the device until the sums are folded
         # The same for every head: the log of the keys each real query may see, summed once per batch.
         uniform_entropy = torch.where(real, self._uniform_entropy(real, shared.key_real, causal=self.causal
-                                                                  and one_text, start=batch.query_start), 0.0).sum()
+                                                                  and one_text), 0.0).sum()
         # the rows each statistic is summed over, (batch, 1, q)
         computed = [name for name in STATISTICS if name != "uniform_entropy" and (one_text or name not in POSITIONAL)]
         kept = {name: weights[STATISTICS[name]][:, None] for name in computed}
@@ -119,13 +114,12 @@ class SurfaceStats(PerHeadMeans):
                 self._add(layer, rows.heads, sums, counts)
 
     @staticmethod
-    def _uniform_entropy(real: Tensor, key_real: Tensor, *, causal: bool, start: int = 0) -> Tensor:
-        """``(batch, query_pos)`` float64: log of the keys each query may see (``i + 1`` when causal, ``i`` its
-        position: ``start`` + its row)."""
+    def _uniform_entropy(real: Tensor, key_real: Tensor, *, causal: bool) -> Tensor:
+        """``(batch, query_pos)`` float64: log of the keys each query may see (``i + 1`` when causal)."""
         lengths = key_real.sum(-1).double()  # (batch,)
         n_queries = real.shape[1]
         if causal:
-            queries = torch.arange(start, start + n_queries, device=real.device)
+            queries = torch.arange(n_queries, device=real.device)
             allowed = (queries.double() + 1)[None, :].minimum(lengths[:, None])  # (batch, q)
         else:
             allowed = lengths[:, None].expand(len(real), n_queries)

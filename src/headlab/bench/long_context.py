@@ -16,17 +16,20 @@ that rotate their order, each call timed and its peak memory measured at once: `
 - statistics: one ``capture`` pass over the one-item corpus with ``take=("pattern", "v")`` and three accumulators
   (``SurfaceStats``, ``SinkShare``, ``ValueWeighted``) of every head, ``max_pattern_memory`` =
   ``plan.long_context_pattern_memory``: where a batch's whole patterns would take more, the taps keep q, k and the
-  kernel's log-sum-exp and the accumulators read row blocks (``headlab.capture.blocks``);
-- bound: the plain forward, and in every layer one recomputation of ``exp(q·kᵀ × scaling)`` in the same row blocks
-  (``block_rows``), each block dropped at once: no statistics, the floor of the statistics' extra work;
+  kernel's log-sum-exp (``headlab.capture.blocks``) and every row reduction comes from one sweep of small row blocks
+  (``headlab.analysis.sweep``);
+- bound: the forward as the taps run it (the fused kernel with its log-sum-exp), and in every layer the patterns
+  formed as the sweep forms them, in its row blocks (``recompute``), each block dropped at once: no statistics, the
+  floor of the statistics' extra work;
 - eager, the peer: transformers' eager attention with ``output_attentions=True``, run only where its size
   (``eager_bytes``, plus the plain forward's measured peak) is within ``EAGER_SHARE`` of the memory available;
   elsewhere reported "out of memory", predicted before anything is tried.
 
 Goals: the statistics' time ≤ ``STATS_TIME_GOAL`` × the plain forward's at every length but the shortest (16k and
 32k in the full run); their peak memory above the plain forward's ≤ ``MEMORY_ABOVE_GOAL`` at the longest length,
-and growing linearly with the length (between two lengths, at most ``LINEAR_SLACK`` × the lengths' ratio; whole
-patterns would grow with its square).
+and growing linearly with the length: the bytes it adds per position from one length to the next at most
+``LINEAR_SLACK`` × those it added from the length before (``_growth_rows``; whole patterns' would add in proportion
+to the lengths).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import gc
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -53,12 +55,12 @@ from headlab.bench.timing import Timing, synchronize
 
 __all__ = ["ABOVE_LABEL", "BOUND", "BOUND_LABEL", "BOUND_MEMORY", "EAGER_LABEL", "EAGER_MEMORY", "EAGER_SHARE",
            "LINEAR_SLACK", "LONG_CONFIG", "MEMORY_ABOVE_GOAL", "PLAIN_LABEL", "PLAIN_MEMORY", "POSITIONS",
-           "STATS_LABEL", "STATS_MEMORY", "STATS_TIME_GOAL", "VOCAB", "bench_long_context", "block_rows", "eager_bytes",
-           "save_long_context_model", "text_of_length"]
+           "SLOPE_LABEL", "STATS_LABEL", "STATS_MEMORY", "STATS_TIME_GOAL", "VOCAB", "bench_long_context",
+           "eager_bytes", "recompute", "save_long_context_model", "text_of_length"]
 
 STATS_TIME_GOAL = 2.0  # statistics of every head / the plain sdpa forward, at every length but the shortest
 MEMORY_ABOVE_GOAL = 2**30  # bytes of peak memory above the plain forward's, at the longest length
-LINEAR_SLACK = 1.25  # growth of that memory between two lengths / the lengths' ratio (whole patterns: its square)
+LINEAR_SLACK = 1.25  # bytes that memory adds per position from one length to the next / from the one before
 EAGER_SHARE = 0.8  # the eager peer runs where its predicted bytes are within this share of the memory available
 POSITIONS = 32768  # the rotary table's length, at least
 VOCAB = 4096  # MiniLM's word pieces below this id make the text
@@ -69,12 +71,13 @@ BOUND = "headlab_bench_bound"  # the bound's attention implementation, registere
 PLAIN_LABEL, STATS_LABEL, BOUND_LABEL, EAGER_LABEL = (
     "plain transformers forward (sdpa)",
     "headlab statistics of every head (surface, sink share, value-weighted)",
-    "bound: sdpa forward + exp(q·kᵀ) per layer in the same row blocks, no statistics",
+    "bound: forward + every layer's patterns formed in the sweep's row blocks, no statistics",
     "transformers eager, output_attentions=True")
 STATS_MEMORY, PLAIN_MEMORY, BOUND_MEMORY, EAGER_MEMORY = (
     "peak memory of the headlab statistics of every head", f"peak memory of the {PLAIN_LABEL}",
     "peak memory of the bound", f"peak memory of {EAGER_LABEL}")
-ABOVE_LABEL = "peak memory of the statistics above the plain forward's"  # the growth rows'
+ABOVE_LABEL = "peak memory of the statistics above the plain forward's"
+SLOPE_LABEL = f"{ABOVE_LABEL}, added per position"  # the growth rows'
 
 
 def save_long_context_model(folder: str | Path, *, positions: int = POSITIONS, seed: int = 0) -> Path:
@@ -120,15 +123,6 @@ def text_of_length(tokenizer: Any, length: int, *, vocab: int = VOCAB) -> str:
     return " ".join(single[i % len(single)] for i in range(length - specials))
 
 
-def block_rows(budget: int, *, layers: int, heads: int, keys: int, itemsize: int) -> int:
-    """Query rows per block when a row of every layer's ``heads`` against ``keys`` keys costs ``layers × heads ×
-    keys × itemsize`` bytes and a block may hold ``budget`` and ``BLOCK_BYTES`` (capture's rule,
-    ``headlab.capture.blocks``): one at least."""
-    from headlab.capture.blocks import BLOCK_BYTES
-
-    return max(1, min(budget, BLOCK_BYTES) // max(layers * heads * keys * itemsize, 1))
-
-
 def eager_bytes(*, layers: int, heads: int, positions: int, itemsize: int) -> int:
     """Bytes eager attention with ``output_attentions=True`` holds beyond the plain forward, batch 1: every layer's
     patterns (``layers × heads × positions² × itemsize``), returned at the end; while a layer computes, its scores
@@ -137,48 +131,53 @@ def eager_bytes(*, layers: int, heads: int, positions: int, itemsize: int) -> in
     return layers * heads * square * itemsize + 2 * heads * square * 4 + square * itemsize
 
 
-def recompute(query: Tensor, key: Tensor, *, scaling: float, rows: int) -> None:
-    """``exp(q·kᵀ × scaling)`` of every head in row blocks of ``rows`` queries against the keys up to the block's
-    end (causal), each block dropped at once: what forming the patterns costs, without the statistics.
+def recompute(query: Tensor, key: Tensor, *, scaling: float, lse: Tensor | None) -> None:
+    """Every head's patterns formed as the statistics' sweep forms them, in its row blocks (``headlab.analysis
+    .sweep.sweep_blocks``: causal, each block's rows against the keys up to its end) from q, k and ``lse``
+    (``PatternRows.log_rows`` and its exp), each block dropped at once: what forming the patterns costs, without
+    the statistics.
 
     Args:
         query: ``(batch, head, query_pos, d_head)``.
         key: ``(batch, kv_head, key_pos, d_head)``; query head h reads key/value head h // (head / kv_head).
         scaling: the model's score scale.
-        rows: queries per block.
+        lse: ``(batch, head, query_pos)``, each row's log-sum-exp from the fused kernel; None: each block's own.
     """
-    batch, n_heads, n_queries, d_head = query.shape
-    n_kv = key.shape[1]
-    grouped = query.reshape(batch, n_kv, n_heads // n_kv, n_queries, d_head)
-    for start in range(0, n_queries, rows):
-        stop = min(n_queries, start + rows)
-        # the group's rows stacked: one matrix product per key/value head (a key broadcast over the group's heads
-        # instead runs about 10× slower on CPU)
-        stacked = (grouped[:, :, :, start:stop] * scaling).reshape(batch, n_kv, -1, d_head)
-        block = torch.matmul(stacked, key[:, :, :stop].transpose(-1, -2))
-        block.exp_()  # (batch, kv_head, group × rows, stop)
-        del block
+    from headlab.analysis.sweep import sweep_blocks
+    from headlab.layer.pattern_rows import PatternRows
+
+    rows = PatternRows(query, key, scale=scaling, causal=True, lse=lse)
+    for start, stop in sweep_blocks(rows):
+        rows.log_rows(start, stop).exp_()
 
 
 def bound_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                    *args: Any, budget: int, layers: int, **kwargs: Any) -> tuple[Tensor, Any]:
-    """transformers' sdpa attention, then ``recompute`` in capture's row blocks (an ``AttentionInterface``
-    function; ``budget`` and ``layers`` bound by ``partial``)."""
+                    *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
+    """The attention as a capture's taps run it (the fused kernel with each row's log-sum-exp, where there is one;
+    else transformers' sdpa), then ``recompute`` (an ``AttentionInterface`` function)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    from headlab.layer.functional import fused_attention_with_lse
+
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
-    rows = block_rows(budget, layers=layers, heads=query.shape[1], keys=key.shape[2], itemsize=query.element_size())
-    recompute(query, key, scaling=scaling, rows=rows)
-    return out
+    fused = None
+    if attention_mask is None:  # causal, as the kernel applies it
+        fused = fused_attention_with_lse(query, key, value, bias=None, is_causal=True, scale=scaling)
+    if fused is None:
+        out = sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+        recompute(query, key, scaling=scaling, lse=None)
+        return out
+    z, lse = fused
+    recompute(query, key, scaling=scaling, lse=lse)
+    return z.transpose(1, 2).contiguous(), None
 
 
-def _register_bound(budget: int, layers: int) -> None:
-    """Register ``bound_attention`` with this budget under ``BOUND`` (sdpa's masks: none where causal suffices)."""
+def _register_bound() -> None:
+    """Register ``bound_attention`` under ``BOUND`` (sdpa's masks: none where causal suffices)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(BOUND, partial(bound_attention, budget=budget, layers=layers))
+    AttentionInterface.register(BOUND, bound_attention)
     AttentionMaskInterface.register(BOUND, sdpa_mask)
 
 
@@ -285,13 +284,14 @@ def _run(area: Area, plan: Plan, loaded: Any, tick: Callable[[str], None], avail
     from headlab.analysis.norms import ValueWeighted
     from headlab.analysis.sinks import SinkShare
     from headlab.analysis.surface import SurfaceStats
+    from headlab.analysis.sweep import SWEEP_BYTES, SWEEP_ROWS
     from headlab.capture.blocks import available_memory
     from headlab.capture.run import capture
 
     lengths, budget, rounds = plan.long_context_lengths, plan.long_context_pattern_memory, plan.long_context_rounds
     model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.model.config
     layers, heads, itemsize = config.num_hidden_layers, config.num_attention_heads, plan.torch_dtype.itemsize
-    _register_bound(budget, layers)
+    _register_bound()
 
     def statistics(text: str, length: int, pattern_memory: int) -> Callable[[], list[Any]]:
         def once() -> list[Any]:
@@ -318,8 +318,7 @@ def _run(area: Area, plan: Plan, loaded: Any, tick: Callable[[str], None], avail
         if ids.shape[1] != length or int(ids.max()) >= VOCAB:
             raise RuntimeError(f"long context: the text of {length} pieces tokenized to {ids.shape[1]} pieces, ids up "
                                f"to {int(ids.max())} (expected exactly {length}, below {VOCAB})")
-        rows = block_rows(budget, layers=layers, heads=heads, keys=length, itemsize=itemsize)
-        blocks = -(-length // rows) if layers * heads * length * length * itemsize > budget else 0
+        blocks = layers * heads * length * length * itemsize > budget
         if n == 0:  # first: the blocks' results against whole patterns', and every contender once (warm-up)
             whole = layers * heads * length * length * itemsize
             _same_statistics(statistics(text, length, whole)(), statistics(text, length, budget)())
@@ -345,7 +344,8 @@ def _run(area: Area, plan: Plan, loaded: Any, tick: Callable[[str], None], avail
             area.notes.append(f"{EAGER_LABEL} at {length:,} positions: out of memory, predicted before it was tried: "
                               f"its patterns, scores and mask ({format_bytes(need - forward_peak)}){beside} exceed "
                               f"{EAGER_SHARE:.0%} of the {format_bytes(free)} available; not run.")
-        patterns = f"{blocks} row blocks of {rows} queries" if blocks else "whole"
+        patterns = (f"kept as PatternRows, read in row blocks of at most {format_bytes(SWEEP_BYTES)} (at least "
+                    f"{SWEEP_ROWS} rows)") if blocks else "whole"
         area.rows += _length_rows(length, times, memory, goal=STATS_TIME_GOAL if n > 0 else None,
                                   details={"patterns": patterns, "eager peer": eager}, eager_need=need)
         if memory:
@@ -364,18 +364,25 @@ def _run(area: Area, plan: Plan, loaded: Any, tick: Callable[[str], None], avail
 
 
 def _growth_rows(above: Mapping[int, Timing]) -> list[Comparison]:
-    """The statistics' memory above the plain forward between consecutive lengths (goal: linear), and at the
-    longest length against ``MEMORY_ABOVE_GOAL``."""
-    what = ABOVE_LABEL
+    """How the statistics' memory above the plain forward grows, and at the longest length against
+    ``MEMORY_ABOVE_GOAL``.
+
+    Its growth is told by the bytes it adds per position between consecutive lengths (``SLOPE_LABEL``): memory
+    linear in the length adds the same per position at every length; whole patterns' would add in proportion to
+    the lengths (between three lengths a < b < c, (b + c) / (a + b) × as much from b to c as from a to b). So for
+    each two consecutive spans, goal: the later adds at most ``LINEAR_SLACK`` × what the earlier added. (The ratio
+    of the memory itself between two lengths would count part of it twice: some of what the statistics hold at a
+    short length lies under the plain forward's own peak, so it reads as less than its share.)"""
     lengths = sorted(above)
+    slopes = {(a, b): Timing(samples=tuple(max(y - x, PAGE) / (b - a) for x, y in
+                                           zip(above[a].samples, above[b].samples))) for a, b in pairwise(lengths)}
     rows = []
-    for short, long in pairwise(lengths):
-        factor = long / short
-        rows.append(Comparison(f"batch 1 · pos {short} → {long}", f"{what}, pos {long}", f"{what}, pos {short}",
-                               above[long], above[short], goal=LINEAR_SLACK * factor, unit="bytes",
-                               details={"linear growth": factor, "quadratic growth": factor * factor}))
+    for (a, b), (_, c) in pairwise(slopes):
+        rows.append(Comparison(f"batch 1 · pos {a} → {b} → {c}", f"{SLOPE_LABEL}, pos {b} → {c}",
+                               f"{SLOPE_LABEL}, pos {a} → {b}", slopes[b, c], slopes[a, b], goal=LINEAR_SLACK,
+                               unit="bytes", details={"linear growth": 1.0, "quadratic growth": (b + c) / (a + b)}))
     if lengths:
-        rows.append(Comparison(f"batch 1 · pos {lengths[-1]}", what,
+        rows.append(Comparison(f"batch 1 · pos {lengths[-1]}", ABOVE_LABEL,
                                f"the issue's bound, {format_bytes(MEMORY_ABOVE_GOAL)}", above[lengths[-1]],
                                Timing(samples=(float(MEMORY_ABOVE_GOAL),)), goal=1.0, unit="bytes"))
     return rows
@@ -389,9 +396,11 @@ def _description(plan: Plan, shapes: str, budget: int) -> str:
         f"exactly that many pieces (MiniLM's word pieces of ids below {VOCAB}). The statistics are one capture pass "
         "over the one-item corpus, take=('pattern', 'v'), with SurfaceStats(causal=True), SinkShare and "
         f"ValueWeighted of every head, max_pattern_memory {format_bytes(budget)}: where a batch's whole patterns "
-        "take more, the accumulators read row blocks formed from q, k and the kernel's log-sum-exp; at the shortest "
-        "length their results are first checked equal to whole patterns' (1e-6). The bound is the sdpa forward plus, "
-        "in every layer, exp(q·kᵀ) recomputed in the same row blocks (the keys up to each block's end) and dropped. "
+        "take more, the taps keep q, k and the kernel's log-sum-exp, and every row reduction comes from one sweep "
+        "of row blocks formed from them; at the shortest length their results are first checked equal to whole "
+        "patterns' (1e-6). The bound is the forward as the taps run it (the fused kernel with its log-sum-exp) plus, "
+        "in every layer, the patterns formed in the sweep's row blocks (q·kᵀ against the keys up to each block's "
+        "end, minus the log-sum-exp, exp) and dropped. "
         f"The peer, transformers' eager attention with output_attentions=True, runs where its patterns, scores and "
         f"mask plus the plain forward's peak fit in {EAGER_SHARE:.0%} of the memory available, predicted before it "
         f"is tried. Each call is timed and its peak memory measured at once, {plan.long_context_rounds} interleaved "
@@ -399,5 +408,5 @@ def _description(plan: Plan, shapes: str, budget: int) -> str:
         "the bound ran at the shortest length, and the plain forward once at each length where eager's patterns "
         "could fit (its peak, for eager's prediction). Memory goals: the "
         f"statistics' peak above the plain forward's ≤ {format_bytes(MEMORY_ABOVE_GOAL)} at the longest length, and "
-        f"its growth between two lengths ≤ {LINEAR_SLACK} × their ratio (linear; whole patterns grow with its "
-        "square).")
+        f"linear growth: the bytes it adds per position from one length to the next ≤ {LINEAR_SLACK} × those it "
+        "added from the length before (whole patterns' would add in proportion to the lengths).")

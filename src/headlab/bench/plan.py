@@ -7,7 +7,8 @@ The circuits area runs the default model at ``circuit_tokens`` and times exact e
 seeded sample of ``circuit_edges`` edges. The large-model area builds a random Llama of ``large_model``'s
 layers and width (``headlab.bench.large``: 1B-class shapes in the full run) and runs it on ``large_shape``.
 The long-context area runs a tiny LLaMA-shaped model at ``long_context_lengths`` (4k, 16k and 32k positions in the
-full run), its statistics' patterns in row blocks of at most ``long_context_pattern_memory`` bytes.
+full run), its statistics' patterns kept as ``PatternRows`` where whole they would take more than
+``long_context_pattern_memory`` bytes.
 ``--quick`` keeps every benchmark but drops the longest positions, halves the batches and takes fewer
 rounds and a slice of the corpus (and a much smaller large model).
 """
@@ -56,8 +57,8 @@ class Plan:
             intermediate size follow from d_model: ``headlab.bench.large.large_config``).
         large_shape: ``(batch, positions)`` of that model's forwards.
         long_context_lengths: positions of the long-context area's texts (batch 1), increasing.
-        long_context_pattern_memory: its statistics' ``max_pattern_memory`` (bytes of patterns a batch may hold at
-            once: above it, row blocks).
+        long_context_pattern_memory: its statistics' ``max_pattern_memory`` (bytes of whole patterns a batch may
+            hold: above it, ``PatternRows`` read in row blocks).
         long_context_rounds: its interleaved rounds (each call timed and its peak memory measured at once).
     """
 

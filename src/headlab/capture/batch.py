@@ -89,10 +89,7 @@ class CaptureBatch:
             tokens are the targets shifted one place right behind the decoder start token (what each decoder
             position reads); None for a batch of texts.
         keys: a view of cross-attention layers (``views``): the side their keys come from, this batch's own
-            fields being the queries'; a row block (``row_block``): its text's tokens that its rows see; None where
-            queries and keys are the same tokens.
-        rows_of: a row block (``row_block``): the whole batch it was cut from; None for a whole batch.
-        query_start: a row block: the position in its text of its first query row (0 for a whole batch).
+            fields being the queries'; None where queries and keys are the same tokens.
     """
 
     input_ids: Tensor
@@ -108,8 +105,6 @@ class CaptureBatch:
     layers: dict[int, LayerCapture] = field(default_factory=dict)
     target: CaptureBatch | None = None
     keys: CaptureBatch | None = None
-    rows_of: CaptureBatch | None = None
-    query_start: int = 0
     _shared: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def shared(self, key: Hashable, compute: Callable[[CaptureBatch], T]) -> T:
@@ -176,49 +171,7 @@ class CaptureBatch:
     @property
     def cross(self) -> bool:
         """Queries and keys come from different texts: a view of cross-attention layers (``views``)."""
-        return self.keys is not None and self.rows_of is None
-
-    @property
-    def last_rows(self) -> bool:
-        """The batch's last query rows are here: a whole batch, or its last row block (``row_block``). What is summed
-        over the keys alone (their norms, their counts) is added once per batch, with these rows."""
-        return self.rows_of is None or self.query_start + self.input_ids.shape[1] == self.rows_of.input_ids.shape[1]
-
-    def row_block(self, start: int, stop: int, patterns: dict[int, Tensor], keys: int) -> CaptureBatch:
-        """The query rows ``[start, stop)`` of this batch of texts, as a batch of its own that consumers read as any
-        other: its fields are those rows' (``query_start`` = ``start``), ``keys`` this batch's first ``keys``
-        positions (what the rows see), each layer's ``pattern`` the block ``patterns[layer]`` ``(batch, head, stop −
-        start, keys)``, its z, result and q those rows, its k and v those keys.
-
-        Args:
-            start, stop: the query rows, ``0 ≤ start < stop ≤ pos``.
-            patterns: ``{layer: block}`` for every captured layer.
-            keys: how many keys the blocks hold (``stop ≤ keys ≤ pos`` for self-attention).
-
-        Raises:
-            ValueError: a batch of pairs, or a view.
-        """
-        if self.target is not None or self.keys is not None:
-            raise ValueError("row blocks are cut from a whole batch of texts, not from a batch of pairs or a view")
-        layers = {}
-        for layer, taken in self.layers.items():
-            rows = {name: None if getattr(taken, name) is None else getattr(taken, name)[:, :, start:stop]
-                    for name in ("z", "result", "q")}
-            cut = {name: None if getattr(taken, name) is None else getattr(taken, name)[:, :, :keys] for name in "kv"}
-            layers[layer] = LayerCapture(layer=layer, heads=taken.heads, sides=taken.sides, pattern=patterns[layer],
-                                         **rows, **cut)
-        return replace(self._positions(start, stop), layers=layers, keys=self._positions(0, keys), rows_of=self,
-                       query_start=start)
-
-    def _positions(self, start: int, stop: int) -> CaptureBatch:
-        """The positions ``[start, stop)`` of every item, no layer."""
-        cut = slice(start, stop)
-        return CaptureBatch(
-            input_ids=self.input_ids[:, cut], attention_mask=self.attention_mask[:, cut],
-            lengths=(self.lengths - start).clamp(0, stop - start), offsets=self.offsets[:, cut],
-            word_ids=self.word_ids[:, cut], special_tokens_mask=self.special_tokens_mask[:, cut],
-            corpus_indices=self.corpus_indices, truncated=self.truncated, texts=self.texts,
-            tokens=[tokens[cut] for tokens in self.tokens])
+        return self.keys is not None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -227,7 +180,7 @@ class CaptureBatch:
         """Runs of items that readers of the patterns take as their own ``(items, pos, pos)`` blocks, each
         ``(items, its longest length)`` (``headlab.capture.batching.length_groups``; ``GPU_GROUP_COST`` per
         run on a GPU), worked out once."""
-        if self.keys is not None:  # cross-attention or a row block: queries and keys not the same, read as one block
+        if self.keys is not None:  # cross-attention: queries and keys not the same, read as one block
             return [(slice(0, len(self)), self.input_ids.shape[1])]
         group_cost = None if self.input_ids.device.type == "cpu" else GPU_GROUP_COST
         return self.shared(length_groups, lambda batch: length_groups(batch.lengths.tolist(), group_cost=group_cost))

@@ -4,35 +4,33 @@
     whole_pattern_bytes(items, positions, selection, itemsize) -> bytes
     over_budget(batches, selection, itemsize, budget) -> why | None   the plan's largest batch against the budget
     check_block_readers(consumers)                           refuse consumers that need whole patterns
-    row_blocks(batch, budget) -> views                       a batch whose taps kept PatternRows, in row blocks
 
 A batch's whole patterns are ``Σ_layers items × heads × positions² × itemsize`` bytes: at 32k positions one
 head's are 4 GiB in float32. Where that exceeds the budget, ``capture`` sets its taps to keep each layer's
 patterns as ``headlab.layer.pattern_rows.PatternRows`` (q, k, the mask and the kernel's log-sum-exp: linear
-in the length) and hands its consumers the batch as consecutive row blocks (``CaptureBatch.row_block``): the
-query rows ``[start, stop)`` against the keys they see, each block's patterns of every captured layer within
-the budget. A consumer that sums over query rows reads the blocks as it reads batches, and gives the result
-of the whole batch (``READS_ROW_BLOCKS = True``: ``SurfaceStats``, ``SinkShare``, ``ValueWeighted``); one that
-needs whole patterns at once says so and is refused before any forward.
+in the length) in ``LayerCapture.pattern_rows``, ``pattern`` None, and hands its consumers the batch as any
+other. A consumer that reads the patterns in row blocks says so (``READS_ROW_BLOCKS = True``) and gives the
+whole patterns' result: the row reductions (``headlab.analysis.reductions``) come from one sweep of small row
+blocks (``headlab.analysis.sweep``: ``SurfaceStats``, ``SinkShare``, ``ValueWeighted``), and a reader of the
+rows themselves forms them a block at a time, each at most ``BLOCK_BYTES`` (``HeadSimilarity``'s sampled rows).
+A consumer that needs whole patterns at once is refused before any forward.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from headlab.capture.batch import CaptureBatch
 from headlab.display import format_bytes
 
 __all__ = ["BLOCK_BYTES", "PATTERN_MEMORY_SHARE", "available_memory", "check_block_readers", "over_budget",
-           "pattern_budget", "row_blocks", "whole_pattern_bytes"]
+           "pattern_budget", "whole_pattern_bytes"]
 
 PATTERN_MEMORY_SHARE = 0.25  # without max_pattern_memory: this share of the device's free memory
-# A row block's patterns at most, whatever the budget: on a CPU blocks of 128 MiB and 256 MiB took the same time at
-# 16k positions (27.4 s, 26.6 s), and a larger block only holds more memory (with 5.7 GiB blocks, analyze of a 32k
-# text peaked at 12 GiB).
+# A block of rows formed at once at most, whatever the budget: a larger block only holds more memory (with 5.7 GiB
+# blocks, analyze of a 32k text peaked at 12 GiB).
 BLOCK_BYTES = 1 << 28
 
 
@@ -105,38 +103,3 @@ def check_block_readers(consumers: Iterable[object], *, why: str) -> None:
     if refused:
         raise ValueError(f"{why}, so the patterns go in row blocks, which {', '.join(refused)} cannot read (it needs "
                          "whole patterns): raise max_pattern_memory, lower max_length or batch_tokens, or leave it out")
-
-
-def row_blocks(batch: CaptureBatch, budget: int) -> Iterator[CaptureBatch]:
-    """``batch``'s query rows in consecutive blocks (``CaptureBatch.row_block``), each block's patterns of every
-    layer at most ``budget`` bytes and ``BLOCK_BYTES`` (one row at least), formed as the block's turn comes and
-    dropped after it.
-
-    Args:
-        batch: a batch whose layers carry ``pattern_rows`` (their taps asked for blocks).
-        budget: bytes of patterns per block.
-    """
-    sources = {layer: taken.pattern_rows for layer, taken in batch.layers.items()}
-    missing = [layer for layer, rows in sources.items() if rows is None]
-    if missing:
-        raise ValueError(f"layers {missing} were captured without pattern rows; their taps must ask for blocks")
-    n_queries = batch.input_ids.shape[1]
-    # a row against every key: the most a row of any block holds
-    per_row = sum(rows.row_bytes() for rows in sources.values() if rows is not None)
-    step = max(1, min(budget, BLOCK_BYTES) // max(per_row, 1))
-    start = 0
-    while start < n_queries:
-        stop = min(n_queries, start + step)
-        keys = max(rows.keys(stop) for rows in sources.values() if rows is not None)
-        blocks = {}
-        for layer, rows in sources.items():
-            assert rows is not None
-            block = rows.rows(start, stop)
-            if block.shape[-1] < keys:  # a layer that sees fewer keys: the others' width, 0 past its own
-                block = torch.nn.functional.pad(block, (0, keys - block.shape[-1]))
-            blocks[layer] = block
-        view = batch.row_block(start, stop, blocks, keys)
-        del blocks
-        yield view
-        view.release_shared()
-        start = stop

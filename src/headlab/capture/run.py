@@ -25,7 +25,6 @@ from headlab.capture.blocks import (
     check_block_readers,
     over_budget,
     pattern_budget,
-    row_blocks,
     whole_pattern_bytes,
 )
 from headlab.capture.corpus import Corpus, load_corpus
@@ -45,7 +44,10 @@ __all__ = ["CaptureResult", "Consumer", "TruncationWarning", "blocks_needed", "c
 @runtime_checkable
 class Consumer(Protocol):
     """Anything with ``update(batch)``: what capture hands each batch to. Accumulators (``headlab.analysis.accumulator
-    .Accumulator``) add ``merge`` and ``result``, so that a corpus can be split and their results joined."""
+    .Accumulator``) add ``merge`` and ``result``, so that a corpus can be split and their results joined. A consumer
+    may add ``prepare(batch)``, called with each batch before any consumer's update: there it says what it will read
+    of what consumers share (``headlab.analysis.reductions.BatchReductions.announce``), so that it is computed in one
+    pass with the rest."""
 
     def update(self, batch: CaptureBatch) -> None: ...
 
@@ -64,9 +66,10 @@ class CaptureResult(display.Shown):
         layers: ``{layer: heads}`` captured.
         take: what was captured of each head.
         seconds: wall time, tokenization included.
-        pattern_memory: the most bytes of patterns a batch held at once (``max_pattern_memory``, or the automatic
-            choice from free memory); None where no pattern was taken.
-        blocked: batches whose patterns went to the consumers in row blocks (``headlab.capture.blocks``).
+        pattern_memory: the most bytes of whole patterns a batch could hold (``max_pattern_memory``, or the
+            automatic choice from free memory); None where no pattern was taken.
+        blocked: batches whose patterns were over it, kept as ``PatternRows`` and read in row blocks
+            (``headlab.capture.blocks``).
     """
 
     items: int
@@ -119,13 +122,13 @@ class CaptureResult(display.Shown):
                 ("time", f"{self.seconds:.2f} s{rate}")]
 
     def _patterns(self) -> list[tuple[str, object]]:
-        """How the patterns were held: whole, or in row blocks within the budget."""
+        """How the patterns were held: whole, or (over the budget) read in row blocks."""
         if self.pattern_memory is None:
             return []
         budget = display.format_bytes(self.pattern_memory)
         if not self.blocked:
             return [("patterns", f"whole (every batch within {budget})")]
-        return [("patterns", f"{self.blocked:,} of {self.batches:,} batches in row blocks of at most {budget}")]
+        return [("patterns", f"{self.blocked:,} of {self.batches:,} batches over {budget} whole, read in row blocks")]
 
 
 def capture(
@@ -167,9 +170,9 @@ def capture(
         max_length: most pieces per item (longer items are cut, with a ``TruncationWarning``
             and listed in the result; pairs: each side); None for the model's limit (``model_max_length``).
         progress: show a progress bar over batches with tokens per second.
-        max_pattern_memory: the most bytes of patterns a batch may hold at once; a batch whose whole patterns
-            would take more hands them to the consumers in row blocks (``headlab.capture.blocks``; every consumer
-            must read blocks). None: a share of the device's free memory (``PATTERN_MEMORY_SHARE``).
+        max_pattern_memory: the most bytes of whole patterns a batch may hold; a batch whose whole patterns would
+            take more has them kept as ``PatternRows``, read in row blocks (``headlab.capture.blocks``; every
+            consumer must read blocks). None: a share of the device's free memory (``PATTERN_MEMORY_SHARE``).
         what: deprecated name of ``take``.
 
     Returns:
@@ -335,10 +338,10 @@ def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, 
         start: ``time.perf_counter()`` when the capture began (the rate counts from it).
         sides: a batch of pairs: ``{layer: (query side, key side)}`` (``LayerCapture.sides``); None: one side.
         pattern_memory: the most bytes of patterns a batch may hold at once: a batch whose whole patterns would
-            take more goes to the consumers in row blocks (``headlab.capture.blocks.row_blocks``); None: whole.
+            take more has its taps keep them as ``PatternRows`` (``headlab.capture.blocks``); None: whole.
 
     Returns:
-        How many batches went in row blocks.
+        How many batches kept their patterns as ``PatternRows``.
 
     Raises:
         RuntimeError: a selected layer did not run headlab's attention in a forward, or ran twice.
@@ -370,9 +373,12 @@ def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, 
                                        "in this forward")
                 batch.layers = dict(sorted(taken.items()))
                 taken.clear()
-                for view in row_blocks(batch, cast(int, pattern_memory)) if blocks else (batch,):
-                    for consumer in consumers:
-                        consumer.update(view)
+                for consumer in consumers:  # what each will read, announced before any reads it
+                    prepare = getattr(consumer, "prepare", None)
+                    if prepare is not None:
+                        prepare(batch)
+                for consumer in consumers:
+                    consumer.update(batch)
                 blocked += blocks
                 done_tokens += tokens  # counted on the host: no wait for the GPU
                 batch.release_shared()  # what consumers derived may hold the batch: freed now, not at the next GC

@@ -18,6 +18,8 @@ the arithmetic of a causal pattern.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -79,8 +81,61 @@ class PatternRows:
         keys = self.shape[3] if stop is None else self.keys(stop)
         return self.shape[0] * self.shape[1] * keys * self.dtype.itemsize
 
+    def block_rows(self, start: int, budget: int) -> int:
+        """How many query rows from ``start`` form a block of at most ``budget`` bytes (``row_bytes``: a causal
+        block's rows see the keys up to its last row), one at least and at most the rows left.
+
+        Raises:
+            ValueError: ``start`` is not a query row.
+        """
+        n_queries, n_keys = self.shape[2], self.shape[3]
+        if not 0 <= start < n_queries:
+            raise ValueError(f"start={start!r}; expected a query row in [0, {n_queries})")
+        elements = budget // (self.shape[0] * self.shape[1] * self.dtype.itemsize)  # rows × keys a block may hold
+        if self.causal and self.whole is None:  # rows r with r × min(start + r, keys) ≤ elements
+            r = int((math.isqrt(start * start + 4 * elements) - start) // 2)
+            if start + r > n_keys:
+                r = max(r, elements // n_keys)
+        else:
+            r = elements // n_keys
+        return max(1, min(r, n_queries - start))
+
     def rows(self, start: int, stop: int) -> Tensor:
         """The patterns' query rows ``[start, stop)``: ``(batch, head, stop − start, keys(stop))``, a fresh tensor.
+
+        Raises:
+            ValueError: not ``0 ≤ start < stop ≤ query_pos``.
+        """
+        keys = self._check(start, stop)
+        if self.whole is not None:
+            return self.whole[:, :, start:stop, :keys].clone()
+        scores, bias = self._scores(start, stop, keys)
+        if self.lse is not None:
+            return softmax_from_lse(scores, bias, self.lse[:, :, start:stop])
+        _add_bias(scores, bias)
+        return key_softmax(scores)
+
+    def log_rows(self, start: int, stop: int) -> Tensor:
+        """The natural log of ``rows(start, stop)``, in float32 or wider: ``q kᵀ · scale + bias − lse``, before the
+        exp that makes the rows (``exp(log_rows) == rows`` in float32 and wider); −inf where a weight is 0. Where no
+        log-sum-exp was kept, each row's own (its keys are all here).
+
+        Raises:
+            ValueError: not ``0 ≤ start < stop ≤ query_pos``.
+        """
+        keys = self._check(start, stop)
+        if self.whole is not None:
+            return self.whole[:, :, start:stop, :keys].to(torch.promote_types(self.dtype, torch.float32)).log()
+        scores, bias = self._scores(start, stop, keys)
+        if scores.dtype.itemsize < 4:
+            scores = scores.float()
+        _add_bias(scores, bias)
+        if self.lse is not None:
+            return scores.sub_(self.lse[:, :, start:stop, None].to(scores.dtype))
+        return scores.sub_(torch.logsumexp(scores, -1, keepdim=True))
+
+    def _check(self, start: int, stop: int) -> int:
+        """``keys(stop)``, once ``[start, stop)`` is checked to be query rows.
 
         Raises:
             ValueError: not ``0 ≤ start < stop ≤ query_pos``.
@@ -88,9 +143,11 @@ class PatternRows:
         n_queries = self.shape[2]
         if not 0 <= start < stop <= n_queries:
             raise ValueError(f"rows [{start}, {stop}); expected 0 ≤ start < stop ≤ {n_queries} (the query positions)")
-        keys = self.keys(stop)
-        if self.whole is not None:
-            return self.whole[:, :, start:stop, :keys].clone()
+        return self.keys(stop)
+
+    def _scores(self, start: int, stop: int, keys: int) -> tuple[Tensor, Tensor | None]:
+        """``(scores, bias)`` of the rows ``[start, stop)`` against ``keys`` keys: ``q kᵀ · scale`` in the patterns'
+        dtype, −inf at a causal row's later keys, and the mask cut to those rows and keys (or None)."""
         assert self.query is not None and self.key is not None
         query, key = self.query[:, :, start:stop], self.key[:, :, :keys]
         batch, heads, rows, _ = query.shape
@@ -109,10 +166,12 @@ class PatternRows:
         bias = self.bias
         if bias is not None:
             bias = bias[..., slice(start, stop) if bias.shape[-2] != 1 else slice(None), :keys]
-        if self.lse is not None:
-            return softmax_from_lse(scores, bias, self.lse[:, :, start:stop])
-        if bias is not None and bias.dtype == torch.bool:
-            scores.masked_fill_(bias, float("-inf"))
-        elif bias is not None:
-            scores.add_(bias)
-        return key_softmax(scores)
+        return scores, bias
+
+
+def _add_bias(scores: Tensor, bias: Tensor | None) -> None:
+    """Put the mask on the scores, in place: a bool one's True as −inf, a float one added."""
+    if bias is not None and bias.dtype == torch.bool:
+        scores.masked_fill_(bias, float("-inf"))
+    elif bias is not None:
+        scores.add_(bias)
