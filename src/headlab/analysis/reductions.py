@@ -27,6 +27,11 @@ distance together in blocks that stay in cache, and the diagonals as views. Each
 of similar length (``CaptureBatch.length_groups``) as its own block, cut to the run's longest item
 (``by_group``): the padding a long item gives the rest of its batch is never read.
 
+Where the taps kept a batch's patterns as ``PatternRows`` (past the pattern budget, ``headlab.capture.blocks``),
+no whole pattern exists: every row reduction of a layer comes from one ``headlab.analysis.sweep``, which forms
+its rows a block at a time, and a consumer that reads masses on key columns of its own announces them
+(``BatchReductions.announce``, in its ``prepare(batch)``) so that the same sweep takes them.
+
 Reductions run in the patterns' dtype (float32 row sums are exact to ~1e-7, far below anything a
 statistic is read at); the accumulators widen the per-row values to float64 before summing over the
 corpus. Padded query rows hold whatever the model computed (NaN included): consumers select real
