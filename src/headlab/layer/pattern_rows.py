@@ -76,14 +76,10 @@ class PatternRows:
         n_keys = self.shape[3]
         return min(stop, n_keys) if self.causal and self.whole is None else n_keys
 
-    def row_bytes(self, stop: int | None = None) -> int:
-        """Bytes of one query row of every head and item, formed against ``keys(stop)`` keys (every key: None)."""
-        keys = self.shape[3] if stop is None else self.keys(stop)
-        return self.shape[0] * self.shape[1] * keys * self.dtype.itemsize
-
     def block_rows(self, start: int, budget: int) -> int:
-        """How many query rows from ``start`` form a block of at most ``budget`` bytes (``row_bytes``: a causal
-        block's rows see the keys up to its last row), one at least and at most the rows left.
+        """How many query rows from ``start`` form a block of at most ``budget`` bytes (every item and head of them,
+        against ``keys(stop)`` keys: a causal block's rows see the keys up to its last row), one at least and at most
+        the rows left.
 
         Raises:
             ValueError: ``start`` is not a query row.
