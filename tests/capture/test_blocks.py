@@ -180,3 +180,16 @@ def test_similarity_forms_its_rows_of_pattern_rows_in_blocks_of_at_most_block_by
     monkeypatch.setattr(similarity, "BLOCK_BYTES", 1000)
     run = capture(model, corpus=ONE_TEXT, consumers=[HeadSimilarity()], max_pattern_memory=5000, progress=False)
     assert run.blocked == 1 and len(sizes) > 4 and max(sizes) <= 1000
+
+
+def test_the_progress_bar_counts_the_rows_formed(capsys: pytest.CaptureFixture[str]) -> None:
+    """A long text is one batch of the capture's bar: a line below it counts the rows formed from PatternRows."""
+    model = _model("llama", torch.float32)
+    capture(model, corpus=ONE_TEXT, consumers=[SurfaceStats(causal=True)], max_pattern_memory=SMALL, progress=True)
+    shown = capsys.readouterr()
+    said = shown.err + shown.out
+    n_rows = len(model.tokenizer(ONE_TEXT[0])["input_ids"])
+    layers = len(model.sites)
+    assert "rows formed" in said and f"{n_rows * layers}/?" in said.replace(",", "")
+    capture(model, corpus=ONE_TEXT, consumers=[SurfaceStats(causal=True)], progress=True)
+    assert "rows formed" not in capsys.readouterr().err  # whole patterns: nothing formed a block at a time

@@ -11,6 +11,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, cast, runtime_checkable
@@ -30,6 +31,7 @@ from headlab.capture.blocks import (
 from headlab.capture.corpus import Corpus, load_corpus
 from headlab.capture.encoding import TokenizedCorpus, backend_tokenizer, tokenize_corpus
 from headlab.capture.taps import renamed_take, tapped
+from headlab.layer.pattern_rows import counting_rows
 from headlab.layer.selection import HeadSelection
 from headlab.layer.taps import Tap
 from headlab.models import HeadedModel, TapOutput, model_max_length
@@ -377,8 +379,9 @@ def feed(handle: HeadedModel, selection: dict[int, list[int]], take: tuple[str, 
                     prepare = getattr(consumer, "prepare", None)
                     if prepare is not None:
                         prepare(batch)
-                for consumer in consumers:
-                    consumer.update(batch)
+                with counting_rows(bar.formed) if blocks else nullcontext():  # a long text's rows, as they form
+                    for consumer in consumers:
+                        consumer.update(batch)
                 blocked += blocks
                 done_tokens += tokens  # counted on the host: no wait for the GPU
                 batch.release_shared()  # what consumers derived may hold the batch: freed now, not at the next GC
@@ -397,7 +400,9 @@ def warn_truncated(truncated: Sequence[int], items: int, max_length: int | None,
 
 
 class RateProgress:
-    """A rich progress bar over ``total`` steps showing tokens per second, or nothing when not ``enabled``.
+    """A rich progress bar over ``total`` steps showing tokens per second, or nothing when not ``enabled``; below
+    it, once ``formed`` is first called, the query rows of patterns formed from ``PatternRows`` and their rate (a
+    long text is one step whose patterns are read a block at a time).
 
     Args:
         enabled: show it.
@@ -407,22 +412,36 @@ class RateProgress:
 
     def __init__(self, enabled: bool, total: int, *, label: str = "capture", unit: str = "batches") -> None:
         self.enabled, self.total, self.label, self.unit = enabled, total, label, unit
+        self.rows_task: Any = None
+        self.rows_start = 0.0
 
     def __enter__(self) -> RateProgress:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
-                TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[unit]}"),
                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task(self.label, total=self.total, rate="")
+            self.task = self.bar.add_task(self.label, total=self.total, rate="", unit=self.unit)
         return self
 
     def advance(self, tokens_per_second: float) -> None:
         if self.enabled:
             self.bar.update(self.task, advance=1, rate=f"{tokens_per_second:,.0f} tokens/s")
+
+    def formed(self, rows: int) -> None:
+        """Count ``rows`` query rows of patterns formed from ``PatternRows`` (``headlab.layer.pattern_rows
+        .counting_rows``), on a line of their own."""
+        if not self.enabled:
+            return
+        if self.rows_task is None:
+            self.rows_task = self.bar.add_task("  rows formed", total=None, rate="", unit="rows")
+            self.rows_start = time.perf_counter()
+        done = self.bar.tasks[self.rows_task].completed + rows
+        rate = done / max(time.perf_counter() - self.rows_start, 1e-9)
+        self.bar.update(self.rows_task, advance=rows, rate=f"{rate:,.0f} rows/s")
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:

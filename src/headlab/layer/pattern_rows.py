@@ -19,13 +19,29 @@ the arithmetic of a causal pattern.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
 
 from headlab.layer.functional import key_softmax, softmax_from_lse
 
-__all__ = ["PatternRows"]
+__all__ = ["PatternRows", "counting_rows"]
+
+_formed: ContextVar[Callable[[int], None] | None] = ContextVar("headlab_rows_formed", default=None)
+
+
+@contextmanager
+def counting_rows(tick: Callable[[int], None]) -> Iterator[None]:
+    """While the block runs, ``tick(n)`` each time a ``PatternRows`` forms ``n`` query rows (``rows``, ``log_rows``):
+    what a progress bar counts while the patterns of a long text are read a block at a time."""
+    token = _formed.set(tick)
+    try:
+        yield
+    finally:
+        _formed.reset(token)
 
 
 class PatternRows:
@@ -131,7 +147,7 @@ class PatternRows:
         return scores.sub_(torch.logsumexp(scores, -1, keepdim=True))
 
     def _check(self, start: int, stop: int) -> int:
-        """``keys(stop)``, once ``[start, stop)`` is checked to be query rows.
+        """``keys(stop)``, once ``[start, stop)`` is checked to be query rows (and counted: ``counting_rows``).
 
         Raises:
             ValueError: not ``0 ≤ start < stop ≤ query_pos``.
@@ -139,6 +155,9 @@ class PatternRows:
         n_queries = self.shape[2]
         if not 0 <= start < stop <= n_queries:
             raise ValueError(f"rows [{start}, {stop}); expected 0 ≤ start < stop ≤ {n_queries} (the query positions)")
+        tick = _formed.get()
+        if tick is not None:
+            tick(stop - start)
         return self.keys(stop)
 
     def _scores(self, start: int, stop: int, keys: int) -> tuple[Tensor, Tensor | None]:
