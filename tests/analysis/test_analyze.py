@@ -380,7 +380,7 @@ def test_the_accumulators_taken_as_on_a_gpu_give_what_they_give_as_on_a_cpu(monk
             self.parts.append([[layers for _, layers in rows.parts] for rows in reductions(batch).stacks])
 
     def results(joined):
-        for module in ("reductions", "per_head", "sinks"):
+        for module in ("reductions", "per_head"):
             monkeypatch.setattr(f"headlab.analysis.{module}.launch_bound", lambda device: joined)
         parts, stacks = accumulators(), Stacks()
         capture(model, corpus=texts, consumers=[*parts, stacks], take=accumulators.take, progress=False)

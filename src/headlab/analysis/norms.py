@@ -242,7 +242,6 @@ class ValueReductions:
         self.key_real = self.real if batch.keys is None else keys.attention_mask.bool()
         self.first, self.special, self.other = key_masks(keys)
         self._norms: dict[tuple[int, ...], Tensor] = {}
-        self._masses: dict[tuple[int, ...], Tensor] = {}
 
     def norms(self, rows: StackReductions, *, fix: str) -> Tensor:
         """``(layer, batch, head, key_pos)``: ``‖f_h(x_j)‖`` at real keys, 0 at padding
@@ -263,8 +262,8 @@ class ValueReductions:
     def masses(self, rows: StackReductions, *, fix: str) -> Tensor:
         """``(layer, batch, head, query_pos, 5)`` float64: each row's mass ``Σ_j α_ij c_j`` on the columns c = first,
         special, n·first, n·special, n (n the value norms): raw and weighted shares and the weighted total, in one
-        read of the patterns (``StackReductions.column_masses``)."""
-        return rows.column_masses(self.projections.key, lambda stack: self.columns(stack, fix=fix)).double()
+        read of the patterns (``StackReductions.masses_on``)."""
+        return rows.masses_on(self.projections.key, lambda stack: self.columns(stack, fix=fix)).double()
 
     def columns(self, rows: StackReductions, *, fix: str) -> Tensor:
         """``(layer, batch, head, key_pos, 5)``: the key columns of ``masses``, in the patterns' dtype."""

@@ -312,7 +312,7 @@ class BatchReductions:
 
     def announce(self, name: Hashable, build: Callable[[StackReductions], Tensor]) -> None:
         """Say, before any reduction is read, that a consumer will read each row's masses on the key columns
-        ``build(stack)`` ``(layer, batch, head | 1, key_pos, column)`` (``StackReductions.column_masses``): where the
+        ``build(stack)`` ``(layer, batch, head | 1, key_pos, column)`` (``StackReductions.masses_on``): where the
         patterns are kept as ``PatternRows``, the one sweep over them then takes those masses too. A consumer does
         it in its ``prepare(batch)``, which ``capture`` calls before any consumer's update."""
         self.announced.setdefault(name, build)
@@ -416,15 +416,17 @@ class StackReductions:
         """``(out, where)``: each layer's ``sweep`` side by side, ``(layer, batch, head, query_pos, field)``, with
         the masses on ``COLUMNS`` and on every announced column set, ``where[name]`` the fields of each (``COLUMNS``
         under "columns")."""
-        sets = {"columns": self.keys.columns(self.dtype)[:, None]}  # (batch, 1, key_pos, column)
-        built = {name: build(self) for name, build in self.keys.announced.items()}  # (layer, batch, head | 1, …)
-        where, at = {}, len(FIELDS) + len(DIAGONALS)
-        for name, columns in [*sets.items(), *built.items()]:
+        columns = self.keys.columns(self.dtype)[None, :, None]  # (1, batch, 1, key_pos, column)
+        sets: dict[Hashable, Tensor] = {"columns": columns.expand(len(self.layers), -1, -1, -1, -1)}
+        sets |= {name: build(self) for name, build in self.keys.announced.items()}  # (layer, batch, head | 1, …)
+        where: dict[Hashable, slice] = {}
+        at = len(FIELDS) + len(DIAGONALS)
+        for name, columns in sets.items():
             where[name] = slice(at, at + columns.shape[-1])
             at += columns.shape[-1]
         out = []
         for i, rows in enumerate(self._rows):
-            parts = [sets["columns"], *(columns[i] for columns in built.values())]
+            parts = [columns[i] for columns in sets.values()]  # this layer's
             heads = max(part.shape[1] for part in parts)
             columns = torch.cat([part.to(self.device, self.dtype).expand(-1, heads, -1, -1) for part in parts], -1)
             out.append(sweep(rows, columns))
@@ -441,12 +443,16 @@ class StackReductions:
             return out[..., where["columns"]]
         return self._masses(self.keys.columns(self.dtype))
 
-    def column_masses(self, name: Hashable, build: Callable[[StackReductions], Tensor]) -> Tensor:
+    def masses_on(self, name: Hashable, build: Callable[[StackReductions], Tensor], *,
+                  first_keys: int | None = None) -> Tensor:
         """``(layer, batch, head, query_pos, column)``: each row's mass ``Σ_j p_ij c_j`` on the key columns ``c`` of
-        ``build(self)`` ``(layer, batch, head | 1, key_pos, column)``, computed once per ``name``: one product per
-        length group, each head's columns first (``(column × key_pos) · (key_pos × query_pos)``: on a CPU ~4× faster
-        than its transpose, as in ``column_masses``); where ``swept``, from the sweep when ``name`` was announced
-        (``BatchReductions.announce``) before it ran, else from a sweep of its own."""
+        ``build(self)`` ``(layer, batch, head | 1, key_pos, column)``, computed once per ``name``.
+
+        Of whole patterns, one product per length group, each head's columns first (``(column × key_pos) · (key_pos ×
+        query_pos)``: on a CPU ~4× faster than its transpose, as in the module's ``column_masses``); where the columns
+        are 0 past the first ``first_keys`` keys, those keys' weights alone are read. Where ``swept``, from the sweep
+        when ``name`` was announced (``BatchReductions.announce``) before it ran, else from a sweep of its own.
+        """
         if name in self._column_masses:
             return self._column_masses[name]
         if self.swept and name in self._swept[1]:
@@ -455,6 +461,9 @@ class StackReductions:
             columns = build(self)
             masses = torch.stack([sweep(rows, columns[i].to(self.dtype))[..., len(FIELDS) + len(DIAGONALS):]
                                   for i, rows in enumerate(self._rows)])
+        elif first_keys is not None:  # the first keys' weights, as they lie
+            columns = build(self).to(self.dtype)[..., :first_keys, :]  # (layer, batch, head | 1, first_keys, column)
+            masses = self.over_layers(lambda pattern, layers: torch.matmul(pattern[..., :first_keys], columns[layers]))
         else:
             columns = build(self).to(self.dtype).transpose(-1, -2)  # (layer, batch, head | 1, column, key_pos)
 

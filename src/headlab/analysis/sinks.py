@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from headlab import display
 from headlab.analysis.norms import ValueProjections, out_projections, value_reductions
 from headlab.analysis.per_head import HeadSums
-from headlab.analysis.reductions import StackReductions, launch_bound, reductions
+from headlab.analysis.reductions import StackReductions, reductions
 from headlab.analysis.roles import SINK
 from headlab.capture.batch import CaptureBatch
 from headlab.heads import HeadTable, head_label
@@ -170,8 +170,8 @@ class SinkShare(HeadSums):
         return (self.n_sink, self.edges, self.weighted)
 
     def prepare(self, batch: CaptureBatch) -> None:
-        """Before any consumer's update: announce the key columns ``update`` reads the masses on where the patterns
-        are ``PatternRows`` (the sinks, and their value-weighted masses and totals)."""
+        """Before any consumer's update: announce the key columns ``update`` reads the masses on (the sinks, and
+        their value-weighted masses and totals), for patterns kept as ``PatternRows``."""
         for view in batch.views():
             reductions(view).announce(self._sink_columns_name(view), partial(self._sink_columns, view))
             if self.projections is not None:
@@ -220,15 +220,13 @@ class SinkShare(HeadSums):
         for rows in reductions(batch).stacks:
             # kind → (valid rows (batch, 1, query) or (layer, batch, head, query), share (layer, batch, head, query),
             # what the valid rows hold (layer, head, n_bins + 3))
-            if rows.swept:  # the patterns are PatternRows: the sinks' masses from the sweep
-                sinks = rows.column_masses(self._sink_columns_name(batch), partial(self._sink_columns, batch))
-                raw = sinks[..., 0].double()
-            else:  # whole patterns: their first columns, read as they lie
-                raw = rows.over_layers(lambda p, _: _sink_mass(p, s)).double()  # p (layer, batch, head, query, key)
+            # (layer, batch, head, query, 1 | 2): each row's mass on the sinks, and (weighted) its weighted mass
+            sinks = rows.masses_on(self._sink_columns_name(batch), partial(self._sink_columns, batch), first_keys=s)
+            raw = sinks[..., 0].double()
             shares = {"raw": (real[:, None, :], raw,
                               raw_held.expand(len(rows.layers), len(rows.heads), -1))}
             if self.projections is not None:
-                valid, share = self._weighted(batch, rows, s, self.projections, sinks if rows.swept else None)
+                valid, share = self._weighted(batch, rows, self.projections, sinks[..., 1].double())
                 shares["weighted"] = (valid, share, torch.einsum("lbhq,bqf->lhf", valid.double(), features))
             totals = {}
             for kind, (valid, share, held) in shares.items():
@@ -244,19 +242,12 @@ class SinkShare(HeadSums):
                         added[:, :n_bins], added[:, n_bins], added[:, n_bins + 1])
                 self._add(layer, rows.heads, sums, counts)
 
-    def _weighted(self, batch: CaptureBatch, rows: StackReductions, s: int, projections: ValueProjections,
-                  sinks: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _weighted(self, batch: CaptureBatch, rows: StackReductions, projections: ValueProjections,
+                  sink: Tensor) -> tuple[Tensor, Tensor]:
         """``(valid, share)`` of the value-weighted rows, ``(layer, batch, head, query)``: valid where the row's
-        weighted total is > 0. ``sinks``: the sweep's masses on ``_sink_columns`` where the patterns are
-        ``PatternRows``, else None."""
+        weighted total is > 0; ``sink``: each row's weighted mass on the sinks ``Σ_{j < s} α_ij n_j`` (float64)."""
         shared = value_reductions(batch, projections)  # the norms and totals ValueWeighted reads too
         total = shared.total(rows, fix=_FIX)  # (layer, batch, head, query) float64: Σ_j α_ij n_j
-        if sinks is not None:
-            sink = sinks[..., 1].double()
-        else:
-            norms = shared.norms(rows, fix=_FIX)[..., None, :s].to(rows.dtype)  # (layer, batch, head, 1, sink)
-            # Σ_{j < s} α_ij n_j, of the patterns (layer, batch, head, query, key)
-            sink = rows.over_layers(lambda p, layers: _sink_mass(p, s, norms[layers])).double()
         valid = shared.real[:, None, :] & (total > 0)
         return valid, sink / total.clamp_min(torch.finfo(torch.float64).tiny)
 
@@ -293,20 +284,6 @@ class SinkShare(HeadSums):
         table = HeadTable([(layer, head) for layer, head, _ in order], columns)
         return SinkResult(table=table, n_sink=self.n_sink, edges=self.edges, raw=np.stack(bins["raw"]),
                           weighted=np.stack(bins["weighted"]) if self.weighted else None, counts=np.stack(counts))
-
-
-def _sink_mass(pattern: Tensor, n_sink: int, weights: Tensor | None = None) -> Tensor:
-    """``(…, query)``: ``Σ_{j < n_sink} p_ij`` (times ``weights[..., j]``, broadcast to ``(…, 1, n_sink)``) of
-    ``pattern`` ``(…, query, key)``, 1 ≤ n_sink ≤ key. On a CPU the columns are added one by one (a sum over a
-    short strided last axis runs several times slower there); where ops cost their launch (``launch_bound``), one
-    sum."""
-    if launch_bound(pattern.device):
-        sink = pattern[..., :n_sink]
-        return (sink if weights is None else sink * weights).sum(-1)
-    total = pattern[..., 0] if weights is None else pattern[..., 0] * weights[..., 0]
-    for j in range(1, n_sink):
-        total = total + (pattern[..., j] if weights is None else pattern[..., j] * weights[..., j])
-    return total
 
 
 def sink_share(model: HeadedModel | nn.Module, corpus: Any = None, *, n_sink: int | None = None, weighted: bool = True,
