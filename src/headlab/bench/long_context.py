@@ -371,8 +371,8 @@ def _growth_rows(above: Mapping[int, Timing]) -> list[Comparison]:
     linear in the length adds the same per position at every length; whole patterns' would add in proportion to
     the lengths (between three lengths a < b < c, (b + c) / (a + b) × as much from b to c as from a to b). So for
     each two consecutive spans, goal: the later adds at most ``LINEAR_SLACK`` × what the earlier added. (The ratio
-    of the memory itself between two lengths would count part of it twice: some of what the statistics hold at a
-    short length lies under the plain forward's own peak, so it reads as less than its share.)"""
+    of the memory itself between two lengths would mislead: some of what the statistics hold at a short length lies
+    under the plain forward's own peak, so it reads as less than its share.)"""
     lengths = sorted(above)
     slopes = {(a, b): Timing(samples=tuple(max(y - x, PAGE) / (b - a) for x, y in
                                            zip(above[a].samples, above[b].samples))) for a, b in pairwise(lengths)}

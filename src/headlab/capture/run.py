@@ -413,7 +413,7 @@ class RateProgress:
     def __init__(self, enabled: bool, total: int, *, label: str = "capture", unit: str = "batches") -> None:
         self.enabled, self.total, self.label, self.unit = enabled, total, label, unit
         self.rows_task: Any = None
-        self.rows_start = 0.0
+        self.rows_start, self.rows_done = 0.0, 0
 
     def __enter__(self) -> RateProgress:
         if self.enabled:
@@ -439,8 +439,8 @@ class RateProgress:
         if self.rows_task is None:
             self.rows_task = self.bar.add_task("  rows formed", total=None, rate="", unit="rows")
             self.rows_start = time.perf_counter()
-        done = self.bar.tasks[self.rows_task].completed + rows
-        rate = done / max(time.perf_counter() - self.rows_start, 1e-9)
+        self.rows_done += rows
+        rate = self.rows_done / max(time.perf_counter() - self.rows_start, 1e-9)
         self.bar.update(self.rows_task, advance=rows, rate=f"{rate:,.0f} rows/s")
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
